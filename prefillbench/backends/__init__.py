@@ -1,0 +1,46 @@
+"""Backend selection: one entry point that turns command-line choices into a loaded backend."""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from .base import Backend, BackendError, SlotTable
+
+BACKEND_CHOICES = ("auto", "torch", "gguf")
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def resolve_backend_name(name: str) -> str:
+    """auto: torch where CUDA is there to use, llama.cpp on a CPU."""
+    if name != "auto":
+        return name
+    if cuda_available() or importlib.util.find_spec("llama_cpp") is None:
+        return "torch"
+    return "gguf"
+
+
+def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: str = "float32",
+                 threads: int | None = None, **options: Any) -> Backend:
+    from prefillbench.models import default_model_path
+
+    name = resolve_backend_name(name)
+    model = model or default_model_path()
+    if name == "torch":
+        from .torch_backend import TorchBackend
+
+        return TorchBackend.load(model, device=device, dtype=dtype, threads=threads)
+    if name == "gguf":
+        from .gguf_backend import GGUFBackend
+
+        return GGUFBackend.load(model, device=device, threads=threads, **options)
+    raise BackendError(f"unknown backend {name!r}; choose from {', '.join(BACKEND_CHOICES)}")
+
+
+__all__ = ["Backend", "BackendError", "SlotTable", "BACKEND_CHOICES", "load_backend", "resolve_backend_name"]

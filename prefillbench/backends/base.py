@@ -1,0 +1,86 @@
+"""The backend interface: execute one step, own the KV cache, keep the clock."""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from prefillbench.step import Step, StepResult
+
+
+class BackendError(RuntimeError):
+    """A problem the user can fix (bad model, too small a context, ...): one line, no traceback."""
+
+
+class Backend(ABC):
+    #: Short name used on the command line and in reports: "torch", "gguf", "sim".
+    name: str = ""
+    #: Where it runs, as shown in the table's backend column: "CPU", "CUDA", ...
+    device: str = "CPU"
+    model_name: str = ""
+    context_length: int = 0
+    vocab_size: int = 0
+    #: What weights actually run, e.g. "float32 (dequantized from GGUF)".
+    weights: str = ""
+
+    @abstractmethod
+    def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
+        """Size the KV cache and step buffers for a run; called before every run."""
+
+    @abstractmethod
+    def execute(self, step: Step, return_logits: bool = False) -> StepResult:
+        """Run one forward pass over `step` and return each emitting sequence's greedy token."""
+
+    @abstractmethod
+    def release(self, seq_id: int) -> None:
+        """Forget a finished sequence and free its KV cache."""
+
+    def synchronize(self) -> None:
+        """Wait until the device has finished all queued work."""
+
+    def now(self) -> float:
+        """Seconds on the run's clock, read only after the device is idle."""
+        self.synchronize()
+        return time.perf_counter()
+
+    @property
+    def label(self) -> str:
+        """The table's backend column."""
+        return f"{self.name} {self.device}"
+
+    def metadata(self) -> dict[str, Any]:
+        return {"weights": self.weights}
+
+    def close(self) -> None:
+        pass
+
+
+class SlotTable:
+    """Maps live sequence ids onto a fixed number of cache slots.
+
+    Backends with a static cache (tensor rows, llama.cpp sequence ids) need
+    small dense indices; sequence ids keep growing in a closed-loop run.
+    """
+
+    def __init__(self, n_slots: int) -> None:
+        self.n_slots = n_slots
+        self._slot: dict[int, int] = {}
+        self._free = list(range(n_slots - 1, -1, -1))
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._slot
+
+    def slot(self, seq_id: int) -> int:
+        """The slot of `seq_id`, taking a free one on first sight."""
+        slot = self._slot.get(seq_id)
+        if slot is None:
+            if not self._free:
+                raise BackendError(f"no free cache slot for sequence {seq_id} ({self.n_slots} slots)")
+            slot = self._slot[seq_id] = self._free.pop()
+        return slot
+
+    def release(self, seq_id: int) -> int | None:
+        slot = self._slot.pop(seq_id, None)
+        if slot is not None:
+            self._free.append(slot)
+        return slot

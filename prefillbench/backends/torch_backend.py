@@ -1,0 +1,294 @@
+"""The PyTorch backend: a transformers causal LM driven over packed mixed batches.
+
+The model runs as its own modules; only attention is ours. Every token of a
+step (prompt chunks at any offset, pads, single decode tokens) is packed into
+one [1, T] row with its own position, so all linear layers run once over the
+whole step: that shared pass is where decodes piggyback on a prefill chunk.
+Attention then reads and writes a static per-slot KV cache (gpt-fast style).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from prefillbench.step import Step, StepResult
+
+from .base import Backend, BackendError, SlotTable
+
+ATTENTION_NAME = "prefillbench"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ChunkGroup:
+    """Prefill chunks of equal start and length, attended in one batched call."""
+
+    rows: torch.Tensor  # token indices in the packed step, [n_chunks, length]
+    slots: torch.Tensor  # cache slot of each chunk
+    start: int
+    length: int
+    mask: torch.Tensor | None  # None when start == 0: plain causal
+
+
+@dataclass
+class StepLayout:
+    """Where each token of a packed step lives; built once, used by every layer."""
+
+    slots: torch.Tensor  # [T] cache slot per token
+    positions: torch.Tensor  # [T]
+    groups: list[ChunkGroup]
+    decode_from: int  # decodes occupy packed indices [decode_from, T)
+    decode_slots: torch.Tensor
+    decode_mask: torch.Tensor | None  # [m, 1, 1, kv_len], True where attended
+    decode_kv_len: int
+    cache: "KVCache"
+    calls: int = 0
+
+
+class KVCache:
+    """One K and one V tensor per layer: [slots, kv_heads, max_len, head_dim]."""
+
+    def __init__(self, n_layers: int, n_slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device) -> None:
+        shape = (n_slots, kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.n_slots, self.max_len = n_slots, max_len
+
+    def fits(self, n_slots: int, max_len: int) -> bool:
+        return self.n_slots >= n_slots and self.max_len >= max_len
+
+
+def _causal_offset_mask(start: int, length: int, device) -> torch.Tensor:
+    # SDPA's is_causal aligns to the upper left, which is wrong for a chunk at
+    # offset start > 0: query i may see keys 0 .. start + i.
+    q = torch.arange(length, device=device).unsqueeze(1)
+    k = torch.arange(start + length, device=device).unsqueeze(0)
+    return k <= q + start
+
+
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pb_layout: StepLayout | None = None, **kwargs):
+    """Attention over a packed step; registered with transformers' AttentionInterface."""
+    if pb_layout is None:
+        raise RuntimeError("prefillbench attention called without a step layout")
+    layout = pb_layout
+    layout.calls += 1
+    k_cache = layout.cache.keys[module.layer_idx]
+    v_cache = layout.cache.values[module.layer_idx]
+    q = query[0]  # [H, T, D]
+    k_cache[layout.slots, :, layout.positions] = key[0].transpose(0, 1).to(k_cache.dtype)
+    v_cache[layout.slots, :, layout.positions] = value[0].transpose(0, 1).to(v_cache.dtype)
+
+    out = torch.empty_like(q.transpose(0, 1))  # [T, H, D]
+    for g in layout.groups:
+        kv_len = g.start + g.length
+        qg = q[:, g.rows].transpose(0, 1)  # [n, H, L, D]
+        kg, vg = k_cache[g.slots, :, :kv_len], v_cache[g.slots, :, :kv_len]
+        o = F.scaled_dot_product_attention(
+            qg, kg, vg, attn_mask=g.mask, is_causal=g.mask is None, scale=scaling, enable_gqa=True
+        )
+        out[g.rows] = o.transpose(1, 2)
+    if layout.decode_mask is not None:
+        qd = q[:, layout.decode_from :].transpose(0, 1).unsqueeze(2)  # [m, H, 1, D]
+        kd = k_cache[layout.decode_slots, :, : layout.decode_kv_len]
+        vd = v_cache[layout.decode_slots, :, : layout.decode_kv_len]
+        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=layout.decode_mask, scale=scaling, enable_gqa=True)
+        out[layout.decode_from :] = o.squeeze(2)
+    return out.unsqueeze(0), None
+
+
+def _no_mask(*args, **kwargs):
+    # The layout carries the masks; a dense [T, T] mask would be wasted work.
+    return None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION_NAME, packed_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BackendError("--device cuda was asked for, but this torch has no CUDA device")
+    if device not in ("cpu", "cuda"):
+        raise BackendError(f"unknown device {device!r}; use auto, cuda or cpu")
+    return device
+
+
+def load_model(model: str, dtype: torch.dtype, device: str):
+    """Load a transformers causal LM from a folder, a hub id or a .gguf file."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.logging.set_verbosity_error()
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": ATTENTION_NAME}
+    path = Path(model)
+    if model.endswith(".gguf"):
+        if not path.is_file():
+            raise BackendError(f"model file not found: {model}")
+        source, kwargs["gguf_file"] = str(path.resolve().parent), path.name
+    elif path.exists() and not path.is_dir():
+        raise BackendError(f"{model} is neither a checkpoint folder nor a .gguf file")
+    else:
+        source = model
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, AttributeError, ImportError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BackendError(f"cannot load {model} with transformers: {first_line}") from None
+    return lm.to(device).eval()
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None) -> None:
+        _register_attention()
+        config = model.config
+        if getattr(config, "is_encoder_decoder", False):
+            raise BackendError(f"{config.model_type} is an encoder-decoder model; prefillbench needs a decoder-only LM")
+        if not getattr(model, "_supports_attention_backend", False):
+            raise BackendError(f"architecture {config.model_type!r} does not accept a custom attention function")
+        model.config._attn_implementation = ATTENTION_NAME
+        self.model = model.eval()
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.torch_device = torch.device(device)
+        self.device = "CUDA" if self.torch_device.type == "cuda" else "CPU"
+        self.model_name = model_name
+        self.dtype = next(model.parameters()).dtype
+        self.weights = weights or str(self.dtype).removeprefix("torch.")
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.n_layers = text.num_hidden_layers
+        self.kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        self.context_length = getattr(text, "max_position_embeddings", 2048)
+        self.vocab_size = text.vocab_size
+        self.cache: KVCache | None = None
+        self.slots = SlotTable(0)
+
+    @classmethod
+    def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None) -> "TorchBackend":
+        if dtype not in DTYPES:
+            raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
+        if threads is not None:
+            if threads < 1:
+                raise BackendError(f"threads must be at least 1, got {threads}")
+            torch.set_num_threads(threads)
+        dev = resolve_device(device)
+        lm = load_model(model, DTYPES[dtype], dev)
+        name = Path(model).name.removesuffix(".gguf") if Path(model).exists() else model
+        weights = f"{dtype} (dequantized from GGUF by transformers)" if model.endswith(".gguf") else dtype
+        return cls(lm, name, dev, weights)
+
+    def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
+        if self.cache is None or not self.cache.fits(max_sequences, max_seq_len):
+            self.cache = None  # free the old one before allocating
+            self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, max_seq_len, self.head_dim, self.dtype, self.torch_device)
+        self.slots = SlotTable(self.cache.n_slots)
+
+    def release(self, seq_id: int) -> None:
+        self.slots.release(seq_id)
+
+    def synchronize(self) -> None:
+        if self.torch_device.type == "cuda":
+            torch.cuda.synchronize(self.torch_device)
+
+    def _layout(self, step: Step) -> tuple[list[int], list[int], StepLayout, list[int]]:
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logit_rows: list[int] = []
+        by_shape: dict[tuple[int, int], tuple[list[list[int]], list[int]]] = {}
+        for chunk in step.prefills:
+            slot = self.slots.slot(chunk.seq_id)
+            n = len(chunk.tokens) + chunk.pad
+            if chunk.start + n > self.cache.max_len:
+                raise BackendError(f"sequence {chunk.seq_id} needs {chunk.start + n} cache positions, prepared for {self.cache.max_len}")
+            first = len(tokens)
+            # Pads repeat the last real token; their KV lands past the sequence's
+            # end, where the next real token overwrites it before anyone reads it.
+            tokens += list(chunk.tokens) + [chunk.tokens[-1]] * chunk.pad
+            positions += range(chunk.start, chunk.start + n)
+            slots += [slot] * n
+            if chunk.is_last:
+                logit_rows.append(first + len(chunk.tokens) - 1)
+            rows, group_slots = by_shape.setdefault((chunk.start, n), ([], []))
+            rows.append(list(range(first, first + n)))
+            group_slots.append(slot)
+        decode_from = len(tokens)
+        dec_slots = [self.slots.slot(d.seq_id) for d in step.decodes]
+        dec_pos = [d.position for d in step.decodes]
+        tokens += [d.token for d in step.decodes]
+        positions += dec_pos
+        slots += dec_slots
+        logit_rows += range(decode_from, len(tokens))
+
+        dev = self.torch_device
+        groups = [
+            ChunkGroup(
+                torch.tensor(rows, device=dev),
+                torch.tensor(gslots, device=dev),
+                start,
+                n,
+                None if start == 0 else _causal_offset_mask(start, n, dev),
+            )
+            for (start, n), (rows, gslots) in by_shape.items()
+        ]
+        kv_len = max(dec_pos, default=-1) + 1
+        decode_mask = None
+        if step.decodes:
+            pos = torch.tensor(dec_pos, device=dev)
+            decode_mask = (torch.arange(kv_len, device=dev).unsqueeze(0) <= pos.unsqueeze(1)).view(len(dec_pos), 1, 1, kv_len)
+        layout = StepLayout(
+            slots=torch.tensor(slots, device=dev),
+            positions=torch.tensor(positions, device=dev),
+            groups=groups,
+            decode_from=decode_from,
+            decode_slots=torch.tensor(dec_slots, device=dev),
+            decode_mask=decode_mask,
+            decode_kv_len=kv_len,
+            cache=self.cache,
+        )
+        return tokens, positions, layout, logit_rows
+
+    @torch.inference_mode()
+    def execute(self, step: Step, return_logits: bool = False) -> StepResult:
+        if self.cache is None:
+            raise BackendError("prepare() must be called before execute()")
+        tokens, positions, layout, logit_rows = self._layout(step)
+        dev = self.torch_device
+        hidden = self.decoder(
+            input_ids=torch.tensor([tokens], device=dev),
+            position_ids=torch.tensor([positions], device=dev),
+            use_cache=False,
+            pb_layout=layout,
+        ).last_hidden_state
+        if layout.calls != self.n_layers:
+            raise BackendError(
+                f"architecture {self.model.config.model_type!r} bypassed the packed attention "
+                f"({layout.calls} of {self.n_layers} layers used it)"
+            )
+        # The LM head runs only where a next token is needed.
+        logits = self.lm_head(hidden[0, logit_rows]).float()
+        next_ids = logits.argmax(dim=-1).tolist()
+        seq_ids = step.emitting_seq_ids
+        result = StepResult(dict(zip(seq_ids, next_ids)))
+        if return_logits:
+            result.logits = dict(zip(seq_ids, logits.cpu().numpy()))
+        return result
+
+    def metadata(self) -> dict[str, Any]:
+        meta = {"weights": self.weights, "dtype": str(self.dtype).removeprefix("torch."), "torch": torch.__version__,
+                "threads": torch.get_num_threads()}
+        if self.torch_device.type == "cuda":
+            meta["gpu"] = torch.cuda.get_device_name(self.torch_device)
+        return meta

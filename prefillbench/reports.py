@@ -1,0 +1,112 @@
+"""Printers: one per output format, all behind `render(fmt, rows, meta)`.
+
+Reports only format; every number was computed before it got here.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .metrics import ResultRow
+
+FORMATS = ("md", "csv", "json", "jsonl")
+
+
+def _fmt(value: float, digits: int) -> str:
+    return "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _strategy_label(row: ResultRow) -> str:
+    return f"{row.strategy} ({row.chunk_size})" if row.chunk_size else row.strategy
+
+
+MD_COLUMNS: list[tuple[str, Callable[[ResultRow], str], bool]] = [
+    # (header, cell, right-aligned)
+    ("model", lambda r: r.model, False),
+    ("backend", lambda r: r.backend, False),
+    ("strategy", _strategy_label, False),
+    ("test", lambda r: r.test, False),
+    ("t/s", lambda r: f"{_fmt(r.ts_mean, 3)}±{_fmt(r.ts_std, 3)}", True),
+    ("ms/t", lambda r: _fmt(r.ms_per_token, 3), True),
+    ("concurrency", lambda r: str(r.concurrency), True),
+    ("throughput/s", lambda r: _fmt(r.throughput, 2), True),
+    ("TTFT p50/p99 ms", lambda r: f"{_fmt(r.ttft_p50_ms, 1)}/{_fmt(r.ttft_p99_ms, 1)}", True),
+    ("TBT p50/p99 ms", lambda r: f"{_fmt(r.tbt_p50_ms, 1)}/{_fmt(r.tbt_p99_ms, 1)}", True),
+]
+
+
+def render_md(rows: list[ResultRow], meta: dict[str, Any]) -> str:
+    cells = [[cell(r) for _, cell, _ in MD_COLUMNS] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _, _) in enumerate(MD_COLUMNS)]
+
+    def line(values: list[str]) -> str:
+        parts = [v.rjust(w) if right else v.ljust(w) for v, w, (_, _, right) in zip(values, widths, MD_COLUMNS)]
+        return "| " + " | ".join(parts) + " |"
+
+    rule = "| " + " | ".join(("-" * (w - 1) + ":") if right else "-" * w for w, (_, _, right) in zip(widths, MD_COLUMNS)) + " |"
+    return "\n".join([line([h for h, _, _ in MD_COLUMNS]), rule] + [line(c) for c in cells]) + "\n"
+
+
+def _records(rows: list[ResultRow], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**r.as_dict(), **meta} for r in rows]
+
+
+def render_csv(rows: list[ResultRow], meta: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=ResultRow.columns() + list(meta), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(_records(rows, meta))
+    return buf.getvalue()
+
+
+def render_json(rows: list[ResultRow], meta: dict[str, Any]) -> str:
+    return json.dumps({"metadata": meta, "results": [r.as_dict() for r in rows]}, indent=2) + "\n"
+
+
+def render_jsonl(rows: list[ResultRow], meta: dict[str, Any]) -> str:
+    return "".join(json.dumps(rec) + "\n" for rec in _records(rows, meta))
+
+
+PRINTERS: dict[str, Callable[[list[ResultRow], dict[str, Any]], str]] = {
+    "md": render_md,
+    "csv": render_csv,
+    "json": render_json,
+    "jsonl": render_jsonl,
+}
+
+
+def render(fmt: str, rows: list[ResultRow], meta: dict[str, Any]) -> str:
+    return PRINTERS[fmt](rows, meta)
+
+
+def format_for_path(path: str | Path) -> str:
+    suffix = Path(path).suffix.lstrip(".").lower()
+    fmt = {"markdown": "md", "ndjson": "jsonl"}.get(suffix, suffix)
+    if fmt not in PRINTERS:
+        raise ValueError(f"cannot tell the export format of {path}: use a .md, .csv, .json or .jsonl name")
+    return fmt
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write via a temporary file renamed into place, so no reader sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export(path: str | Path, rows: list[ResultRow], meta: dict[str, Any]) -> None:
+    write_atomic(path, render(format_for_path(path), rows, meta))

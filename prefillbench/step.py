@@ -1,0 +1,79 @@
+"""What crosses the line between a strategy and a backend: one forward pass.
+
+A strategy fills a `Step` with prompt chunks and decode tokens; a backend
+executes it and returns the next token of every sequence that produced one.
+Neither side knows the other's insides.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """A run of prompt tokens of one sequence, starting at position `start`.
+
+    `pad` extra tokens follow the real ones in the same pass: they are computed
+    (that is the cost the padded strategy measures) and then discarded, so they
+    change no result. Only the last chunk of a prompt yields a token.
+    """
+
+    seq_id: int
+    tokens: tuple[int, ...]
+    start: int
+    is_last: bool
+    pad: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+@dataclass(frozen=True)
+class DecodeToken:
+    """The newest token of a running sequence, fed back at `position`."""
+
+    seq_id: int
+    token: int
+    position: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """The contents of one forward pass: prefill chunks, then decodes."""
+
+    prefills: tuple[PrefillChunk, ...] = ()
+    decodes: tuple[DecodeToken, ...] = ()
+
+    @property
+    def n_prefill_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.prefills)
+
+    @property
+    def n_pad_tokens(self) -> int:
+        return sum(c.pad for c in self.prefills)
+
+    @property
+    def n_decode_tokens(self) -> int:
+        return len(self.decodes)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens the backend really computes, pads included."""
+        return self.n_prefill_tokens + self.n_pad_tokens + self.n_decode_tokens
+
+    @property
+    def emitting_seq_ids(self) -> list[int]:
+        """Sequences that get a next token from this step, in step order."""
+        return [c.seq_id for c in self.prefills if c.is_last] + [d.seq_id for d in self.decodes]
+
+    def __bool__(self) -> bool:
+        return bool(self.prefills or self.decodes)
+
+
+@dataclass
+class StepResult:
+    """Greedy next token per emitting sequence; logits only when asked for."""
+
+    next_tokens: dict[int, int]
+    logits: dict[int, "object"] | None = field(default=None)

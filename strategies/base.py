@@ -1,0 +1,45 @@
+"""The scheduling policy interface: what goes into the next forward pass."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence as Seq
+
+from prefillbench.sequence import Sequence
+from prefillbench.step import DecodeToken, PrefillChunk, Step
+
+
+class Strategy(ABC):
+    name: str = ""
+    #: Whether `chunk_size` changes what this strategy does (it is reported only then).
+    uses_chunk_size: bool = False
+
+    def __init__(self, chunk_size: int = 256) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk size must be at least 1, got {chunk_size}")
+        self.chunk_size = chunk_size
+
+    @abstractmethod
+    def next_step(self, waiting: Seq[Sequence], running: Seq[Sequence]) -> Step:
+        """Build the next step.
+
+        `waiting` holds sequences whose prompt is not fully processed, oldest
+        first; `running` holds sequences that are decoding. The result must not
+        be empty while either list is non-empty.
+        """
+
+    def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:
+        """An upper bound on `Step.n_tokens`, so a backend can size its buffers."""
+        return prompt_len * concurrency + concurrency
+
+
+def prefill_chunk(seq: Sequence, max_tokens: int | None = None, pad_to: int | None = None) -> PrefillChunk:
+    """The next piece of `seq`'s prompt, at most `max_tokens` long."""
+    start = seq.n_prefilled
+    end = len(seq.prompt) if max_tokens is None else min(len(seq.prompt), start + max_tokens)
+    tokens = seq.prompt[start:end]
+    pad = 0 if pad_to is None else pad_to - len(tokens)
+    return PrefillChunk(seq.seq_id, tuple(tokens), start, end == len(seq.prompt), pad)
+
+
+def decode_tokens(running: Seq[Sequence]) -> tuple[DecodeToken, ...]:
+    return tuple(DecodeToken(s.seq_id, s.generated[-1], s.position) for s in running)
