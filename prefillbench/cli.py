@@ -8,7 +8,7 @@ from pathlib import Path
 
 from strategies import STRATEGIES
 
-from . import reports
+from . import compare, plots, reports, traces
 from .backends import BACKEND_CHOICES, load_backend
 from .backends.base import BackendError
 from .bench import BenchConfig, CaseResult, run_case, verify
@@ -67,11 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     tests.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed warm-up run")
     out = run.add_argument_group("output")
     out.add_argument("-o", "--output", choices=reports.FORMATS, default="md", help="format on stdout (default: md)")
-    out.add_argument("--export", help="also write every field and the run metadata here (.csv, .json, .jsonl, .md)")
+    out.add_argument("--export", help="also write every field and the run metadata here (.csv, .json, .jsonl, .md); "
+                     "a .json/.jsonl export gets its per-request trace beside it as <name>.requests.jsonl")
+    out.add_argument("--export-requests", metavar="FILE.jsonl", help="write each request's arrival and token times here (for plot)")
+    out.add_argument("--relative-to", metavar="STRATEGY", help="show each row's ratios to this strategy's row of the same test and concurrency")
+    out.add_argument("--noisy-cv", type=compare.percent, default=10.0, metavar="PCT",
+                     help="mark rows whose CV across repetitions exceeds this percentage as noisy (default: 10)")
     out.add_argument("--results-dir", default="results", help="where each run writes <timestamp>.csv (default: results)")
     out.add_argument("--no-results-file", dest="results_file", action="store_false", help="do not write results/<timestamp>.csv")
     out.add_argument("--verify", action="store_true", help="check that all strategies produce the same greedy tokens")
     out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    compare.add_arguments(sub.add_parser("compare", help="compare two exported runs; exit 1 on a regression beyond --threshold"))
+    plots.add_arguments(sub.add_parser("plot", help="write PNG charts from exported results and per-request traces"))
     return parser
 
 
@@ -117,6 +124,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             reports.format_for_path(args.export)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    if args.relative_to and args.relative_to not in config.strategies:
+        raise UsageError(f"--relative-to {args.relative_to}: not among the strategies run ({', '.join(config.strategies)})")
+    trace_path = args.export_requests or (traces.trace_path_for(args.export) if args.export else None)
+    if args.export_requests and not args.export_requests.endswith((".jsonl", ".ndjson")):
+        raise UsageError(f"--export-requests writes JSON lines: use a .jsonl name, not {args.export_requests}")
     options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch)) if v is not None}
     backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)
     print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)
@@ -140,10 +152,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     meta = run_metadata(backend.metadata())
     meta.update(model_path=args.model or "default", backend_name=backend.name, device=backend.device)
     if rows:
-        sys.stdout.write(reports.render(args.output, rows, meta))
+        if args.relative_to:
+            sys.stdout.write(compare.render_relative(args.output, rows, meta, args.relative_to, args.noisy_cv / 100))
+        else:
+            sys.stdout.write(reports.render(args.output, rows, meta, args.noisy_cv / 100))
         sys.stdout.flush()
         if args.export:
             reports.export(args.export, rows, meta)
+        if trace_path:
+            traces.export_traces(trace_path, results)
         if args.results_file:
             stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
             path = Path(args.results_dir) / f"{stamp}.csv"
@@ -163,7 +180,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run}
+COMMANDS = {"run": cmd_run, "compare": compare.cmd_compare, "plot": plots.cmd_plot}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,9 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from . import stats
 from .engine import RequestRecord, RunRecord
+from .stats import mean_std
 from .workloads import TestSpec
 
 
@@ -32,6 +34,11 @@ class ResultRow:
     ttft_p99_ms: float
     tbt_p50_ms: float
     tbt_p99_ms: float
+    # Spread across repetitions (one value per timed run); NaN with one repetition.
+    ts_cv: float = math.nan  # CV of the runs' mean t/s
+    ts_ci95: float = math.nan  # 95% CI half-width of ts_mean: ts_mean ± ts_ci95
+    throughput_cv: float = math.nan
+    throughput_ci95: float = math.nan
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -40,16 +47,14 @@ class ResultRow:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def cv(self) -> float:
+        """The row's worst CV (t/s or throughput); NaN when unknown."""
+        known = [c for c in (self.ts_cv, self.throughput_cv) if c is not None and not math.isnan(c)]
+        return max(known) if known else math.nan
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation, two-pass so large means lose no precision."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    mean = math.fsum(values) / n
-    if n == 1:
-        return mean, 0.0
-    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    def noisy(self, threshold: float = stats.DEFAULT_NOISY_CV) -> bool:
+        return stats.is_noisy([self.ts_cv, self.throughput_cv], threshold)
 
 
 def request_rate(test: TestSpec, req: RequestRecord) -> float:
@@ -90,6 +95,7 @@ def summarize(
 ) -> ResultRow:
     rates = [request_rate(test, r) for run in runs for r in run.requests]
     ts_mean, ts_std = mean_std(rates)
+    run_rates = [mean_std([request_rate(test, r) for r in run.requests])[0] for run in runs]
     throughputs = [len(run.requests) * test.tokens_per_request / run.wall for run in runs]
     ttft = [v for run in runs for v in ttfts_ms(run)]
     tbt = [v for run in runs for v in tbts_ms(run)]
@@ -112,4 +118,8 @@ def summarize(
         ttft_p99_ms=percentile(ttft, 99),
         tbt_p50_ms=percentile(tbt, 50),
         tbt_p99_ms=percentile(tbt, 99),
+        ts_cv=stats.cv(run_rates),
+        ts_ci95=stats.ci_half_width(run_rates),
+        throughput_cv=stats.cv(throughputs),
+        throughput_ci95=stats.ci_half_width(throughputs),
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import ResultRow
+from .stats import DEFAULT_NOISY_CV
 
 FORMATS = ("md", "csv", "json", "jsonl")
 
@@ -42,16 +43,30 @@ MD_COLUMNS: list[tuple[str, Callable[[ResultRow], str], bool]] = [
 ]
 
 
-def render_md(rows: list[ResultRow], meta: dict[str, Any]) -> str:
-    cells = [[cell(r) for _, cell, _ in MD_COLUMNS] for r in rows]
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _, _) in enumerate(MD_COLUMNS)]
+def cv_cell(row: ResultRow, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
+    """The row's worst CV across repetitions, in percent, marked noisy above the threshold."""
+    cv = row.cv
+    if math.isnan(cv):
+        return "-"
+    return f"{100 * cv:.1f}%" + (" noisy" if row.noisy(noisy_cv) else "")
+
+
+def md_table(columns: list[tuple[str, Callable[[Any], str], bool]], items: list[Any]) -> str:
+    """A markdown table, aligned for reading in a terminal."""
+    cells = [[cell(r) for _, cell, _ in columns] for r in items]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _, _) in enumerate(columns)]
 
     def line(values: list[str]) -> str:
-        parts = [v.rjust(w) if right else v.ljust(w) for v, w, (_, _, right) in zip(values, widths, MD_COLUMNS)]
+        parts = [v.rjust(w) if right else v.ljust(w) for v, w, (_, _, right) in zip(values, widths, columns)]
         return "| " + " | ".join(parts) + " |"
 
-    rule = "| " + " | ".join(("-" * (w - 1) + ":") if right else "-" * w for w, (_, _, right) in zip(widths, MD_COLUMNS)) + " |"
-    return "\n".join([line([h for h, _, _ in MD_COLUMNS]), rule] + [line(c) for c in cells]) + "\n"
+    rule = "| " + " | ".join(("-" * (w - 1) + ":") if right else "-" * w for w, (_, _, right) in zip(widths, columns)) + " |"
+    return "\n".join([line([h for h, _, _ in columns]), rule] + [line(c) for c in cells]) + "\n"
+
+
+def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV) -> str:
+    columns = MD_COLUMNS + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
+    return md_table(columns, rows)
 
 
 def _records(rows: list[ResultRow], meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -82,7 +97,9 @@ PRINTERS: dict[str, Callable[[list[ResultRow], dict[str, Any]], str]] = {
 }
 
 
-def render(fmt: str, rows: list[ResultRow], meta: dict[str, Any]) -> str:
+def render(fmt: str, rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV) -> str:
+    if fmt == "md":
+        return render_md(rows, meta, noisy_cv)
     return PRINTERS[fmt](rows, meta)
 
 

@@ -1,0 +1,340 @@
+"""`prefillbench plot FILE... [--out DIR]`: PNG charts from exported results and per-request traces.
+
+Charts, one per file, named for what they show:
+
+- throughput_vs_concurrency_<test>.png: throughput against requests in flight, one line per strategy;
+- chunk_sweep_<test>_c<N>.png: throughput and TBT p99 against chunk size (when a run swept
+  --chunk-size), with the other strategies as flat reference lines;
+- ttft_cdf_<test>_c<N>.png and tbt_cdf_<test>_c<N>.png: the distribution of time to first
+  token and of time between tokens, one line per strategy, from the per-request trace.
+
+The functions build `Chart`s (the series, as data) first and draw them second,
+so tests check the series, and that the drawn lines carry them, not pixels.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .compare import InputError, Results, _read_text, _sniff, load_results
+from .metrics import ResultRow
+from .traces import Trace, is_trace_record, load_traces, parse_traces, trace_path_for
+
+DEFAULT_OUT = "results/plots"
+
+
+@dataclass
+class Series:
+    label: str
+    x: list[float]
+    y: list[float]
+    err: list[float] | None = None  # half-width of the 95% CI, where known
+    style: str = "line"  # line | reference (flat) | step (CDF)
+
+
+@dataclass
+class Panel:
+    title: str
+    xlabel: str
+    ylabel: str
+    series: list[Series] = field(default_factory=list)
+    xlog2: bool = False
+
+    def get(self, label: str) -> Series:
+        for s in self.series:
+            if s.label == label:
+                return s
+        raise KeyError(label)
+
+    @property
+    def labels(self) -> list[str]:
+        return [s.label for s in self.series]
+
+
+@dataclass
+class Chart:
+    name: str  # file name, without .png
+    title: str
+    panels: list[Panel]
+    path: Path | None = None  # set once written
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9+._-]+", "_", text).strip("_")
+
+
+def strategy_label(strategy: str, chunk_size: int | None) -> str:
+    return f"{strategy} ({chunk_size})" if chunk_size else strategy
+
+
+def _test_order(test: str) -> tuple:
+    nums = [int(n) for n in re.findall(r"\d+", test)]
+    kind = 0 if test.startswith("pp") and "+" not in test else 1 if test.startswith("tg") else 2
+    return (kind, nums, test)
+
+
+@dataclass
+class Source:
+    """Rows of one file, with the prefix their series carry when several files are plotted."""
+
+    prefix: str
+    rows: list[ResultRow]
+
+
+def _sources(results: list[Results]) -> list[Source]:
+    out = []
+    for res in results:
+        prefix = Path(res.path).stem if len(results) > 1 else ""
+        combos = sorted({(r.model, r.backend) for r in res.rows})
+        if len(combos) > 1:
+            for model, backend in combos:
+                p = f"{prefix}: " if prefix else ""
+                out.append(Source(f"{p}{model} {backend}", [r for r in res.rows if (r.model, r.backend) == (model, backend)]))
+        else:
+            out.append(Source(prefix, res.rows))
+    return out
+
+
+def _label(prefix: str, text: str) -> str:
+    return f"{prefix}: {text}" if prefix else text
+
+
+def _subject(rows: list[ResultRow] | list[Trace]) -> str:
+    combos = sorted({(r.model, r.backend) for r in rows})
+    return f" — {combos[0][0]}, {combos[0][1]}" if len(combos) == 1 else ""
+
+
+def _finite(v: float) -> bool:
+    return v is not None and not math.isnan(v)
+
+
+def throughput_charts(results: list[Results]) -> list[Chart]:
+    """Per test: throughput against concurrency, a line per strategy (and chunk size)."""
+    sources = _sources(results)
+    tests = sorted({r.test for s in sources for r in s.rows}, key=_test_order)
+    charts = []
+    for test in tests:
+        panel = Panel(f"{test}", "concurrency (requests in flight)", "throughput (tokens/s)")
+        for src in sources:
+            lines: dict[str, list[ResultRow]] = defaultdict(list)
+            for r in src.rows:
+                if r.test == test:
+                    lines[strategy_label(r.strategy, r.chunk_size)].append(r)
+            for label, rows in lines.items():
+                rows.sort(key=lambda r: r.concurrency)
+                panel.series.append(
+                    Series(
+                        _label(src.prefix, label),
+                        [r.concurrency for r in rows],
+                        [r.throughput for r in rows],
+                        [r.throughput_ci95 if _finite(r.throughput_ci95) else 0.0 for r in rows],
+                    )
+                )
+        all_rows = [r for s in sources for r in s.rows if r.test == test]
+        charts.append(Chart(f"throughput_vs_concurrency_{_slug(test)}", f"Throughput vs concurrency, {test}{_subject(all_rows)}", [panel]))
+    return charts
+
+
+def chunk_sweep_charts(results: list[Results]) -> list[Chart]:
+    """Per test and concurrency swept over two or more chunk sizes: throughput and TBT p99 against chunk size."""
+    sources = _sources(results)
+    cases = sorted({(r.test, r.concurrency) for s in sources for r in s.rows}, key=lambda k: (_test_order(k[0]), k[1]))
+    charts = []
+    for test, conc in cases:
+        same = [(src, [r for r in src.rows if r.test == test and r.concurrency == conc]) for src in sources]
+        sizes = sorted({r.chunk_size for _, rows in same for r in rows if r.chunk_size})
+        if len(sizes) < 2:
+            continue
+        tput = Panel("throughput", "chunk size (tokens)", "throughput (tokens/s)", xlog2=True)
+        tbt = Panel("TBT p99", "chunk size (tokens)", "TBT p99 (ms)", xlog2=True)
+        for src, rows in same:
+            swept: dict[str, list[ResultRow]] = defaultdict(list)
+            flat: list[ResultRow] = []
+            for r in rows:
+                (swept[r.strategy].append(r) if r.chunk_size else flat.append(r))
+            for strategy, rs in swept.items():
+                rs.sort(key=lambda r: r.chunk_size)
+                xs = [r.chunk_size for r in rs]
+                tput.series.append(Series(_label(src.prefix, strategy), xs, [r.throughput for r in rs],
+                                          [r.throughput_ci95 if _finite(r.throughput_ci95) else 0.0 for r in rs]))
+                tbt.series.append(Series(_label(src.prefix, strategy), xs, [r.tbt_p99_ms for r in rs]))
+            for r in flat:
+                ends = [sizes[0], sizes[-1]]
+                tput.series.append(Series(_label(src.prefix, r.strategy), ends, [r.throughput] * 2, style="reference"))
+                tbt.series.append(Series(_label(src.prefix, r.strategy), ends, [r.tbt_p99_ms] * 2, style="reference"))
+        panels = [tput]
+        if any(_finite(v) for s in tbt.series for v in s.y):  # pp tests emit one token: no TBT
+            panels.append(tbt)
+        rows = [r for _, rs in same for r in rs]
+        charts.append(Chart(f"chunk_sweep_{_slug(test)}_c{conc}", f"Chunk-size sweep, {test}, concurrency {conc}{_subject(rows)}", panels))
+    return charts
+
+
+def cdf(values: list[float]) -> tuple[list[float], list[float]]:
+    """Sorted values and the fraction of values at or below each."""
+    xs = sorted(values)
+    n = len(xs)
+    return xs, [(i + 1) / n for i in range(n)]
+
+
+def cdf_charts(trace_sets: list[tuple[str, list[Trace]]]) -> list[Chart]:
+    """Per test and concurrency: TTFT and TBT CDFs, a line per strategy."""
+    prefixed = [(Path(path).stem.removesuffix(".requests") if len(trace_sets) > 1 else "", t) for path, traces in trace_sets for t in traces]
+    cases = sorted({(t.test, t.concurrency) for _, t in prefixed}, key=lambda k: (_test_order(k[0]), k[1]))
+    combos = {(t.model, t.backend) for _, t in prefixed}
+    charts = []
+    for test, conc in cases:
+        groups: dict[str, list[Trace]] = defaultdict(list)
+        for prefix, t in prefixed:
+            if t.test == test and t.concurrency == conc:
+                label = strategy_label(t.strategy, t.chunk_size)
+                if len(combos) > 1:
+                    label = f"{t.model} {t.backend} {label}"
+                groups[_label(prefix, label)].append(t)
+        members = [t for ts in groups.values() for t in ts]
+        ttft = Panel("TTFT", "time to first token (ms)", "fraction of requests")
+        tbt = Panel("TBT", "time between tokens (ms)", "fraction of tokens")
+        for label, ts in groups.items():
+            ttft.series.append(Series(label, *cdf([t.ttft_ms for t in ts]), style="step"))
+            gaps = [g for t in ts for g in t.tbts_ms]
+            if gaps:
+                tbt.series.append(Series(label, *cdf(gaps), style="step"))
+        subject = _subject(members)
+        charts.append(Chart(f"ttft_cdf_{_slug(test)}_c{conc}", f"TTFT distribution, {test}, concurrency {conc}{subject}", [ttft]))
+        if tbt.series:
+            charts.append(Chart(f"tbt_cdf_{_slug(test)}_c{conc}", f"TBT distribution, {test}, concurrency {conc}{subject}", [tbt]))
+    return charts
+
+
+def draw(chart: Chart):
+    """A matplotlib Figure for the chart (no pyplot, no display needed)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4 * len(chart.panels), 4.6), layout="constrained")
+    axes = fig.subplots(1, len(chart.panels), squeeze=False)[0]
+    for ax, panel in zip(axes, chart.panels):
+        for s in panel.series:
+            if s.style == "step":
+                ax.step(s.x, s.y, where="post", label=s.label)
+            elif s.style == "reference":
+                ax.plot(s.x, s.y, linestyle="--", linewidth=1, label=s.label)
+            else:
+                (line,) = ax.plot(s.x, s.y, marker="o", label=s.label)
+                if s.err and any(e > 0 for e in s.err):
+                    ax.errorbar(s.x, s.y, yerr=s.err, fmt="none", ecolor=line.get_color(), capsize=3)
+        if panel.xlog2:
+            ax.set_xscale("log", base=2)
+            ticks = sorted({x for s in panel.series if s.style != "reference" for x in s.x})
+            ax.set_xticks(ticks, [str(int(t)) for t in ticks])
+            ax.minorticks_off()
+        elif all(float(x).is_integer() for s in panel.series for x in s.x) and panel.series and panel.series[0].style != "step":
+            ticks = sorted({x for s in panel.series for x in s.x})
+            ax.set_xticks(ticks, [str(int(t)) for t in ticks])
+        if panel.series and panel.series[0].style == "step":
+            ax.set_ylim(0, 1.02)
+        ax.set_title(panel.title if len(chart.panels) > 1 else "")
+        ax.set_xlabel(panel.xlabel)
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(True, alpha=0.3)
+        if panel.series:
+            ax.legend(fontsize="small")
+    fig.suptitle(chart.title)
+    return fig
+
+
+def save(chart: Chart, out_dir: str | Path) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{chart.name}.png"
+    fig = draw(chart)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=110)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    chart.path = path
+    return path
+
+
+def _is_trace_file(path: str, text: str) -> bool:
+    import json
+
+    if _sniff(path, text) != "jsonl" and not path.endswith(".requests.jsonl"):
+        return False
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    try:
+        return is_trace_record(json.loads(first))
+    except json.JSONDecodeError:
+        return path.endswith(".requests.jsonl")
+
+
+def load_inputs(paths: list[str]) -> tuple[list[Results], list[tuple[str, list[Trace]]]]:
+    """Result exports and per-request traces among the files; a trace beside an export is found by name."""
+    results: list[Results] = []
+    traces: list[tuple[str, list[Trace]]] = []
+    seen: set[Path] = set()
+    for path in paths:
+        text = _read_text(path)
+        seen.add(Path(path).resolve())
+        if _is_trace_file(path, text):
+            traces.append((path, parse_traces(path, text)))
+        else:
+            results.append(load_results(path))
+    for res in list(results):
+        beside = trace_path_for(res.path)
+        if beside is not None and beside.is_file() and beside.resolve() not in seen:
+            seen.add(beside.resolve())
+            traces.append((str(beside), load_traces(str(beside))))
+    return results, traces
+
+
+def make_charts(results: list[Results], traces: list[tuple[str, list[Trace]]]) -> list[Chart]:
+    charts: list[Chart] = []
+    if results:
+        charts += throughput_charts(results)
+        charts += chunk_sweep_charts(results)
+    if traces:
+        charts += cdf_charts(traces)
+    return charts
+
+
+def plot_files(paths: list[str], out_dir: str | Path = DEFAULT_OUT) -> list[Chart]:
+    """Read the files, build every chart that they support, and write each as PNG."""
+    results, traces = load_inputs(paths)
+    charts = make_charts(results, traces)
+    for chart in charts:
+        save(chart, out_dir)
+    return charts
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="result exports (.csv, .json, .jsonl) and per-request traces (.requests.jsonl); "
+                        "X.requests.jsonl beside X.json[l] is read too")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"where the PNG files go (default: {DEFAULT_OUT})")
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    results, traces = load_inputs(args.files)
+    charts = make_charts(results, traces)
+    if not charts:
+        raise InputError("nothing to plot")
+    for chart in charts:
+        try:
+            print(save(chart, args.out))
+        except OSError as e:
+            raise InputError(f"cannot write {chart.name}.png to {args.out}: {e.strerror or e}") from None
+    if results and not traces:
+        print("prefillbench: no per-request trace given, so no TTFT/TBT distributions (run with --export-requests FILE.jsonl)",
+              file=sys.stderr)
+    return 0
