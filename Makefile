@@ -10,7 +10,14 @@ TORCH ?= torch==2.13.0
 # The default benchmark: finishes in about 2 minutes on a 2-core CPU.
 RUN_ARGS ?= -p 128,512 -n 32 --pg 256,32 -c 1,4 -r 2
 
-.PHONY: install run test clean
+# The CI regression job (see the README): a small fixed preset on the default model,
+# gated on ratios to sequential against the baseline committed in results/.
+BENCH_CI_ARGS ?= --backend auto -p 0 -n 0 --pg 512,16 -c 1,4 -s sequential,padded,chunked --chunk-size 128 -r 3
+BENCH_CI_BASELINE ?= results/baseline-ci.csv
+BENCH_CI_OUT ?= results/bench-ci.csv
+BENCH_CI_GATE ?= --relative-to sequential --metric throughput --threshold 20
+
+.PHONY: install run test clean bench-ci bench-ci-baseline
 
 install: $(STAMP)
 
@@ -26,6 +33,16 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+bench-ci: $(STAMP)
+	$(PY) -m prefillbench run $(BENCH_CI_ARGS) --no-progress --no-results-file \
+		--export $(BENCH_CI_OUT) --export-requests $(BENCH_CI_OUT:.csv=.requests.jsonl)
+	-$(PY) -m prefillbench plot $(BENCH_CI_OUT) $(BENCH_CI_OUT:.csv=.requests.jsonl) --out $(BENCH_CI_OUT:.csv=-plots) >/dev/null
+	$(PY) -m prefillbench compare $(BENCH_CI_BASELINE) $(BENCH_CI_OUT) $(BENCH_CI_GATE)
+
+# Refresh the baseline: run on the machine the gate runs on, review, commit results/baseline-ci.csv.
+bench-ci-baseline: $(STAMP)
+	$(PY) -m prefillbench run $(BENCH_CI_ARGS) --no-progress --no-results-file --export $(BENCH_CI_BASELINE)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
