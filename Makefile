@@ -37,7 +37,7 @@ test: $(STAMP)
 bench-ci: $(STAMP)
 	$(PY) -m prefillbench run $(BENCH_CI_ARGS) --no-progress --no-results-file \
 		--export $(BENCH_CI_OUT) --export-requests $(BENCH_CI_OUT:.csv=.requests.jsonl)
-	-$(PY) -m prefillbench plot $(BENCH_CI_OUT) $(BENCH_CI_OUT:.csv=.requests.jsonl) --out $(BENCH_CI_OUT:.csv=-plots) >/dev/null
+	-$(PY) -m prefillbench plot $(BENCH_CI_OUT) --out $(BENCH_CI_OUT:.csv=-plots) >/dev/null
 	$(PY) -m prefillbench compare $(BENCH_CI_BASELINE) $(BENCH_CI_OUT) $(BENCH_CI_GATE)
 
 # Refresh the baseline: run on the machine the gate runs on, review, commit results/baseline-ci.csv.

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .compare import InputError, Results, _read_text, _sniff, load_results
 from .metrics import ResultRow
-from .traces import Trace, is_trace_record, load_traces, parse_traces, trace_path_for
+from .traces import Trace, is_trace_record, load_traces, parse_traces
 
 DEFAULT_OUT = "results/plots"
 
@@ -46,6 +46,7 @@ class Panel:
     ylabel: str
     series: list[Series] = field(default_factory=list)
     xlog2: bool = False
+    xlog: bool = False  # latencies that span orders of magnitude
 
     def get(self, label: str) -> Series:
         for s in self.series:
@@ -108,7 +109,7 @@ def _label(prefix: str, text: str) -> str:
 
 def _subject(rows: list[ResultRow] | list[Trace]) -> str:
     combos = sorted({(r.model, r.backend) for r in rows})
-    return f" — {combos[0][0]}, {combos[0][1]}" if len(combos) == 1 else ""
+    return f"\n{combos[0][0]}, {combos[0][1]}" if len(combos) == 1 else ""
 
 
 def _finite(v: float) -> bool:
@@ -206,6 +207,9 @@ def cdf_charts(trace_sets: list[tuple[str, list[Trace]]]) -> list[Chart]:
             gaps = [g for t in ts for g in t.tbts_ms]
             if gaps:
                 tbt.series.append(Series(label, *cdf(gaps), style="step"))
+        for panel in (ttft, tbt):
+            xs = [x for s in panel.series for x in s.x]
+            panel.xlog = bool(xs) and min(xs) > 0 and max(xs) / min(xs) > 100
         subject = _subject(members)
         charts.append(Chart(f"ttft_cdf_{_slug(test)}_c{conc}", f"TTFT distribution, {test}, concurrency {conc}{subject}", [ttft]))
         if tbt.series:
@@ -217,7 +221,7 @@ def draw(chart: Chart):
     """A matplotlib Figure for the chart (no pyplot, no display needed)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4 * len(chart.panels), 4.6), layout="constrained")
+    fig = Figure(figsize=(6.4 * len(chart.panels), 4.8), layout="constrained")
     axes = fig.subplots(1, len(chart.panels), squeeze=False)[0]
     for ax, panel in zip(axes, chart.panels):
         for s in panel.series:
@@ -234,6 +238,8 @@ def draw(chart: Chart):
             ticks = sorted({x for s in panel.series if s.style != "reference" for x in s.x})
             ax.set_xticks(ticks, [str(int(t)) for t in ticks])
             ax.minorticks_off()
+        elif panel.xlog:
+            ax.set_xscale("log")
         elif all(float(x).is_integer() for s in panel.series for x in s.x) and panel.series and panel.series[0].style != "step":
             ticks = sorted({x for s in panel.series for x in s.x})
             ax.set_xticks(ticks, [str(int(t)) for t in ticks])
@@ -245,7 +251,7 @@ def draw(chart: Chart):
         ax.grid(True, alpha=0.3)
         if panel.series:
             ax.legend(fontsize="small")
-    fig.suptitle(chart.title)
+    fig.suptitle(chart.title, fontsize="medium")
     return fig
 
 
@@ -278,6 +284,12 @@ def _is_trace_file(path: str, text: str) -> bool:
         return path.endswith(".requests.jsonl")
 
 
+def trace_beside(path: str | Path) -> Path:
+    """Where `run` puts the per-request trace of an export: X.requests.jsonl beside X.csv/.json/.jsonl."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}.requests.jsonl")
+
+
 def load_inputs(paths: list[str]) -> tuple[list[Results], list[tuple[str, list[Trace]]]]:
     """Result exports and per-request traces among the files; a trace beside an export is found by name."""
     results: list[Results] = []
@@ -291,8 +303,8 @@ def load_inputs(paths: list[str]) -> tuple[list[Results], list[tuple[str, list[T
         else:
             results.append(load_results(path))
     for res in list(results):
-        beside = trace_path_for(res.path)
-        if beside is not None and beside.is_file() and beside.resolve() not in seen:
+        beside = trace_beside(res.path)
+        if beside.is_file() and beside.resolve() not in seen:
             seen.add(beside.resolve())
             traces.append((str(beside), load_traces(str(beside))))
     return results, traces

@@ -96,7 +96,7 @@ def test_throughput_vs_concurrency_series(tmp_path):
     assert seq.y == [throughput_of("sequential", "pp512+tg32", c) for c in (1, 2, 4)]
     assert seq.err == [0.25, 0.5, 1.0]
     assert panel.get("chunked (128)").y == [throughput_of("chunked", "pp512+tg32", c, 128) for c in (1, 2, 4)]
-    assert "pp512+tg32" in chart.title and "m, gguf CPU" in chart.title
+    assert "pp512+tg32" in chart.title and "\nm, gguf CPU" in chart.title
 
 
 def test_chunk_sweep_series(tmp_path):
@@ -231,5 +231,28 @@ def test_trace_records_from_real_runs(tmp_path):
     seq_row = results[0].row
     tbt = charts["tbt_cdf_pp32+tg4_c2"].panels[0].get("sequential")
     assert max(tbt.x) == pytest.approx(max(v for run in results[0].runs for r in run.requests
-                                            for v in [1000 * (b - a) for a, b in zip(r.token_times, r.token_times[1:])]))
+                                            for v in [1000 * (b - a) for a, b in zip(r.token_times, r.token_times[1:])]), abs=1e-3)
     assert seq_row.tbt_p99_ms <= max(tbt.x) + 1e-9
+
+
+def test_trace_beside_a_csv_export_is_found(tmp_path):
+    path = tmp_path / "ci.csv"
+    reports.export(path, make_rows(("pp512+tg32",)), {})
+    assert not any("cdf" in n for n in charts_of(path))
+    (tmp_path / "ci.requests.jsonl").write_text("\n".join(TRACE) + "\n")
+    names = set(charts_of(path))
+    assert {"ttft_cdf_pp512+tg32_c2", "tbt_cdf_pp512+tg32_c2"} <= names
+    # given twice (by name and found beside), it is read once
+    ttft = charts_of(path, tmp_path / "ci.requests.jsonl")["ttft_cdf_pp512+tg32_c2"].panels[0]
+    assert len(ttft.get("sequential").x) == 2
+
+
+def test_cdf_uses_a_log_axis_for_latencies_spanning_decades(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    lines = [trace_line("sequential", None, "pp512+tg32", 1, 0.0, [0.001 * (i + 1), 0.001 * (i + 1) + g])
+             for i, g in enumerate((0.001, 0.5))]
+    trace.write_text("\n".join(lines) + "\n")
+    charts = charts_of(trace)
+    assert charts["tbt_cdf_pp512+tg32_c1"].panels[0].xlog  # 1 ms .. 500 ms
+    assert not charts["ttft_cdf_pp512+tg32_c1"].panels[0].xlog  # 1 ms .. 2 ms
+    assert plots.draw(charts["tbt_cdf_pp512+tg32_c1"]).axes[0].get_xscale() == "log"
