@@ -124,6 +124,9 @@ class SimBackend(Backend):
 
         record, stats = run_pipeline(self, strategy, list(requests), concurrency, on_token=on_token)
         self.pipeline_stats = stats
+        busy = " ".join(f"{b:.0%}" for b in stats["stage_busy_fraction"])
+        print(f"prefillbench: sim pipeline {strategy.name} c={concurrency}: {stats['micro_batches']} micro-batches, median "
+              f"bubble {stats['median_bubble_per_request_s'] * 1e3:.1f} ms per request, stage busy {busy}", file=sys.stderr)
         return record
 
     # ---- trace -------------------------------------------------------------------------
