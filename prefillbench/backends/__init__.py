@@ -35,8 +35,8 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
         from .sim_backend import SimBackend
 
         return SimBackend.load(
-            options.get("sim_model") or model or "llama-13b",
-            options.get("sim_gpu") or "a6000",
+            options.get("sim_model") or model,
+            options.get("sim_gpu"),
             tp=options.get("tp") or 1,
             pp=options.get("pp") or 1,
             calibration=options.get("calibration"),

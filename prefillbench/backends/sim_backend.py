@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from prefillbench.sim.calibration import load_calibration
+from prefillbench.sim.calibration import calibration_specs, load_calibration
 from prefillbench.sim.cost import Batch, CostModel, StepCost
 from prefillbench.sim.specs import GiB, GPUSpec, ModelSpec, load_gpu_spec, load_model_spec
 from prefillbench.step import Step, StepResult
@@ -53,11 +53,14 @@ class SimBackend(Backend):
         self._trace: TextIO | None = None
 
     @classmethod
-    def load(cls, model: str, gpu: str = "a6000", *, tp: int = 1, pp: int = 1, calibration: str | None = None,
-             trace: str | None = None) -> "SimBackend":
+    def load(cls, model: str | None = None, gpu: str | None = None, *, tp: int = 1, pp: int = 1,
+             calibration: str | None = None, trace: str | None = None) -> "SimBackend":
+        """Presets or files by name; a calibration file supplies the model and device it measured when none is named."""
         cal = load_calibration(calibration) if calibration else None
-        return cls(load_model_spec(model), load_gpu_spec(gpu), tp=tp, pp=pp, calibration=cal,
-                   calibration_path=calibration, trace=trace)
+        cal_model, cal_gpu = calibration_specs(cal) if cal else (None, None)
+        model_spec = load_model_spec(model) if model else (cal_model or load_model_spec("llama-13b"))
+        gpu_spec = load_gpu_spec(gpu) if gpu else (cal_gpu or load_gpu_spec("a6000"))
+        return cls(model_spec, gpu_spec, tp=tp, pp=pp, calibration=cal, calibration_path=calibration, trace=trace)
 
     # ---- capacity ---------------------------------------------------------------
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int = 0) -> int:

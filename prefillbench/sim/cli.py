@@ -37,6 +37,20 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per sweep point; the median counts (default: 3)")
     p.add_argument("-o", "--output", default="calibration.json", help="calibration file to write (default: calibration.json)")
     p.add_argument("--errors", help="also write the per-step measured/predicted times here (.csv)")
+    p.add_argument("--check", action="store_true", help="then run sequential and chunked on the real backend and on the "
+                   "calibrated sim and compare their throughput ratios")
+    p.add_argument("--check-run", type=_ints, default=(192, 16, 4, 8, 64), metavar="P,N,C,R,CHUNK",
+                   help="the --check run: prompt, generation, concurrency, requests, chunk size (default: 192,16,4,8,64)")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected P,N,C,R,CHUNK, got {text!r}") from None
+    if len(values) != 5 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected five positive integers P,N,C,R,CHUNK, got {text!r}")
+    return values
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -114,7 +114,7 @@ class CostModel:
 
     def _linear(self, name: str, n: int, d_in: int, d_out: int) -> Op:
         b = self.model.dtype_bytes
-        return self._roof(name, 2.0 * n * d_in * d_out, b * (d_in * d_out + n * d_in + n * d_out))
+        return self._roof(name, 2.0 * n * d_in * d_out, self.model.weight_bytes * d_in * d_out + b * (n * d_in + n * d_out))
 
     # ---- one layer ------------------------------------------------------------
     def layer_ops(self, batch: Batch) -> list[Op]:
@@ -194,7 +194,7 @@ class CostModel:
         per_stage[0] += emb
         if not m.tied_embeddings or self.pp > 1:
             per_stage[-1] += emb  # untied head, or a tied one that must live on the last stage too
-        return max(per_stage) * m.dtype_bytes
+        return max(per_stage) * m.weight_bytes
 
     def kv_bytes_per_token_per_gpu(self) -> float:
         return 2 * max(self.stage_layers) * self.kv_local * self.model.dtype_bytes

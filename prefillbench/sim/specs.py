@@ -35,12 +35,15 @@ class ModelSpec:
     gated_mlp: bool = True  # SwiGLU (3 matrices) vs GELU MLP (2)
     tied_embeddings: bool = False
     max_context: int = 2048
-    dtype_bytes: int = 2  # bf16 / fp16 weights, activations and KV cache
+    dtype_bytes: float = 2  # bf16 / fp16 activations and KV cache
+    weight_bytes: float = 0  # per parameter; 0: dtype_bytes (quantized weights: e.g. 0.625 for Q4_1)
     source: str = ""
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden // self.n_heads)
+        if self.weight_bytes == 0:
+            object.__setattr__(self, "weight_bytes", self.dtype_bytes)
 
     @property
     def q_dim(self) -> int:
