@@ -129,6 +129,8 @@ def load_model(model: str, dtype: torch.dtype, device: str):
     from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    _register_attention()
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": ATTENTION_NAME}
     path = Path(model)
     if model.endswith(".gguf"):
