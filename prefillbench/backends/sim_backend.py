@@ -31,6 +31,7 @@ class SimBackend(Backend):
         self.model, self.gpu = model, gpu
         self.cost = CostModel(model, gpu, tp, pp)
         self.cost.check_fits()
+        self._kv_capacity = self.cost.kv_capacity_tokens()
         self.tp, self.pp = tp, pp
         self.calibrated = calibration is not None
         self.calibration_path = calibration_path
@@ -45,8 +46,8 @@ class SimBackend(Backend):
             f"calibrated from {calibration_path})" if self.calibrated else "spec sheets only)")
         self.clock = 0.0
         self.n_steps = 0
-        self.kv_tokens_in_use = 0
-        self._seq_tokens: dict[int, int] = {}
+        self.n_runs = 0  # prepare() calls: one per engine run, warm-ups included
+        self._seq_tokens: dict[int, int] = {}  # cache positions each live sequence holds
         self.clamped: list[tuple[int, int]] = []  # (asked, allowed) concurrencies
         self.pipeline_stats: dict[str, Any] | None = None
         self._trace_path = Path(trace) if trace else None
@@ -82,7 +83,7 @@ class SimBackend(Backend):
                 f"{self.gpu.name} has room for {fits} beside {self.model.name}'s weights"
             )
         self._seq_tokens.clear()
-        self.kv_tokens_in_use = 0
+        self.n_runs += 1
 
     # ---- the clock ----------------------------------------------------------------
     def now(self) -> float:
@@ -102,6 +103,9 @@ class SimBackend(Backend):
             self._seq_tokens[c.seq_id] = c.end
         for d in step.decodes:
             self._seq_tokens[d.seq_id] = d.position + 1
+        if sum(self._seq_tokens.values()) > self._kv_capacity:
+            raise BackendError(f"the KV cache overflowed: {sum(self._seq_tokens.values())} positions held, "
+                               f"{self._kv_capacity} fit on {self.gpu.name}")
         return StepResult(self.placeholder_tokens(step))
 
     def placeholder_tokens(self, step: Step) -> dict[int, int]:
@@ -140,6 +144,7 @@ class SimBackend(Backend):
             self._trace_path.parent.mkdir(parents=True, exist_ok=True)
             self._trace = self._trace_path.open("w")
         rec = {
+            "run": self.n_runs,
             "step": self.n_steps,
             "start_s": start,
             "seconds": cost.seconds,

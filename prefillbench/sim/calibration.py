@@ -72,13 +72,14 @@ class Point:
 
 def sweep_points(context_length: int, quick: bool = False) -> list[Point]:
     limit = max(64, context_length - 64)
-    if quick:
-        chunks, offsets, decodes, ctxs, mixed = [16, 64, 256], [256], [1, 4], [64, 512], [(64, 4)]
+    if quick:  # ~13 points; the untimed state to build stays small (a slow CPU does it in minutes)
+        chunks, offsets, decodes, ctxs, mixed = [16, 64, 128, 256], [(256, 64), (256, 256)], [1, 4], [64, 320], [
+            (32, 4), (128, 4)]
     else:
-        chunks, offsets, decodes, ctxs, mixed = [8, 32, 64, 128, 256, 512], [256], [1, 2, 4, 8], [32, 256, 768], [
-            (32, 2), (128, 2), (256, 2), (32, 8), (128, 8), (256, 8)]
+        chunks, offsets, decodes, ctxs, mixed = [8, 32, 64, 128, 256, 512], [(256, 64), (256, 256), (768, 256)], [
+            1, 2, 4, 8], [32, 256, 768], [(32, 2), (128, 2), (256, 2), (32, 8), (128, 8), (256, 8)]
     pts = [Point((0, n), 0, 0) for n in chunks if n <= limit]
-    pts += [Point((s, n), 0, 0) for s in offsets for n in (64, 256) if s + n <= limit]
+    pts += [Point((s, n), 0, 0) for s, n in offsets if s + n <= limit]
     pts += [Point(None, b, c) for b in decodes for c in ctxs if c <= limit]
     pts += [Point((0, n), b, 256) for n, b in mixed if n <= limit and 256 <= limit]
     return pts
