@@ -42,7 +42,7 @@ class SimBackend(Backend):
         self.model_name = model.name
         self.context_length = model.max_context
         self.vocab_size = model.vocab
-        self.weights = f"none (roofline model of {model.n_params / 1e9:.1f}B bf16 params; " + (
+        self.weights = f"none (roofline model of {model.n_params / 1e9:.3g}B params, {model.weight_bytes:.3g} bytes each; " + (
             f"calibrated from {calibration_path})" if self.calibrated else "spec sheets only)")
         self.clock = 0.0
         self.n_steps = 0

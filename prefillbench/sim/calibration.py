@@ -343,7 +343,14 @@ def calibrate_cli(args) -> int:
     from prefillbench.backends import load_backend
 
     backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads)
-    model = load_model_spec(args.sim_model) if args.sim_model else model_spec_of(backend)
+    if args.sim_model:
+        model = load_model_spec(args.sim_model)
+    elif args.backend == "gguf":
+        from prefillbench.models import default_model_path
+
+        model = load_model_spec(args.model or default_model_path())  # shapes from the GGUF metadata
+    else:
+        model = model_spec_of(backend)
     nominal = load_gpu_spec(args.sim_gpu or ("CPU" if backend.device == "CPU" else "a100-sxm"))
     print(f"prefillbench: calibrating the sim against {backend.model_name} on {backend.label} "
           f"(nominal spec {nominal.name})", file=sys.stderr)

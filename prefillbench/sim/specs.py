@@ -213,11 +213,45 @@ def model_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     )
 
 
+def model_from_gguf(path: Path) -> ModelSpec:
+    """Shapes from a GGUF file's metadata; weight bytes per parameter from its tensors (quantization included)."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 - any reader failure is one line for the user
+        raise SimConfigError(f"cannot read GGUF metadata from {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+    def value(key: str):
+        f = reader.fields.get(key)
+        if f is None or not f.data:
+            return None
+        part = f.parts[f.data[0]]
+        return part.tobytes().decode() if part.dtype.kind == "u" and part.dtype.itemsize == 1 else part.tolist()[0]
+
+    arch = value("general.architecture") or "llama"
+    keys = {"hidden_size": f"{arch}.embedding_length", "num_hidden_layers": f"{arch}.block_count",
+            "num_attention_heads": f"{arch}.attention.head_count", "intermediate_size": f"{arch}.feed_forward_length"}
+    config = {k: value(v) for k, v in keys.items()}
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    config.update(model_type=arch, num_key_value_heads=value(f"{arch}.attention.head_count_kv"),
+                  vocab_size=value(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else None),
+                  max_position_embeddings=value(f"{arch}.context_length"))
+    spec = model_from_config(config, path.stem)
+    n_elements = sum(int(t.n_elements) for t in reader.tensors)
+    n_bytes = sum(int(t.n_bytes) for t in reader.tensors)
+    # llama.cpp keeps the KV cache in f16 by default; the weights are whatever the file holds.
+    return replace(spec, tied_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+                   dtype_bytes=2, weight_bytes=n_bytes / max(n_elements, 1), source=f"GGUF metadata of {path.name}")
+
+
 def load_model_spec(name_or_path: str) -> ModelSpec:
     preset = _lookup(name_or_path, MODEL_PRESETS, MODEL_ALIASES)
     if preset is not None:
         return preset
     path = Path(name_or_path)
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return model_from_gguf(path)
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if path.is_file():
