@@ -109,3 +109,16 @@ def test_sim_has_no_logits():
     a = generate([[1, 2, 3, 4]], model=backend, strategy="chunked", chunk_size=2, max_new_tokens=5)
     b = generate([[1, 2, 3, 4]], model=backend, strategy="sequential", max_new_tokens=5)
     assert a == b and len(a[0]) == 5
+
+
+def test_model_shapes_from_gguf_metadata():
+    from prefillbench.backends.base import BackendError
+    from prefillbench.models import default_model_path
+
+    try:
+        path = default_model_path()
+    except BackendError:
+        pytest.skip("the default model package is not installed")
+    m = load_model_spec(path)
+    assert (m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.ffn, m.vocab) == (30, 576, 9, 3, 1536, 49152)
+    assert 0.5 < m.weight_bytes < 1.0  # Q4_1 blocks, plus a few wider tensors
