@@ -94,7 +94,7 @@ def run(
         allowed = max_concurrency(max_seq_len, strategy.max_step_tokens(longest_prompt, min(concurrency, len(pending))))
         if allowed < 1:
             raise BackendError(f"not one sequence of {max_seq_len} tokens fits in {backend.label}'s KV cache")
-        if allowed < concurrency:
+        if allowed < min(concurrency, len(pending)):
             getattr(backend, "note_clamp", lambda asked, allowed: None)(concurrency, allowed)
             concurrency = allowed
     # Backends that schedule a run themselves (the sim's pipeline parallelism) take over here.
