@@ -8,7 +8,8 @@ Attention then reads and writes a static per-slot KV cache (gpt-fast style).
 """
 from __future__ import annotations
 
-import os
+import contextlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,9 @@ def load_model(model: str, dtype: torch.dtype, device: str):
     else:
         source = model
     try:
-        lm = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        # transformers' GGUF loader draws its own tqdm bar; stderr belongs to our progress bar.
+        with contextlib.redirect_stderr(io.StringIO()):
+            lm = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError, AttributeError, ImportError) as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BackendError(f"cannot load {model} with transformers: {first_line}") from None
