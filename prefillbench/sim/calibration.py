@@ -228,9 +228,13 @@ def fit(model: ModelSpec, gpu: GPUSpec, samples: list[Sample]) -> dict[str, floa
     measured = np.array([s.seconds for s in samples])
     log_meas = np.log(measured)
     floor = 1e-7
+    # Fractions stay within [1e-5, 1e3] of the nominal spec: at the top a roof never binds (e.g. weights
+    # that live in a CPU's caches), and the value is reported as the bound rather than drifting to 1e7.
+    lo, hi = math.log(1e-5), math.log(1e3)
 
     def loss(x: np.ndarray) -> float:
-        cf, mf, oh = math.exp(x[0]), math.exp(x[1]), math.exp(x[2]) - floor
+        cf, mf = math.exp(min(max(x[0], lo), hi)), math.exp(min(max(x[1], lo), hi))
+        oh = math.exp(min(x[2], 0.0)) - floor
         return float(np.sum((np.log(design.predict(cf, mf, max(oh, 0.0))) - log_meas) ** 2))
 
     best = None
@@ -242,8 +246,9 @@ def fit(model: ModelSpec, gpu: GPUSpec, samples: list[Sample]) -> dict[str, floa
                 if best is None or v < best[0]:
                     best = (v, x)
     x = _nelder_mead(loss, best[1])
-    return {"compute_fraction": math.exp(x[0]), "memory_fraction": math.exp(x[1]),
-            "step_overhead_s": max(math.exp(x[2]) - floor, 0.0)}
+    x = _nelder_mead(loss, x)  # a restart, cheap, and it often still improves
+    return {"compute_fraction": math.exp(min(max(x[0], lo), hi)), "memory_fraction": math.exp(min(max(x[1], lo), hi)),
+            "step_overhead_s": max(math.exp(min(x[2], 0.0)) - floor, 0.0)}
 
 
 def errors(model: ModelSpec, gpu: GPUSpec, samples: list[Sample]) -> list[dict[str, Any]]:
