@@ -102,3 +102,20 @@ def test_mean_std_is_two_pass_and_exact_for_large_offsets():
     assert mean == 1e9 + 2 and std == pytest.approx(1.0)
     assert mean_std([5.0]) == (5.0, 0.0)
     assert all(math.isnan(v) for v in mean_std([]))
+
+
+def test_pack_lays_out_chunks_pads_and_decodes_in_one_row():
+    from prefillbench.step import DecodeToken, PrefillChunk, Step, pack
+
+    step = Step(
+        prefills=(PrefillChunk(4, (10, 11), 3, True, pad=2), PrefillChunk(5, (20, 21, 22), 0, False)),
+        decodes=(DecodeToken(6, 30, 7), DecodeToken(7, 31, 2)),
+    )
+    p = pack(step)
+    assert p.tokens.tolist() == [10, 11, 11, 11, 20, 21, 22, 30, 31]
+    assert p.positions.tolist() == [3, 4, 5, 6, 0, 1, 2, 7, 2]
+    assert p.seq_ids.tolist() == [4, 4, 4, 4, 5, 5, 5, 6, 7]
+    assert p.chunk_offsets == (0, 4) and p.decode_from == 7
+    # Logits only for the last real token of a finishing chunk and for decodes.
+    assert p.logit_rows.tolist() == [1, 7, 8] and p.emitting == (4, 6, 7)
+    assert step.n_tokens == 9

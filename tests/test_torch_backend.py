@@ -10,7 +10,7 @@ from prefillbench.backends.base import BackendError
 from prefillbench.backends.torch_backend import TorchBackend
 from prefillbench.workloads import Request
 from strategies import STRATEGIES, make_strategy
-from tiny_models import ARCHITECTURES, reference_logits, tiny_model
+from tiny_models import ARCHITECTURES, MORE_ARCHITECTURES, reference_logits, tiny_model
 
 PROMPT_LENGTHS = (13, 7, 24, 1)  # different lengths in one run, one a single token
 N_GEN = 5
@@ -87,3 +87,14 @@ def test_context_overflow_is_a_clear_error(pair):
     backend, _ = pair
     with pytest.raises(BackendError, match="context"):
         engine.run(backend, make_strategy("sequential"), [Request((1,) * 250, 10)], 1)
+
+
+@pytest.mark.parametrize("arch", MORE_ARCHITECTURES)
+def test_other_architectures_match_plain_forward(arch):
+    model, reference = tiny_model(arch)
+    backend = TorchBackend(model, f"tiny-{arch}")
+    requests = _requests(4, seed=7)
+    record = engine.run(backend, make_strategy("chunked", 5), requests, 3, keep_logits=True)
+    for req, rec in zip(requests, record.requests):
+        expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
+        torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)

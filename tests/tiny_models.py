@@ -6,12 +6,17 @@ import copy
 import torch
 
 ARCHITECTURES = ("llama", "qwen2")
+#: Also checked, more briefly: other families that share the decoder-only layout.
+MORE_ARCHITECTURES = ("mistral", "phi3", "qwen3", "gemma")
 
 
 def tiny_config(arch: str = "llama", vocab_size: int = 512, **overrides):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import AutoConfig
 
     common = dict(
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
@@ -25,8 +30,7 @@ def tiny_config(arch: str = "llama", vocab_size: int = 512, **overrides):
         tie_word_embeddings=False,
     )
     common.update(overrides)
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
-    return cls(**common)
+    return AutoConfig.for_model(arch, **common)
 
 
 def tiny_model(arch: str = "llama", seed: int = 0, **overrides):

@@ -6,7 +6,7 @@ from typing import Any
 
 from .base import Backend, BackendError, SlotTable
 
-BACKEND_CHOICES = ("auto", "torch", "gguf")
+BACKEND_CHOICES = ("auto", "torch", "gguf", "sim")
 
 
 def cuda_available() -> bool:
@@ -31,6 +31,17 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
     from prefillbench.models import default_model_path
 
     name = resolve_backend_name(name)
+    if name == "sim":
+        from .sim_backend import SimBackend
+
+        return SimBackend.load(
+            options.get("sim_model") or model,
+            options.get("sim_gpu"),
+            tp=options.get("tp") or 1,
+            pp=options.get("pp") or 1,
+            calibration=options.get("calibration"),
+            trace=options.get("trace"),
+        )
     model = model or default_model_path()
     if name == "torch":
         from .torch_backend import TorchBackend
