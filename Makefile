@@ -12,7 +12,7 @@ RUN_ARGS ?= -p 128,512 -n 32 --pg 256,32 -c 1,4 -r 2
 
 # The CI regression job (see the README): a small fixed preset on the default model,
 # gated on ratios to sequential against the baseline committed in results/.
-BENCH_CI_ARGS ?= --backend auto -p 0 -n 0 --pg 512,16 -c 1,4 -s sequential,padded,chunked --chunk-size 128 -r 3
+BENCH_CI_ARGS ?= --backend auto -p 0 -n 0 --pg 512,16 -c 1,4 -s sequential,padded,chunked --chunk-size 128 -r 4 --interleave
 BENCH_CI_BASELINE ?= results/baseline-ci.csv
 BENCH_CI_OUT ?= results/bench-ci.csv
 BENCH_CI_GATE ?= --relative-to sequential --metric throughput --threshold 20

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from strategies import STRATEGIES
 
-from . import compare, plots, reports, traces
+from . import compare, interleave, plots, reports, traces
 from .backends import BACKEND_CHOICES, load_backend
 from .backends.base import BackendError
 from .bench import BenchConfig, CaseResult, run_case, verify
@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     tests.add_argument("--requests", type=int, default=None, help="requests per test, closed loop (default: the concurrency)")
     tests.add_argument("--seed", type=int, default=42, help="seed of the random prompts (default: 42)")
     tests.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed warm-up run")
+    tests.add_argument("--interleave", action="store_true",
+                       help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")
     out = run.add_argument_group("output")
     out.add_argument("-o", "--output", choices=reports.FORMATS, default="md", help="format on stdout (default: md)")
     out.add_argument("--export", help="also write every field and the run metadata here (.csv, .json, .jsonl, .md); "
@@ -146,7 +148,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     with progress:
         task = progress.add_task("", total=config.tokens_to_emit())
         try:
-            for case in config.cases():
+            if args.interleave:
+                on_group = lambda label: progress.update(task, description=label)  # noqa: E731
+                for result in interleave.run_interleaved(backend, config, lambda n: progress.advance(task, n), on_group):
+                    results.append(result)
+            for case in ([] if args.interleave else config.cases()):
                 label = f"{case.test.name} {case.strategy} c={case.concurrency}"
                 progress.update(task, description=label)
                 results.append(run_case(backend, case, config, on_token=lambda n: progress.advance(task, n)))
