@@ -54,7 +54,7 @@ def torch_tiny(tiny):
 @pytest.fixture(scope="module")
 def exact_tiny(tiny_path):
     """float32 KV cache and no flash attention: llama.cpp computes in float32 throughout."""
-    backend = GGUFBackend.load(tiny_path, kv_type="f32", flash_attn=False)
+    backend = GGUFBackend.load(tiny_path, kv_type="f32", flash_attn=False, threads=1)
     yield backend
     backend.close()
 
@@ -62,7 +62,7 @@ def exact_tiny(tiny_path):
 @pytest.fixture(scope="module")
 def default_tiny(tiny_path):
     """llama.cpp's defaults: f16 KV cache, flash attention as llama.cpp decides."""
-    backend = GGUFBackend.load(tiny_path)
+    backend = GGUFBackend.load(tiny_path, threads=1)
     yield backend
     backend.close()
 
@@ -148,7 +148,7 @@ def test_greedy_tokens_agree_across_strategies_with_llama_cpp_defaults(default_t
 
 
 def test_context_is_reused_until_a_run_needs_more(tiny_path):
-    backend = GGUFBackend.load(tiny_path)
+    backend = GGUFBackend.load(tiny_path, threads=1)
     backend.prepare(2, 64, 64)
     backend.prepare(2, 32, 16)
     assert backend.contexts_created == 1
@@ -177,6 +177,14 @@ def test_load_backend_and_auto_pick_gguf(tiny_path, monkeypatch):
     backend.close()
     monkeypatch.setattr(backends, "cuda_available", lambda: False)
     assert backends.resolve_backend_name("auto") == "gguf"
+    auto = load_backend("auto", tiny_path)
+    assert auto.name == "gguf"
+    auto.close()
+    # A checkpoint folder or hub id is not something llama.cpp can run: auto picks torch for it.
+    from prefillbench.backends import torch_backend
+
+    monkeypatch.setattr(torch_backend.TorchBackend, "load", classmethod(lambda cls, model, **kw: ("torch", model)))
+    assert load_backend("auto", "HuggingFaceTB/SmolLM2-135M-Instruct") == ("torch", "HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
 # -- bad input ----------------------------------------------------------------
@@ -215,7 +223,7 @@ def test_context_too_small_says_what_it_needs(tiny_path):
 
 
 def test_decode_failure_is_a_backend_error(tiny_path):
-    backend = GGUFBackend.load(tiny_path)
+    backend = GGUFBackend.load(tiny_path, threads=1)
     backend.prepare(2, 128, 256)
     cells = backend.n_ctx
     seq_len = cells // 2
@@ -247,7 +255,7 @@ def smol_reference():
     """Prompts, greedy tokens and first-token logits from llama-cpp-python's high-level Llama."""
     from llama_cpp import Llama
 
-    llm = Llama(default_model_path(), n_ctx=256, n_threads=2, n_threads_batch=2, logits_all=True, verbose=False)
+    llm = Llama(default_model_path(), n_ctx=256, n_threads=1, n_threads_batch=1, logits_all=True, verbose=False)
     prompts, expected, first_logits = [], [], []
     for text in SMOL_PROMPTS:
         prompt = llm.tokenize(text.encode(), add_bos=False)
@@ -268,7 +276,7 @@ def smol_reference():
 @pytest.fixture(scope="module")
 def smol():
     # Llama() runs without flash attention by default; match it so the first logits are comparable.
-    backend = GGUFBackend.load(default_model_path(), flash_attn=False)
+    backend = GGUFBackend.load(default_model_path(), flash_attn=False, threads=1)
     yield backend
     backend.close()
 
