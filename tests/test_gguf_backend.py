@@ -299,3 +299,29 @@ def test_generate_api_with_gguf_backend(smol_reference):
     prompts, expected, _ = smol_reference
     got = prefillbench.generate(prompts, backend="gguf", strategy="chunked", chunk_size=4, max_new_tokens=SMOL_GEN)
     assert got == expected
+
+
+# -- the command line -----------------------------------------------------------
+
+
+def test_cli_runs_the_gguf_backend(tiny_path, capsys):
+    from prefillbench import cli
+
+    rc = cli.main(["run", "--backend", "gguf", "-m", tiny_path, "-t", "1", "-p", "8", "-n", "2", "-c", "1,2",
+                   "-s", "sequential,padded,chunked", "--chunk-size", "3", "-r", "1", "--no-results-file",
+                   "--no-progress", "--verify"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "gguf CPU" in captured.out
+    assert "weights: all F32 (as stored)" in captured.err
+    assert "verify: all strategies produced the same greedy tokens" in captured.err
+
+
+def test_cli_error_for_a_file_that_is_not_gguf(tmp_path, capsys):
+    from prefillbench import cli
+
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("hello")
+    assert cli.main(["run", "--backend", "gguf", "-m", str(bad), "-p", "8", "-n", "0", "--no-results-file", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a GGUF file" in err[0]
