@@ -13,7 +13,7 @@ from .backends import BACKEND_CHOICES, load_backend
 from .backends.base import BackendError
 from .bench import BenchConfig, CaseResult, run_case, verify
 from .meta import run_metadata
-from .workloads import tests_from_lists
+from .workloads import make_tests
 
 
 class UsageError(Exception):
@@ -83,7 +83,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if unknown:
         raise UsageError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
     config = BenchConfig(
-        tests=tests_from_lists(n_prompt, n_gen, args.pg),
+        tests=make_tests(n_prompt, n_gen, args.pg),
         strategies=list(dict.fromkeys(strategies)),
         concurrency=_flatten(args.concurrency) if args.concurrency else [1, 2, 4],
         chunk_sizes=_flatten(args.chunk_size) if args.chunk_size else [256],

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class PrefillChunk:
@@ -77,3 +79,49 @@ class StepResult:
 
     next_tokens: dict[int, int]
     logits: dict[int, "object"] | None = field(default=None)
+
+
+@dataclass(frozen=True)
+class PackedStep:
+    """A step flattened into one row of tokens, as every backend feeds it to its model.
+
+    Prompt chunks come first (each followed by its pads), then decode tokens.
+    Pads repeat the chunk's last real token at the following positions: they
+    cost what real tokens cost, and since they come after the real tokens a
+    causal model's results for the real ones cannot depend on them.
+    """
+
+    tokens: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64
+    seq_ids: np.ndarray  # [T] int64
+    chunk_offsets: tuple[int, ...]  # where each prefill chunk starts in the row
+    decode_from: int  # decodes occupy [decode_from, T)
+    logit_rows: np.ndarray  # rows whose next token is wanted, in `emitting` order
+    emitting: tuple[int, ...]  # the sequence of each logit row
+
+
+def pack(step: Step) -> PackedStep:
+    tokens: list[int] = []
+    positions: list[int] = []
+    seq_ids: list[int] = []
+    offsets: list[int] = []
+    logit_rows: list[int] = []
+    for chunk in step.prefills:
+        n = len(chunk.tokens) + chunk.pad
+        offsets.append(len(tokens))
+        if chunk.is_last:
+            logit_rows.append(len(tokens) + len(chunk.tokens) - 1)
+        tokens += chunk.tokens
+        tokens += (chunk.tokens[-1],) * chunk.pad
+        positions += range(chunk.start, chunk.start + n)
+        seq_ids += [chunk.seq_id] * n
+    decode_from = len(tokens)
+    logit_rows += range(decode_from, decode_from + len(step.decodes))
+    tokens += [d.token for d in step.decodes]
+    positions += [d.position for d in step.decodes]
+    seq_ids += [d.seq_id for d in step.decodes]
+    as_array = lambda values: np.asarray(values, dtype=np.int64)
+    return PackedStep(
+        as_array(tokens), as_array(positions), as_array(seq_ids), tuple(offsets), decode_from,
+        as_array(logit_rows), tuple(step.emitting_seq_ids),
+    )

@@ -51,7 +51,7 @@ class TestSpec:
         return self.prompt_len + self.tokens_to_generate
 
 
-def tests_from_lists(n_prompt: list[int], n_gen: list[int], pg: list[tuple[int, int]]) -> list[TestSpec]:
+def make_tests(n_prompt: list[int], n_gen: list[int], pg: list[tuple[int, int]]) -> list[TestSpec]:
     """llama-bench's rule: a 0 in -p or -n skips that kind of test."""
     tests = [TestSpec(p, 0) for p in n_prompt if p > 0]
     tests += [TestSpec(0, n) for n in n_gen if n > 0]

@@ -8,7 +8,8 @@ Attention then reads and writes a static per-slot KV cache (gpt-fast style).
 """
 from __future__ import annotations
 
-import os
+import contextlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from prefillbench.step import Step, StepResult
+from prefillbench.step import PackedStep, Step, StepResult, pack
 
 from .base import Backend, BackendError, SlotTable
 
@@ -129,6 +130,8 @@ def load_model(model: str, dtype: torch.dtype, device: str):
     from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    _register_attention()
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": ATTENTION_NAME}
     path = Path(model)
     if model.endswith(".gguf"):
@@ -140,7 +143,9 @@ def load_model(model: str, dtype: torch.dtype, device: str):
     else:
         source = model
     try:
-        lm = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        # transformers' GGUF loader draws its own tqdm bar; stderr belongs to our progress bar.
+        with contextlib.redirect_stderr(io.StringIO()):
+            lm = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError, AttributeError, ImportError) as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BackendError(f"cannot load {model} with transformers: {first_line}") from None
@@ -202,73 +207,57 @@ class TorchBackend(Backend):
         if self.torch_device.type == "cuda":
             torch.cuda.synchronize(self.torch_device)
 
-    def _layout(self, step: Step) -> tuple[list[int], list[int], StepLayout, list[int]]:
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        logit_rows: list[int] = []
-        by_shape: dict[tuple[int, int], tuple[list[list[int]], list[int]]] = {}
-        for chunk in step.prefills:
-            slot = self.slots.slot(chunk.seq_id)
-            n = len(chunk.tokens) + chunk.pad
-            if chunk.start + n > self.cache.max_len:
-                raise BackendError(f"sequence {chunk.seq_id} needs {chunk.start + n} cache positions, prepared for {self.cache.max_len}")
-            first = len(tokens)
-            # Pads repeat the last real token; their KV lands past the sequence's
-            # end, where the next real token overwrites it before anyone reads it.
-            tokens += list(chunk.tokens) + [chunk.tokens[-1]] * chunk.pad
-            positions += range(chunk.start, chunk.start + n)
-            slots += [slot] * n
-            if chunk.is_last:
-                logit_rows.append(first + len(chunk.tokens) - 1)
-            rows, group_slots = by_shape.setdefault((chunk.start, n), ([], []))
-            rows.append(list(range(first, first + n)))
-            group_slots.append(slot)
-        decode_from = len(tokens)
-        dec_slots = [self.slots.slot(d.seq_id) for d in step.decodes]
-        dec_pos = [d.position for d in step.decodes]
-        tokens += [d.token for d in step.decodes]
-        positions += dec_pos
-        slots += dec_slots
-        logit_rows += range(decode_from, len(tokens))
-
+    def _layout(self, step: Step, packed: PackedStep) -> StepLayout:
         dev = self.torch_device
+        for chunk in step.prefills:
+            if chunk.start + len(chunk.tokens) + chunk.pad > self.cache.max_len:
+                raise BackendError(f"sequence {chunk.seq_id} needs {chunk.end + chunk.pad} cache positions, prepared for {self.cache.max_len}")
+        slot_of = {seq_id: self.slots.slot(seq_id) for seq_id in dict.fromkeys(packed.seq_ids.tolist())}
+        # Chunks of one shape (all of a padded batch) share one batched attention call.
+        by_shape: dict[tuple[int, int], tuple[list[range], list[int]]] = {}
+        for chunk, offset in zip(step.prefills, packed.chunk_offsets):
+            n = len(chunk.tokens) + chunk.pad
+            rows, slots = by_shape.setdefault((chunk.start, n), ([], []))
+            rows.append(range(offset, offset + n))
+            slots.append(slot_of[chunk.seq_id])
         groups = [
             ChunkGroup(
                 torch.tensor(rows, device=dev),
-                torch.tensor(gslots, device=dev),
+                torch.tensor(slots, device=dev),
                 start,
                 n,
                 None if start == 0 else _causal_offset_mask(start, n, dev),
             )
-            for (start, n), (rows, gslots) in by_shape.items()
+            for (start, n), (rows, slots) in by_shape.items()
         ]
-        kv_len = max(dec_pos, default=-1) + 1
+        dec_pos = packed.positions[packed.decode_from :]
+        kv_len = int(dec_pos.max()) + 1 if len(dec_pos) else 0
         decode_mask = None
-        if step.decodes:
-            pos = torch.tensor(dec_pos, device=dev)
+        if len(dec_pos):
+            pos = torch.from_numpy(dec_pos).to(dev)
             decode_mask = (torch.arange(kv_len, device=dev).unsqueeze(0) <= pos.unsqueeze(1)).view(len(dec_pos), 1, 1, kv_len)
-        layout = StepLayout(
-            slots=torch.tensor(slots, device=dev),
-            positions=torch.tensor(positions, device=dev),
+        token_slots = [slot_of[s] for s in packed.seq_ids.tolist()]
+        return StepLayout(
+            slots=torch.tensor(token_slots, device=dev),
+            positions=torch.from_numpy(packed.positions).to(dev),
             groups=groups,
-            decode_from=decode_from,
-            decode_slots=torch.tensor(dec_slots, device=dev),
+            decode_from=packed.decode_from,
+            decode_slots=torch.tensor(token_slots[packed.decode_from :], device=dev, dtype=torch.long),
             decode_mask=decode_mask,
             decode_kv_len=kv_len,
             cache=self.cache,
         )
-        return tokens, positions, layout, logit_rows
 
     @torch.inference_mode()
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if self.cache is None:
             raise BackendError("prepare() must be called before execute()")
-        tokens, positions, layout, logit_rows = self._layout(step)
+        packed = pack(step)
+        layout = self._layout(step, packed)
         dev = self.torch_device
         hidden = self.decoder(
-            input_ids=torch.tensor([tokens], device=dev),
-            position_ids=torch.tensor([positions], device=dev),
+            input_ids=torch.from_numpy(packed.tokens).to(dev).unsqueeze(0),
+            position_ids=layout.positions.unsqueeze(0),
             use_cache=False,
             pb_layout=layout,
         ).last_hidden_state
@@ -278,9 +267,9 @@ class TorchBackend(Backend):
                 f"({layout.calls} of {self.n_layers} layers used it)"
             )
         # The LM head runs only where a next token is needed.
-        logits = self.lm_head(hidden[0, logit_rows]).float()
+        logits = self.lm_head(hidden[0, torch.from_numpy(packed.logit_rows).to(dev)]).float()
         next_ids = logits.argmax(dim=-1).tolist()
-        seq_ids = step.emitting_seq_ids
+        seq_ids = packed.emitting
         result = StepResult(dict(zip(seq_ids, next_ids)))
         if return_logits:
             result.logits = dict(zip(seq_ids, logits.cpu().numpy()))

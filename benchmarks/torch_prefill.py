@@ -1,0 +1,75 @@
+"""pp512 at concurrency 1: the PyTorch backend next to a plain transformers forward.
+
+Both run the same model object in the same process, interleaved, so machine
+noise hits both alike. Prints a table and the ratio (backend / plain).
+
+    .venv/bin/python benchmarks/torch_prefill.py [--model PATH] [--tokens 512] [--reps 5]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.models import default_model_path
+from prefillbench.step import PrefillChunk, Step
+from prefillbench.workloads import random_prompt
+
+import numpy as np
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+
+    backend = TorchBackend.load(args.model or default_model_path(), device="cpu", threads=args.threads)
+    prompt = random_prompt(np.random.default_rng(0), args.tokens, backend.vocab_size)
+    ids = torch.tensor([prompt])
+    model = backend.model
+
+    def ours() -> None:
+        backend.prepare(1, args.tokens, args.tokens)
+        backend.execute(Step(prefills=(PrefillChunk(0, prompt, 0, True),)))
+        backend.release(0)
+
+    @torch.inference_mode()
+    def plain(logits_to_keep: int) -> None:
+        # The stock model as transformers runs it: SDPA attention, no cache.
+        model.config._attn_implementation = "sdpa"
+        try:
+            model(input_ids=ids, use_cache=False, logits_to_keep=logits_to_keep)
+        finally:
+            model.config._attn_implementation = "prefillbench"
+
+    contenders = {
+        "prefillbench torch backend": ours,
+        "transformers forward, last logits only": lambda: plain(1),
+        "transformers forward, all logits": lambda: plain(0),
+    }
+    for fn in contenders.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(args.reps):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+
+    print(f"pp{args.tokens}, concurrency 1, {backend.model_name}, {backend.weights}, {torch.get_num_threads()} threads, {args.reps} interleaved reps")
+    print("| contender | median s | t/s | vs backend |")
+    print("| --- | ---: | ---: | ---: |")
+    base = statistics.median(times["prefillbench torch backend"])
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"| {name} | {med:.3f} | {args.tokens / med:.1f} | {med / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

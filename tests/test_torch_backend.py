@@ -1,0 +1,100 @@
+"""Every strategy computes what a plain forward pass computes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from prefillbench import engine, generate
+from prefillbench.backends.base import BackendError
+from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.workloads import Request
+from strategies import STRATEGIES, make_strategy
+from tiny_models import ARCHITECTURES, MORE_ARCHITECTURES, reference_logits, tiny_model
+
+PROMPT_LENGTHS = (13, 7, 24, 1)  # different lengths in one run, one a single token
+N_GEN = 5
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def pair(request):
+    model, reference = tiny_model(request.param)
+    return TorchBackend(model, f"tiny-{request.param}"), reference
+
+
+def _requests(n: int, seed: int = 1) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    return [Request(tuple(int(t) for t in rng.integers(0, 512, size=PROMPT_LENGTHS[i % 4])), N_GEN) for i in range(n)]
+
+
+# Chunk sizes 4 and 5 divide some prompt lengths and not others; 32 exceeds them all.
+STRATEGY_CASES = [("sequential", 256), ("padded", 256), ("chunked", 4), ("chunked", 5), ("chunked", 32)]
+
+
+@pytest.mark.parametrize("strategy,chunk_size", STRATEGY_CASES)
+@pytest.mark.parametrize("concurrency", [1, 2, 3, 4])
+def test_logits_match_plain_forward(pair, strategy, concurrency, chunk_size):
+    backend, reference = pair
+    requests = _requests(4)
+    record = engine.run(backend, make_strategy(strategy, chunk_size), requests, concurrency, keep_logits=True)
+    assert len(record.requests) == len(requests)
+    for req, rec in zip(requests, record.requests):
+        assert len(rec.tokens) == N_GEN and len(rec.logits) == N_GEN
+        full = list(req.prompt) + rec.tokens[:-1]
+        expected = reference_logits(reference, full)[len(req.prompt) - 1 :]
+        got = torch.tensor(np.stack(rec.logits))
+        torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
+        assert rec.tokens == expected.argmax(-1).tolist()
+
+
+def test_closed_loop_more_requests_than_concurrency(pair):
+    backend, reference = pair
+    requests = _requests(7, seed=3)
+    record = engine.run(backend, make_strategy("chunked", 5), requests, 3, keep_logits=True)
+    for req, rec in zip(requests, record.requests):
+        full = list(req.prompt) + rec.tokens[:-1]
+        expected = reference_logits(reference, full)[len(req.prompt) - 1 :]
+        torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)
+    # Never more than 3 sequences in one step.
+    assert max(len(s.decode_contexts) + len(s.prefill_chunks) for s in record.steps) <= 3
+
+
+def test_chunked_steps_carry_decodes_with_a_chunk(pair):
+    backend, _ = pair
+    record = engine.run(backend, make_strategy("chunked", 4), _requests(4), 4)
+    mixed = [s for s in record.steps if s.prefill_chunks and s.decode_contexts]
+    assert mixed, "decodes never rode along with a prefill chunk"
+    assert all(len(s.prefill_chunks) <= 1 and all(n <= 4 for _, n in s.prefill_chunks) for s in record.steps)
+
+
+def test_padded_pads_to_longest_and_computes_pads(pair):
+    backend, _ = pair
+    record = engine.run(backend, make_strategy("padded"), _requests(4), 4)
+    first = record.steps[0]
+    assert [n for _, n in first.prefill_chunks] == list(PROMPT_LENGTHS)
+    assert first.n_pad == sum(max(PROMPT_LENGTHS) - n for n in PROMPT_LENGTHS)
+
+
+def test_generate_api_agrees_across_strategies(pair):
+    backend, _ = pair
+    prompts = [list(r.prompt) for r in _requests(3, seed=5)]
+    outputs = {s: generate(prompts, model=backend, strategy=s, chunk_size=3, max_new_tokens=6) for s in STRATEGIES}
+    assert all(len(o) == 3 and all(len(t) == 6 for t in o) for o in outputs.values())
+    assert outputs["sequential"] == outputs["padded"] == outputs["chunked"]
+
+
+def test_context_overflow_is_a_clear_error(pair):
+    backend, _ = pair
+    with pytest.raises(BackendError, match="context"):
+        engine.run(backend, make_strategy("sequential"), [Request((1,) * 250, 10)], 1)
+
+
+@pytest.mark.parametrize("arch", MORE_ARCHITECTURES)
+def test_other_architectures_match_plain_forward(arch):
+    model, reference = tiny_model(arch)
+    backend = TorchBackend(model, f"tiny-{arch}")
+    requests = _requests(4, seed=7)
+    record = engine.run(backend, make_strategy("chunked", 5), requests, 3, keep_logits=True)
+    for req, rec in zip(requests, record.requests):
+        expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
+        torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)
