@@ -1,26 +1,21 @@
 """The GGUF (llama.cpp) backend: same numbers as the torch backend, same tokens as llama.cpp itself."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 pytest.importorskip("llama_cpp")
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 import prefillbench  # noqa: E402
-from prefillbench import engine  # noqa: E402
-from prefillbench.backends import load_backend  # noqa: E402
-from prefillbench.backends import gguf_backend  # noqa: E402
-from prefillbench.backends.base import BackendError  # noqa: E402
-from prefillbench.backends.gguf_backend import GGUFBackend  # noqa: E402
-from prefillbench.models import default_model_path  # noqa: E402
-from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
-from prefillbench.workloads import Request  # noqa: E402
-from strategies import make_strategy  # noqa: E402
+from prefillbench import engine
+from prefillbench.backends import load_backend
+from prefillbench.backends import gguf_backend
+from prefillbench.backends.base import BackendError
+from prefillbench.backends.gguf_backend import GGUFBackend
+from prefillbench.models import default_model_path
+from prefillbench.step import DecodeToken, PrefillChunk, Step
+from prefillbench.workloads import Request
+from strategies import make_strategy
 
 STRATEGIES = ("sequential", "padded", "chunked")
 # Prompt lengths that no chunk size below divides; more requests than slots, so slots are reused.

@@ -10,8 +10,9 @@ Design notes
 ------------
 * Batch memory is ours: the `llama_batch` struct points into numpy arrays
   allocated once per context (`llama_batch_init`/`llama_batch_free` are not
-  used), so a step is filled with a few slice assignments, and the per-token
-  `seq_id` pointer table is built once, pointing into one int32 array.
+  used), and the per-token `seq_id` pointer table is built once, pointing into
+  one int32 array. A step is laid out by `prefillbench.step.pack` (the layout
+  the torch backend uses too) and copied in with a few slice assignments.
 * One context per size: `prepare()` creates a context only when a run needs a
   larger one (n_ctx >= sequences x positions, n_seq_max >= sequences,
   n_batch >= the largest step); otherwise it clears the KV cache. The KV cache
@@ -46,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from prefillbench.step import Step, StepResult
+from prefillbench.step import Step, StepResult, pack
 
 from .base import Backend, BackendError, SlotTable
 
@@ -153,7 +154,6 @@ class GGUFBackend(Backend):
         self.n_decode_calls = 0
         self.n_split_steps = 0  # steps larger than n_ubatch, which llama.cpp split itself
         self.contexts_created = 0
-        self._arange = np.arange(0, dtype=np.int32)  # positions 0..max_seq_len-1, sliced per chunk
 
     # -- loading -----------------------------------------------------------
 
@@ -225,8 +225,6 @@ class GGUFBackend(Backend):
             llama.llama_memory_clear(self.mem, False)
         self.slots = SlotTable(self.n_seq_max)
         self.max_seq_len = max_seq_len
-        if len(self._arange) < max_seq_len:
-            self._arange = np.arange(max_seq_len, dtype=np.int32)
         self.step_decode_seconds = []
 
     def _create_context(self, n_ctx: int, n_seq_max: int, n_batch: int) -> None:
@@ -293,39 +291,30 @@ class GGUFBackend(Backend):
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if self.ctx is None:
             raise BackendError("prepare() must be called before execute()")
-        n_total = step.n_tokens
-        if n_total > self.n_batch:
-            raise BackendError(f"a step of {n_total} tokens exceeds the prepared n_batch={self.n_batch}")
-        tok, pos, seq, out, arange = self._tok, self._pos, self._seq, self._out, self._arange
-        slot_of = self.slots.slot
         limit = self.max_seq_len
-        off = 0
         padded: list[tuple[int, int]] = []
         for c in step.prefills:
-            n, pad = len(c.tokens), c.pad
-            end = off + n + pad
-            if c.start + n + pad > limit:
-                raise BackendError(f"sequence {c.seq_id} needs {c.start + n + pad} cache positions, prepared for {limit}")
-            slot = slot_of(c.seq_id)
-            tok[off : off + n] = c.tokens
-            if pad:
-                tok[off + n : end] = c.tokens[-1]
-                padded.append((slot, c.start + n))
-            pos[off:end] = arange[c.start : c.start + n + pad]
-            seq[off:end] = slot
-            out[off:end] = 0
-            if c.is_last:
-                out[off + n - 1] = 1
-            off = end
-        m = len(step.decodes)
-        if m:
-            d_end = off + m
-            tok[off:d_end] = [d.token for d in step.decodes]
-            pos[off:d_end] = [d.position for d in step.decodes]
-            seq[off:d_end] = [slot_of(d.seq_id) for d in step.decodes]
-            out[off:d_end] = 1
-            off = d_end
-        self._batch.n_tokens = off
+            if c.end + c.pad > limit:
+                raise BackendError(f"sequence {c.seq_id} needs {c.end + c.pad} cache positions, prepared for {limit}")
+        packed = pack(step)
+        n = len(packed.tokens)
+        if n > self.n_batch:
+            raise BackendError(f"a step of {n} tokens exceeds the prepared n_batch={self.n_batch}")
+        # Bulk copies into the arrays the llama_batch points at; only the sequence ids need mapping to slots.
+        self._tok[:n] = packed.tokens
+        self._pos[:n] = packed.positions
+        seq, slot_of = self._seq, self.slots.slot
+        bounds = packed.chunk_offsets + (packed.decode_from,)
+        for c, a, b in zip(step.prefills, bounds, bounds[1:]):
+            seq[a:b] = slot = slot_of(c.seq_id)
+            if c.pad:
+                padded.append((slot, c.end))
+        if step.decodes:
+            seq[packed.decode_from : n] = [slot_of(d.seq_id) for d in step.decodes]
+        out = self._out
+        out[:n] = 0
+        out[packed.logit_rows] = 1
+        self._batch.n_tokens = n
 
         t0 = perf_counter()
         rc = llama.llama_decode(self.ctx, self._batch)
@@ -334,20 +323,20 @@ class GGUFBackend(Backend):
         self.decode_seconds += dt
         self.step_decode_seconds.append(dt)
         self.n_decode_calls += 1
-        if off > self.n_ubatch:
+        if n > self.n_ubatch:
             self.n_split_steps += 1
         if rc != 0:
-            raise BackendError(self._decode_error(rc, off))
+            raise BackendError(self._decode_error(rc, n))
 
         # Pads leave the cache: the sequence continues right after its real tokens.
         for slot, real_end in padded:
             llama.llama_memory_seq_rm(self.mem, slot, real_end, -1)
 
-        seq_ids = step.emitting_seq_ids
+        seq_ids = packed.emitting
         n_out = len(seq_ids)
         if not n_out:
             return StepResult({})
-        # Output rows are stored in batch order: last-chunk tokens, then decodes, as emitting_seq_ids lists them.
+        # llama.cpp stores output rows in batch order, which is pack()'s `emitting` order.
         logits = np.ctypeslib.as_array(llama.llama_get_logits(self.ctx), shape=(n_out, self.vocab_size))
         next_ids = logits.argmax(axis=1).tolist()
         result = StepResult(dict(zip(seq_ids, next_ids)))
