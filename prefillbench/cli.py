@@ -13,6 +13,7 @@ from .backends import BACKEND_CHOICES, load_backend
 from .backends.base import BackendError
 from .bench import BenchConfig, CaseResult, run_case, verify
 from .meta import run_metadata
+from .sim.cli import add_calibrate_parser, add_sim_arguments, cmd_calibrate, sim_options
 from .workloads import make_tests
 
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("-t", "--threads", type=int, help="CPU threads (default: the library's choice)")
     model.add_argument("-ngl", "--n-gpu-layers", type=int, default=None, help="gguf: layers to offload to the GPU")
     model.add_argument("--ubatch", type=int, default=None, help="gguf: llama.cpp n_ubatch")
+    add_sim_arguments(run.add_argument_group("sim backend (--backend sim)"))
     tests = run.add_argument_group("tests")
     tests.add_argument("-p", "--n-prompt", type=int_list, action="append", help="prompt lengths for pp tests (default: 512)")
     tests.add_argument("-n", "--n-gen", type=int_list, action="append", help="generation lengths for tg tests (default: 128)")
@@ -72,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--no-results-file", dest="results_file", action="store_false", help="do not write results/<timestamp>.csv")
     out.add_argument("--verify", action="store_true", help="check that all strategies produce the same greedy tokens")
     out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    add_calibrate_parser(sub)
     return parser
 
 
@@ -118,6 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
     options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch)) if v is not None}
+    options.update(sim_options(args))
     backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)
     print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)
     longest = max(t.max_seq_len for t in config.tests)
@@ -163,7 +167,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run}
+COMMANDS = {"run": cmd_run, "calibrate": cmd_calibrate}
 
 
 def main(argv: list[str] | None = None) -> int:

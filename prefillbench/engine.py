@@ -88,6 +88,18 @@ def run(
             f"a prompt of {longest_prompt} tokens plus its generation needs {max_seq_len} positions; "
             f"the model's context is {backend.context_length}"
         )
+    # Backends with a bounded KV cache (the sim) cap the sequences in flight: the strategies only see those.
+    allowed = backend.max_concurrency(max_seq_len, strategy.max_step_tokens(longest_prompt, min(concurrency, len(pending))))
+    if allowed is not None:
+        if allowed < 1:
+            raise BackendError(f"not one sequence of {max_seq_len} tokens fits in {backend.label}'s KV cache")
+        if allowed < min(concurrency, len(pending)):
+            backend.note_clamp(concurrency, allowed)
+            concurrency = allowed
+    # Backends that schedule a run themselves (the sim's pipeline parallelism) take over here.
+    record = backend.custom_run(strategy, pending, concurrency, on_token=on_token)
+    if record is not None:
+        return record
     in_flight = min(concurrency, len(pending))
     backend.prepare(in_flight, max_seq_len, strategy.max_step_tokens(longest_prompt, in_flight))
 

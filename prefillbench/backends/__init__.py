@@ -6,7 +6,7 @@ from typing import Any
 
 from .base import Backend, BackendError, SlotTable
 
-BACKEND_CHOICES = ("auto", "torch", "gguf")
+BACKEND_CHOICES = ("auto", "torch", "gguf", "sim")
 
 
 def cuda_available() -> bool:
@@ -33,6 +33,17 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
     if name == "auto" and model and not model.endswith(".gguf"):
         name = "torch"  # llama.cpp runs .gguf files only; checkpoint folders and hub ids need torch
     name = resolve_backend_name(name)
+    if name == "sim":
+        from .sim_backend import SimBackend
+
+        return SimBackend.load(
+            options.get("sim_model") or model,
+            options.get("sim_gpu"),
+            tp=options.get("tp") or 1,
+            pp=options.get("pp") or 1,
+            calibration=options.get("calibration"),
+            trace=options.get("trace"),
+        )
     model = model or default_model_path()
     if name == "torch":
         from .torch_backend import TorchBackend

@@ -35,6 +35,17 @@ class Backend(ABC):
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence and free its KV cache."""
 
+    def max_concurrency(self, max_seq_len: int, max_step_tokens: int) -> int | None:
+        """How many sequences of `max_seq_len` fit in the KV cache; None: as many as asked."""
+        return None
+
+    def note_clamp(self, asked: int, allowed: int) -> None:
+        """Told when the engine runs fewer sequences at once than asked, because of `max_concurrency`."""
+
+    def custom_run(self, strategy, requests, concurrency: int, *, on_token=None):
+        """A backend that must schedule a whole run itself returns its RunRecord; None: the engine's loop."""
+        return None
+
     def synchronize(self) -> None:
         """Wait until the device has finished all queued work."""
 

@@ -1,0 +1,75 @@
+"""Calibration: the fit recovers known fractions; the sweep runs on a real (tiny, random) torch model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prefillbench.cli import main
+from prefillbench.sim.calibration import Point, Sample, errors, fit, load_calibration, sweep_points
+from prefillbench.sim.cost import Batch, CostModel
+from prefillbench.sim.specs import SimConfigError, load_gpu_spec, load_model_spec
+
+
+def synthetic_samples(model, gpu, truth):
+    cm = CostModel(model, gpu.with_calibration(truth))
+    out = []
+    for p in sweep_points(2048):
+        chunks = ((p.chunk[0], p.chunk[1], True),) if p.chunk else ()
+        batch = Batch(chunks, (p.ctx,) * p.n_decodes)
+        out.append(Sample(p, batch, cm.seconds(batch)))
+    return out
+
+
+@pytest.mark.parametrize("truth", [
+    {"compute_fraction": 0.55, "memory_fraction": 0.7, "step_overhead_s": 0.004},
+    {"compute_fraction": 0.05, "memory_fraction": 0.3, "step_overhead_s": 0.0},
+])
+def test_fit_recovers_known_fractions(truth):
+    model, gpu = load_model_spec("mistral-7b"), load_gpu_spec("a6000")
+    samples = synthetic_samples(model, gpu, truth)
+    fitted = fit(model, gpu, samples)
+    assert fitted["compute_fraction"] == pytest.approx(truth["compute_fraction"], rel=0.02)
+    assert fitted["memory_fraction"] == pytest.approx(truth["memory_fraction"], rel=0.02)
+    assert fitted["step_overhead_s"] == pytest.approx(truth["step_overhead_s"], abs=2e-4)
+    errs = errors(model, gpu.with_calibration(fitted), samples)
+    assert max(abs(e["error"]) for e in errs) < 0.02
+
+
+def test_bad_calibration_file(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"fitted": {"compute_fraction": 0.5}}))
+    with pytest.raises(SimConfigError, match="has no fitted"):
+        load_calibration(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tiny_models import tiny_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("llama", max_position_embeddings=1024))
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    return path
+
+
+def test_calibrate_on_a_tiny_torch_model_then_run_the_sim(tiny_checkpoint, tmp_path, capsys):
+    out, errs = tmp_path / "cal.json", tmp_path / "errors.csv"
+    assert main(["calibrate", "--backend", "torch", "-m", str(tiny_checkpoint), "--device", "cpu", "--quick",
+                 "--repeats", "1", "-o", str(out), "--errors", str(errs)]) == 0
+    cal = json.loads(out.read_text())
+    assert set(cal["fitted"]) == {"compute_fraction", "memory_fraction", "step_overhead_s"}
+    assert cal["model"]["hidden"] == 64 and cal["model"]["dtype_bytes"] == 4 and cal["gpu"]["name"] == "CPU"
+    assert len(cal["steps"]) == len(errs.read_text().splitlines()) - 1 > 5
+    assert "per-step error" in capsys.readouterr().out
+
+    # The calibrated sim runs the same model on the same device, and says it is calibrated.
+    assert main(["run", "--backend", "sim", "--calibration", str(out), "-p", "64", "-n", "0", "-c", "1", "-r", "1",
+                 "-s", "sequential", "--no-results-file", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "sim CPU calibrated" in captured.out
+    assert "calibrated from" in captured.err
