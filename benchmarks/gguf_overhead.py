@@ -11,6 +11,10 @@
    is compared, so a noisy neighbour on the machine does not decide the result.
 
 Usage: python benchmarks/gguf_overhead.py [-m MODEL.gguf] [-t THREADS] [-r REPS]
+
+Run it on an otherwise idle machine: llama.cpp's worker threads spin-wait, so
+with every core's worth of threads (the default) another busy process makes
+steps up to ~100x slower. On a shared machine, -t 1 still gives fair ratios.
 """
 from __future__ import annotations
 
