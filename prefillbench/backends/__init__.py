@@ -30,6 +30,8 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
                  threads: int | None = None, **options: Any) -> Backend:
     from prefillbench.models import default_model_path
 
+    if name == "auto" and model and not model.endswith(".gguf"):
+        name = "torch"  # llama.cpp runs .gguf files only; checkpoint folders and hub ids need torch
     name = resolve_backend_name(name)
     if name == "sim":
         from .sim_backend import SimBackend

@@ -27,10 +27,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class ChunkGroup:
-    """Prefill chunks of equal start and length, attended in one batched call."""
+    """Prefill chunks of equal start and length, attended in one batched call.
 
-    rows: torch.Tensor  # token indices in the packed step, [n_chunks, length]
-    slots: torch.Tensor  # cache slot of each chunk
+    A group of one chunk indexes with slices, so nothing is gathered or copied.
+    """
+
+    rows: slice | torch.Tensor  # packed token indices: a slice, or [n_chunks, length]
+    slots: slice | torch.Tensor  # cache slot(s)
     start: int
     length: int
     mask: torch.Tensor | None  # None when start == 0: plain causal
@@ -40,15 +43,19 @@ class ChunkGroup:
 class StepLayout:
     """Where each token of a packed step lives; built once, used by every layer."""
 
-    slots: torch.Tensor  # [T] cache slot per token
-    positions: torch.Tensor  # [T]
+    spans: list[tuple[int, int, int, int]]  # (slot, first position, first packed row, length) per chunk
     groups: list[ChunkGroup]
     decode_from: int  # decodes occupy packed indices [decode_from, T)
     decode_slots: torch.Tensor
+    decode_positions: torch.Tensor
     decode_mask: torch.Tensor | None  # [m, 1, 1, kv_len], True where attended
     decode_kv_len: int
     cache: "KVCache"
     calls: int = 0
+
+    @property
+    def single_chunk(self) -> bool:
+        return len(self.spans) == 1 and self.decode_mask is None
 
 
 class KVCache:
@@ -72,6 +79,11 @@ def _causal_offset_mask(start: int, length: int, device) -> torch.Tensor:
     return k <= q + start
 
 
+def _rows_of(t: torch.Tensor, rows: slice | torch.Tensor) -> torch.Tensor:
+    """[heads, T, D] -> [chunks, heads, length, D] for a group's rows."""
+    return t[:, rows].unsqueeze(0) if isinstance(rows, slice) else t[:, rows].transpose(0, 1)
+
+
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pb_layout: StepLayout | None = None, **kwargs):
     """Attention over a packed step; registered with transformers' AttentionInterface."""
     if pb_layout is None:
@@ -80,21 +92,36 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     layout.calls += 1
     k_cache = layout.cache.keys[module.layer_idx]
     v_cache = layout.cache.values[module.layer_idx]
-    q = query[0]  # [H, T, D]
-    k_cache[layout.slots, :, layout.positions] = key[0].transpose(0, 1).to(k_cache.dtype)
-    v_cache[layout.slots, :, layout.positions] = value[0].transpose(0, 1).to(v_cache.dtype)
-
-    out = torch.empty_like(q.transpose(0, 1))  # [T, H, D]
-    for g in layout.groups:
-        kv_len = g.start + g.length
-        qg = q[:, g.rows].transpose(0, 1)  # [n, H, L, D]
-        kg, vg = k_cache[g.slots, :, :kv_len], v_cache[g.slots, :, :kv_len]
-        o = F.scaled_dot_product_attention(
-            qg, kg, vg, attn_mask=g.mask, is_causal=g.mask is None, scale=scaling, enable_gqa=True
-        )
-        out[g.rows] = o.transpose(1, 2)
+    q, k, v = query[0], key[0], value[0]  # [heads, T, D]
+    for slot, pos, row, n in layout.spans:
+        k_cache[slot, :, pos : pos + n] = k[:, row : row + n]
+        v_cache[slot, :, pos : pos + n] = v[:, row : row + n]
     if layout.decode_mask is not None:
-        qd = q[:, layout.decode_from :].transpose(0, 1).unsqueeze(2)  # [m, H, 1, D]
+        k_cache[layout.decode_slots, :, layout.decode_positions] = k[:, layout.decode_from :].transpose(0, 1)
+        v_cache[layout.decode_slots, :, layout.decode_positions] = v[:, layout.decode_from :].transpose(0, 1)
+
+    outputs = []
+    for g in layout.groups:
+        if g.start == 0:
+            # A chunk from position 0 attends only to itself: its fresh K/V, no cache read.
+            kg, vg = _rows_of(k, g.rows), _rows_of(v, g.rows)
+        else:
+            kv_len = g.start + g.length
+            kg, vg = k_cache[g.slots, :, :kv_len], v_cache[g.slots, :, :kv_len]
+            if isinstance(g.slots, int):
+                kg, vg = kg.unsqueeze(0), vg.unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            _rows_of(q, g.rows), kg, vg, attn_mask=g.mask, is_causal=g.mask is None, scale=scaling, enable_gqa=True
+        )
+        outputs.append((g.rows, o.transpose(1, 2)))  # [chunks, length, heads, D]
+    if layout.single_chunk:
+        return outputs[0][1], None
+
+    out = torch.empty_like(q.transpose(0, 1))  # [T, heads, D]
+    for rows, o in outputs:
+        out[rows] = o[0] if isinstance(rows, slice) else o
+    if layout.decode_mask is not None:
+        qd = q[:, layout.decode_from :].transpose(0, 1).unsqueeze(2)  # [m, heads, 1, D]
         kd = k_cache[layout.decode_slots, :, : layout.decode_kv_len]
         vd = v_cache[layout.decode_slots, :, : layout.decode_kv_len]
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=layout.decode_mask, scale=scaling, enable_gqa=True)
@@ -209,40 +236,38 @@ class TorchBackend(Backend):
 
     def _layout(self, step: Step, packed: PackedStep) -> StepLayout:
         dev = self.torch_device
-        for chunk in step.prefills:
-            if chunk.start + len(chunk.tokens) + chunk.pad > self.cache.max_len:
-                raise BackendError(f"sequence {chunk.seq_id} needs {chunk.end + chunk.pad} cache positions, prepared for {self.cache.max_len}")
-        slot_of = {seq_id: self.slots.slot(seq_id) for seq_id in dict.fromkeys(packed.seq_ids.tolist())}
+        spans = []
         # Chunks of one shape (all of a padded batch) share one batched attention call.
-        by_shape: dict[tuple[int, int], tuple[list[range], list[int]]] = {}
+        by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for chunk, offset in zip(step.prefills, packed.chunk_offsets):
             n = len(chunk.tokens) + chunk.pad
-            rows, slots = by_shape.setdefault((chunk.start, n), ([], []))
-            rows.append(range(offset, offset + n))
-            slots.append(slot_of[chunk.seq_id])
-        groups = [
-            ChunkGroup(
-                torch.tensor(rows, device=dev),
-                torch.tensor(slots, device=dev),
-                start,
-                n,
-                None if start == 0 else _causal_offset_mask(start, n, dev),
-            )
-            for (start, n), (rows, slots) in by_shape.items()
-        ]
+            if chunk.start + n > self.cache.max_len:
+                raise BackendError(f"sequence {chunk.seq_id} needs {chunk.start + n} cache positions, prepared for {self.cache.max_len}")
+            slot = self.slots.slot(chunk.seq_id)
+            spans.append((slot, chunk.start, offset, n))
+            by_shape.setdefault((chunk.start, n), []).append((offset, slot))
+        groups = []
+        for (start, n), members in by_shape.items():
+            if len(members) == 1:
+                offset, slot = members[0]
+                rows, slots = slice(offset, offset + n), slot
+            else:
+                rows = torch.tensor([list(range(o, o + n)) for o, _ in members], device=dev)
+                slots = torch.tensor([slot for _, slot in members], device=dev)
+            groups.append(ChunkGroup(rows, slots, start, n, None if start == 0 else _causal_offset_mask(start, n, dev)))
         dec_pos = packed.positions[packed.decode_from :]
+        dec_slots = [self.slots.slot(d.seq_id) for d in step.decodes]
         kv_len = int(dec_pos.max()) + 1 if len(dec_pos) else 0
         decode_mask = None
+        positions = torch.from_numpy(dec_pos).to(dev)
         if len(dec_pos):
-            pos = torch.from_numpy(dec_pos).to(dev)
-            decode_mask = (torch.arange(kv_len, device=dev).unsqueeze(0) <= pos.unsqueeze(1)).view(len(dec_pos), 1, 1, kv_len)
-        token_slots = [slot_of[s] for s in packed.seq_ids.tolist()]
+            decode_mask = (torch.arange(kv_len, device=dev).unsqueeze(0) <= positions.unsqueeze(1)).view(len(dec_pos), 1, 1, kv_len)
         return StepLayout(
-            slots=torch.tensor(token_slots, device=dev),
-            positions=torch.from_numpy(packed.positions).to(dev),
+            spans=spans,
             groups=groups,
             decode_from=packed.decode_from,
-            decode_slots=torch.tensor(token_slots[packed.decode_from :], device=dev, dtype=torch.long),
+            decode_slots=torch.tensor(dec_slots, device=dev, dtype=torch.long),
+            decode_positions=positions,
             decode_mask=decode_mask,
             decode_kv_len=kv_len,
             cache=self.cache,
@@ -257,7 +282,7 @@ class TorchBackend(Backend):
         dev = self.torch_device
         hidden = self.decoder(
             input_ids=torch.from_numpy(packed.tokens).to(dev).unsqueeze(0),
-            position_ids=layout.positions.unsqueeze(0),
+            position_ids=torch.from_numpy(packed.positions).to(dev).unsqueeze(0),
             use_cache=False,
             pb_layout=layout,
         ).last_hidden_state

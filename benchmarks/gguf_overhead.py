@@ -1,0 +1,142 @@
+"""How much does prefillbench's Python add on top of llama.cpp? Two checks on the default model.
+
+1. Harness overhead of a decode step at concurrency 4: (step wall time - time inside
+   llama_decode) / step wall time, over the decode-only steps of a run (target < 3%).
+   "step" is what the engine times (backend.execute); "loop" also counts the
+   engine's own bookkeeping and the strategy, from one step's start to the next.
+2. pp512 at concurrency 1 through the backend (engine + sequential strategy)
+   next to llama-cpp-python's plain `Llama.eval` of the same 512 tokens, in the
+   same process, same threads, batch sizes and flash-attention setting
+   (target: within 5%). Repetitions alternate between the two; the best of each
+   is compared, so a noisy neighbour on the machine does not decide the result.
+
+Usage: python benchmarks/gguf_overhead.py [-m MODEL.gguf] [-t THREADS] [-r REPS]
+
+Run it on an otherwise idle machine: llama.cpp's worker threads spin-wait, so
+with every core's worth of threads (the default) another busy process makes
+steps up to ~100x slower. On a shared machine, -t 1 still gives fair ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prefillbench import engine  # noqa: E402
+from prefillbench.backends.gguf_backend import GGUFBackend, _install_log  # noqa: E402
+from prefillbench.models import default_model_path  # noqa: E402
+from prefillbench.workloads import Request  # noqa: E402
+from strategies import make_strategy  # noqa: E402
+
+
+def decode_overhead(backend: GGUFBackend, concurrency: int, prompt_len: int, n_gen: int, reps: int) -> dict:
+    rng = np.random.default_rng(0)
+    step_wall = step_dec = loop_wall = loop_dec = 0.0
+    n_steps = 0
+    for _ in range(reps):
+        requests = [Request(tuple(int(t) for t in rng.integers(3, backend.vocab_size, prompt_len)), n_gen) for _ in range(concurrency)]
+        record = engine.run(backend, make_strategy("sequential"), requests, concurrency)
+        decode_times = backend.step_decode_seconds
+        assert len(decode_times) == len(record.steps)
+        for i, step in enumerate(record.steps):
+            if step.prefill_chunks or len(step.decode_contexts) != concurrency:
+                continue  # decode-only steps with every sequence in flight
+            step_wall += step.seconds
+            step_dec += decode_times[i]
+            n_steps += 1
+            if i + 1 < len(record.steps):
+                loop_wall += record.steps[i + 1].start - step.start
+                loop_dec += decode_times[i]
+    return {
+        "steps": n_steps,
+        "ms_per_step": 1000 * step_wall / n_steps,
+        "ms_in_decode": 1000 * step_dec / n_steps,
+        "step_overhead": (step_wall - step_dec) / step_wall,
+        "loop_overhead": (loop_wall - loop_dec) / loop_wall,
+    }
+
+
+def pp_vs_llama_eval(backend: GGUFBackend, model: str, threads: int, n_prompt: int, reps: int) -> dict:
+    from llama_cpp import Llama
+
+    # Llama() takes flash attention as on/off; llama.cpp's "auto" turns it on on the CPU.
+    flash = backend.flash_attn != 0
+    llm = Llama(model, n_ctx=max(n_prompt + 16, 512), n_batch=max(n_prompt, 512), n_ubatch=512, n_threads=threads,
+                n_threads_batch=threads, flash_attn=flash, logits_all=False, verbose=False)
+    _install_log()
+    rng = np.random.default_rng(1)
+    prompt = [int(t) for t in rng.integers(3, backend.vocab_size, n_prompt)]
+    request = [Request(tuple(prompt), 1)]
+    strategy = make_strategy("sequential")
+    ours, theirs = [], []
+    engine.run(backend, strategy, request, 1)  # warm-up both
+    llm.reset()
+    llm.eval(prompt)
+    for _ in range(reps):
+        record = engine.run(backend, strategy, request, 1)
+        ours.append(record.wall)
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt)
+        theirs.append(time.perf_counter() - t0)
+    llm.close()
+    return {
+        "ours_best": min(ours),
+        "theirs_best": min(theirs),
+        "ours_median": statistics.median(ours),
+        "theirs_median": statistics.median(theirs),
+        "ratio_best": min(ours) / min(theirs),
+        "ratio_median": statistics.median(ours) / statistics.median(theirs),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", default=None, help="a .gguf file (default: the shipped SmolLM2-135M-Instruct Q4_1)")
+    parser.add_argument("-t", "--threads", type=int, default=None)
+    parser.add_argument("-r", "--reps", type=int, default=5, help="pp512 repetitions per side (default: 5)")
+    parser.add_argument("-c", "--concurrency", type=int, default=4)
+    parser.add_argument("-n", "--n-gen", type=int, default=64, help="tokens generated per request in the decode check")
+    args = parser.parse_args()
+
+    model = args.model or default_model_path()
+    backend = GGUFBackend.load(model, threads=args.threads)
+    meta = backend.metadata()
+    print(f"model {backend.model_name} ({backend.weights}), threads {backend.threads}, "
+          f"llama-cpp-python {meta['llama_cpp_python']}, ggml {meta['ggml']}")
+
+    dec = decode_overhead(backend, args.concurrency, 32, args.n_gen, reps=2)
+    pp = pp_vs_llama_eval(backend, model, backend.threads, 512, args.reps)
+
+    rows = [
+        ("check", "measured", "target", "ok"),
+        (f"decode step c={args.concurrency}: harness share of step wall",
+         f"{100 * dec['step_overhead']:.2f}% ({dec['ms_per_step']:.2f} ms/step, {dec['ms_in_decode']:.2f} ms in llama_decode, {dec['steps']} steps)",
+         "< 3%", dec["step_overhead"] < 0.03),
+        (f"decode step c={args.concurrency}: incl. engine loop + strategy",
+         f"{100 * dec['loop_overhead']:.2f}%", "(info)", ""),
+        ("pp512 c=1: backend / Llama.eval (best of each)",
+         f"{pp['ratio_best']:.3f} ({pp['ours_best']:.3f} s vs {pp['theirs_best']:.3f} s; "
+         f"{512 / pp['ours_best']:.0f} vs {512 / pp['theirs_best']:.0f} t/s)",
+         "within 5%", abs(pp["ratio_best"] - 1) < 0.05),
+        ("pp512 c=1: backend / Llama.eval (medians)",
+         f"{pp['ratio_median']:.3f} ({pp['ours_median']:.3f} s vs {pp['theirs_median']:.3f} s)", "(info)", ""),
+    ]
+    widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
+    for i, row in enumerate(rows):
+        cells = [str(v if v != True else "yes") if v is not False else "NO" for v in row]  # noqa: E712
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

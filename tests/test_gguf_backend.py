@@ -1,0 +1,322 @@
+"""The GGUF (llama.cpp) backend: same numbers as the torch backend, same tokens as llama.cpp itself."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+import prefillbench  # noqa: E402
+from prefillbench import engine
+from prefillbench.backends import load_backend
+from prefillbench.backends import gguf_backend
+from prefillbench.backends.base import BackendError
+from prefillbench.backends.gguf_backend import GGUFBackend
+from prefillbench.models import default_model_path
+from prefillbench.step import DecodeToken, PrefillChunk, Step
+from prefillbench.workloads import Request
+from strategies import make_strategy
+
+STRATEGIES = ("sequential", "padded", "chunked")
+# Prompt lengths that no chunk size below divides; more requests than slots, so slots are reused.
+PROMPT_LENS = (5, 17, 30, 9, 23)
+CONCURRENCY = 3
+N_GEN = 6
+CHUNK = 7
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from tiny_gguf import tiny_llama
+
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tiny, tmp_path_factory):
+    from tiny_gguf import write_gguf
+
+    return str(write_gguf(tiny, tmp_path_factory.mktemp("gguf") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="module")
+def torch_tiny(tiny):
+    from prefillbench.backends.torch_backend import TorchBackend
+
+    return TorchBackend(tiny, "tiny")
+
+
+@pytest.fixture(scope="module")
+def exact_tiny(tiny_path):
+    """float32 KV cache and no flash attention: llama.cpp computes in float32 throughout."""
+    backend = GGUFBackend.load(tiny_path, kv_type="f32", flash_attn=False, threads=1)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def default_tiny(tiny_path):
+    """llama.cpp's defaults: f16 KV cache, flash attention as llama.cpp decides."""
+    backend = GGUFBackend.load(tiny_path, threads=1)
+    yield backend
+    backend.close()
+
+
+def workload(vocab: int = 49152, seed: int = 1) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    return [Request(tuple(int(t) for t in rng.integers(3, vocab, n)), N_GEN) for n in PROMPT_LENS]
+
+
+def run(backend, strategy: str, requests, keep_logits: bool = False):
+    return engine.run(backend, make_strategy(strategy, CHUNK), requests, CONCURRENCY, keep_logits=keep_logits)
+
+
+def tokens(record) -> list[list[int]]:
+    return [r.tokens for r in record.requests]
+
+
+# -- the tiny random Llama on both backends ----------------------------------
+
+
+def test_loads_as_quantization_free_llama(exact_tiny):
+    assert exact_tiny.vocab_size == 49152
+    assert exact_tiny.context_length == 1024
+    assert "F32" in exact_tiny.weights and "quantized" not in exact_tiny.weights
+
+
+def test_logits_match_torch_for_every_strategy(exact_tiny, torch_tiny):
+    requests = workload()
+    ref = run(torch_tiny, "sequential", requests, keep_logits=True)
+    for name in STRATEGIES:
+        got = run(exact_tiny, name, requests, keep_logits=True)
+        assert tokens(got) == tokens(ref), name
+        for r_got, r_ref in zip(got.requests, ref.requests):
+            diff = np.abs(np.stack(r_got.logits) - np.stack(r_ref.logits)).max()
+            assert diff < 2e-3, f"{name}: logits differ by {diff}"
+
+
+def test_mixed_step_with_pads_matches_torch(exact_tiny, torch_tiny):
+    """One llama_decode with a chunk at an offset, a padded chunk and decode tokens."""
+    rng = np.random.default_rng(7)
+    a = tuple(int(t) for t in rng.integers(3, 49152, 11))
+    b = tuple(int(t) for t in rng.integers(3, 49152, 6))
+    c = tuple(int(t) for t in rng.integers(3, 49152, 9))
+    results = []
+    for backend in (exact_tiny, torch_tiny):
+        backend.prepare(3, 32, 64)
+        first = backend.execute(Step(prefills=(PrefillChunk(0, a[:4], 0, False), PrefillChunk(1, c, 0, True))))
+        mixed = Step(
+            prefills=(PrefillChunk(0, a[4:], 4, True), PrefillChunk(2, b, 0, True, pad=5)),
+            decodes=(DecodeToken(1, first.next_tokens[1], len(c)),),
+        )
+        second = backend.execute(mixed, return_logits=True)
+        # The padded sequence continues right after its real tokens.
+        third = backend.execute(Step(decodes=(DecodeToken(2, second.next_tokens[2], len(b)),)), return_logits=True)
+        results.append((second, third))
+        for seq in (0, 1, 2):
+            backend.release(seq)
+    (g2, g3), (t2, t3) = results
+    assert g2.next_tokens == t2.next_tokens and g3.next_tokens == t3.next_tokens
+    for seq in (0, 1, 2):
+        assert np.abs(g2.logits[seq] - t2.logits[seq]).max() < 2e-3
+    assert np.abs(g3.logits[2] - t3.logits[2]).max() < 2e-3
+
+
+def test_pads_change_no_result(exact_tiny):
+    rng = np.random.default_rng(3)
+    prompt = tuple(int(t) for t in rng.integers(3, 49152, 8))
+    out = []
+    for pad in (0, 9):
+        exact_tiny.prepare(1, 32, 32)
+        r = exact_tiny.execute(Step(prefills=(PrefillChunk(0, prompt, 0, True, pad=pad),)), return_logits=True)
+        r2 = exact_tiny.execute(Step(decodes=(DecodeToken(0, r.next_tokens[0], len(prompt)),)), return_logits=True)
+        out.append((r.logits[0], r2.logits[0]))
+    np.testing.assert_array_equal(out[0][0], out[1][0])
+    np.testing.assert_allclose(out[0][1], out[1][1], atol=1e-5)
+
+
+def test_greedy_tokens_agree_across_strategies_with_llama_cpp_defaults(default_tiny, exact_tiny):
+    requests = workload(seed=2)
+    ref = tokens(run(exact_tiny, "sequential", requests))
+    for name in STRATEGIES:
+        assert tokens(run(default_tiny, name, requests)) == ref, name
+
+
+def test_context_is_reused_until_a_run_needs_more(tiny_path):
+    backend = GGUFBackend.load(tiny_path, threads=1)
+    backend.prepare(2, 64, 64)
+    backend.prepare(2, 32, 16)
+    assert backend.contexts_created == 1
+    backend.prepare(4, 64, 64)
+    assert backend.contexts_created == 2
+    assert backend.n_ctx >= 256 and backend.n_seq_max >= 4
+    backend.close()
+
+
+def test_metadata_reports_batching_and_versions(tiny_path):
+    backend = GGUFBackend.load(tiny_path, n_ubatch=8, threads=1)
+    backend.prepare(1, 32, 32)
+    backend.execute(Step(prefills=(PrefillChunk(0, tuple(range(3, 23)), 0, True),)))
+    meta = backend.metadata()
+    assert meta["n_ubatch"] == 8 and meta["n_batch"] >= 32 and meta["threads"] == 1
+    assert meta["split_steps"] == 1 and "splits" in meta["ubatch_split"]
+    assert meta["llama_cpp_python"] and meta["llama_cpp"]
+    backend.close()
+
+
+def test_load_backend_and_auto_pick_gguf(tiny_path, monkeypatch):
+    from prefillbench import backends
+
+    backend = load_backend("gguf", tiny_path)
+    assert backend.name == "gguf" and backend.label == "gguf CPU"
+    backend.close()
+    monkeypatch.setattr(backends, "cuda_available", lambda: False)
+    assert backends.resolve_backend_name("auto") == "gguf"
+    auto = load_backend("auto", tiny_path)
+    assert auto.name == "gguf"
+    auto.close()
+    # A checkpoint folder or hub id is not something llama.cpp can run: auto picks torch for it.
+    from prefillbench.backends import torch_backend
+
+    monkeypatch.setattr(torch_backend.TorchBackend, "load", classmethod(lambda cls, model, **kw: ("torch", model)))
+    assert load_backend("auto", "HuggingFaceTB/SmolLM2-135M-Instruct") == ("torch", "HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+# -- bad input ----------------------------------------------------------------
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"this is not a model\n")
+    with pytest.raises(BackendError, match="not a GGUF file"):
+        GGUFBackend.load(str(bad))
+    with pytest.raises(BackendError, match="not found"):
+        GGUFBackend.load(str(tmp_path / "missing.gguf"))
+
+
+def test_unknown_architecture(tmp_path):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "odd.gguf"
+    writer = GGUFWriter(str(path), "no-such-arch")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(BackendError, match="unknown model architecture"):
+        GGUFBackend.load(str(path))
+
+
+def test_context_too_small_says_what_it_needs(tiny_path):
+    backend = GGUFBackend.load(tiny_path, n_ctx=100)
+    with pytest.raises(BackendError, match=r"n_ctx >= 128"):
+        backend.prepare(4, 32, 40)
+    with pytest.raises(BackendError, match=r"n_ctx >= 120"):
+        engine.run(backend, make_strategy("padded"), [Request((5,) * 20, 10)] * 4, 4)
+    backend.close()
+
+
+def test_decode_failure_is_a_backend_error(tiny_path):
+    backend = GGUFBackend.load(tiny_path, threads=1)
+    backend.prepare(2, 128, 256)
+    cells = backend.n_ctx
+    seq_len = cells // 2
+    backend.max_seq_len = cells  # let the chunks through to llama.cpp, which runs out of cells
+    backend.execute(Step(prefills=(PrefillChunk(0, (5,) * seq_len, 0, True),)))
+    backend.execute(Step(prefills=(PrefillChunk(1, (5,) * seq_len, 0, True),)))
+    with pytest.raises(BackendError, match="no free KV cache cells"):
+        backend.execute(Step(decodes=(DecodeToken(0, 5, seq_len),)))
+    backend.close()
+
+
+def test_missing_llama_cpp_is_a_clear_error(monkeypatch, tiny_path):
+    monkeypatch.setattr(gguf_backend, "llama", None)
+    with pytest.raises(BackendError, match="llama-cpp-python"):
+        load_backend("gguf", tiny_path)
+
+
+# -- the shipped SmolLM2 GGUF against llama-cpp-python's own generation --------
+
+# Greedy continuations whose top-2 logit margin stays above 2 for all 8 tokens. llama.cpp's quantized
+# CPU kernels are not batch-invariant: a token's logits move by up to ~1 with its row offset inside
+# the ubatch (the padded batch shifts the rows), so a near-tie prompt may legitimately flip a token.
+SMOL_PROMPTS = ("a b c d e f", "A, B, C, D, E,", "2, 4, 6, 8, 10, 12,")
+SMOL_GEN = 8
+
+
+@pytest.fixture(scope="module")
+def smol_reference():
+    """Prompts, greedy tokens and first-token logits from llama-cpp-python's high-level Llama."""
+    from llama_cpp import Llama
+
+    llm = Llama(default_model_path(), n_ctx=256, n_threads=1, n_threads_batch=1, logits_all=True, verbose=False)
+    prompts, expected, first_logits = [], [], []
+    for text in SMOL_PROMPTS:
+        prompt = llm.tokenize(text.encode(), add_bos=False)
+        llm.reset()
+        llm.eval(prompt)
+        first_logits.append(np.array(llm.scores[llm.n_tokens - 1]))
+        out = []
+        for _ in range(SMOL_GEN):
+            out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            llm.eval([out[-1]])
+        prompts.append(prompt)
+        expected.append(out)
+    llm.close()
+    gguf_backend._install_log()  # Llama() installed its own logger
+    return prompts, expected, first_logits
+
+
+@pytest.fixture(scope="module")
+def smol():
+    # Llama() runs without flash attention by default; match it so the first logits are comparable.
+    backend = GGUFBackend.load(default_model_path(), flash_attn=False, threads=1)
+    yield backend
+    backend.close()
+
+
+def test_smollm2_matches_llama_cpp_python(smol, smol_reference):
+    prompts, expected, first_logits = smol_reference
+    assert "Q4_1" in smol.weights and "quantized" in smol.weights
+    requests = [Request(tuple(p), SMOL_GEN) for p in prompts]
+    for name in STRATEGIES:
+        for concurrency in (1, len(prompts)):
+            record = engine.run(smol, make_strategy(name, 4), requests, concurrency, keep_logits=(name == "sequential"))
+            assert tokens(record) == expected, f"{name} c={concurrency}"
+            if name == "sequential" and concurrency == 1:
+                # The same prompt in the same single ubatch: the same numbers as llama-cpp-python's eval.
+                for req, ref in zip(record.requests, first_logits):
+                    assert np.abs(req.logits[0] - ref).max() < 1e-3
+
+
+def test_generate_api_with_gguf_backend(smol_reference):
+    prompts, expected, _ = smol_reference
+    got = prefillbench.generate(prompts, backend="gguf", strategy="chunked", chunk_size=4, max_new_tokens=SMOL_GEN)
+    assert got == expected
+
+
+# -- the command line -----------------------------------------------------------
+
+
+def test_cli_runs_the_gguf_backend(tiny_path, capsys):
+    from prefillbench import cli
+
+    rc = cli.main(["run", "--backend", "gguf", "-m", tiny_path, "-t", "1", "-p", "8", "-n", "2", "-c", "1,2",
+                   "-s", "sequential,padded,chunked", "--chunk-size", "3", "-r", "1", "--no-results-file",
+                   "--no-progress", "--verify"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "gguf CPU" in captured.out
+    assert "weights: all F32 (as stored)" in captured.err
+    assert "verify: all strategies produced the same greedy tokens" in captured.err
+
+
+def test_cli_error_for_a_file_that_is_not_gguf(tmp_path, capsys):
+    from prefillbench import cli
+
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("hello")
+    assert cli.main(["run", "--backend", "gguf", "-m", str(bad), "-p", "8", "-n", "0", "--no-results-file", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a GGUF file" in err[0]
