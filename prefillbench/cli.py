@@ -144,6 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     results: list[CaseResult] = []
     interrupted = False
+    failure: BackendError | None = None
     progress = _progress(args.progress)
     with progress:
         task = progress.add_task("", total=config.tokens_to_emit())
@@ -158,6 +159,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 results.append(run_case(backend, case, config, on_token=lambda n: progress.advance(task, n)))
         except KeyboardInterrupt:
             interrupted = True
+        except BackendError as e:
+            # A step that fails (llama.cpp out of KV space, ...) ends the run, not the rows before it.
+            failure = e
     rows = [r.row for r in results]
     meta = run_metadata(backend.metadata())
     meta.update(model_path=args.model or "default", backend_name=backend.name, device=backend.device)
@@ -179,6 +183,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if interrupted:
         print(f"prefillbench: interrupted; kept {len(rows)} measured row(s)", file=sys.stderr)
         return 130
+    if failure is not None:
+        print(f"prefillbench: error: {failure} (kept {len(rows)} measured row(s))", file=sys.stderr)
+        return 2
     if args.verify:
         problems = verify(results)
         for line in problems:

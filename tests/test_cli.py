@@ -108,6 +108,28 @@ def test_interrupt_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_pat
     assert len(list(csv.DictReader(export.open()))) == 2
 
 
+def test_a_failing_step_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_path):
+    from prefillbench.backends.base import BackendError
+    from prefillbench.backends.torch_backend import TorchBackend
+
+    real = TorchBackend.execute
+    calls = {"n": 0}
+
+    def fail_late(self, step, return_logits=False):
+        calls["n"] += 1
+        if calls["n"] > 60:
+            raise BackendError("out of KV space")
+        return real(self, step, return_logits)
+
+    monkeypatch.setattr(TorchBackend, "execute", fail_late)
+    export = tmp_path / "partial.csv"
+    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, "--export", str(export), "--no-results-file")
+    assert code == 2
+    assert "failed: out of KV space" in err and "step" in err and "kept" in err and "Traceback" not in err
+    kept = list(csv.DictReader(export.open()))
+    assert 0 < len(kept) < 18
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
