@@ -4,13 +4,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from strategies import make_strategy
+from strategies import Strategy, make_strategy
 
 from . import engine
 from .backends.base import Backend
 from .engine import RunRecord
 from .metrics import ResultRow, summarize
-from .workloads import TestSpec, make_requests
+from .workloads import Request, TestSpec, make_requests
 
 
 @dataclass(frozen=True)
@@ -73,14 +73,28 @@ class CaseResult:
     runs: list[RunRecord]
 
 
-def run_case(backend: Backend, case: Case, config: BenchConfig, on_token: Callable[[int], None] | None = None) -> CaseResult:
+#: Warm-up prompts are cut to this length: enough to exercise every kernel, short enough to cost little.
+WARMUP_PROMPT_TOKENS = 128
+
+
+def warm_up(backend: Backend, strategy: Strategy, case: Case, config: BenchConfig) -> None:
+    """One untimed pass at the case's concurrency: the first pass after load, and the first
+    at a new batch shape, pay for allocation and kernel selection; keep that out of the numbers."""
+    warm = make_requests(case.test, case.concurrency, backend.vocab_size, config.seed + 1)
+    short = [Request(r.prompt[:WARMUP_PROMPT_TOKENS], min(r.n_gen, 2)) for r in warm]
+    engine.run(backend, strategy, short, case.concurrency)
+
+
+def prepare_case(backend: Backend, case: Case, config: BenchConfig) -> tuple[Strategy, list[Request]]:
+    """The case's strategy and requests, with the backend warmed up for it."""
     strategy = make_strategy(case.strategy, case.chunk_size or 256)
     requests = make_requests(case.test, config.n_requests(case.concurrency), backend.vocab_size, config.seed)
     if config.warmup:
-        # The first pass after load pays for allocation and kernel selection; keep it out of the numbers.
-        warm = make_requests(case.test, 1, backend.vocab_size, config.seed + 1)
-        engine.run(backend, strategy, [type(warm[0])(warm[0].prompt, min(warm[0].n_gen, 2))], 1)
-    runs = [engine.run(backend, strategy, requests, case.concurrency, on_token=on_token) for _ in range(config.repetitions)]
+        warm_up(backend, strategy, case, config)
+    return strategy, requests
+
+
+def case_result(backend: Backend, case: Case, runs: list[RunRecord]) -> CaseResult:
     row = summarize(
         case.test,
         runs,
@@ -91,6 +105,12 @@ def run_case(backend: Backend, case: Case, config: BenchConfig, on_token: Callab
         chunk_size=case.chunk_size,
     )
     return CaseResult(case, row, runs)
+
+
+def run_case(backend: Backend, case: Case, config: BenchConfig, on_token: Callable[[int], None] | None = None) -> CaseResult:
+    strategy, requests = prepare_case(backend, case, config)
+    runs = [engine.run(backend, strategy, requests, case.concurrency, on_token=on_token) for _ in range(config.repetitions)]
+    return case_result(backend, case, runs)
 
 
 def verify(results: list[CaseResult]) -> list[str]:

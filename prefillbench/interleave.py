@@ -12,13 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from strategies import make_strategy
-
 from . import engine
 from .backends.base import Backend
-from .bench import BenchConfig, Case, CaseResult
-from .metrics import summarize
-from .workloads import make_requests
+from .bench import BenchConfig, Case, CaseResult, case_result, prepare_case
 
 
 def case_groups(config: BenchConfig) -> list[list[Case]]:
@@ -47,25 +43,11 @@ def run_interleaved(
             on_group(f"{group[0].test.name} c={group[0].concurrency} ({len(group)} interleaved)")
         prepared = []
         for case in group:
-            strategy = make_strategy(case.strategy, case.chunk_size or 256)
-            requests = make_requests(case.test, config.n_requests(case.concurrency), backend.vocab_size, config.seed)
-            if config.warmup:
-                # As bench.run_case: the first pass after load pays for allocation and kernel selection.
-                warm = make_requests(case.test, 1, backend.vocab_size, config.seed + 1)
-                engine.run(backend, strategy, [type(warm[0])(warm[0].prompt, min(warm[0].n_gen, 2))], 1)
+            strategy, requests = prepare_case(backend, case, config)
             prepared.append((case, strategy, requests, []))
         for rep in range(config.repetitions):
             for i in turn_order(len(prepared), rep):
                 case, strategy, requests, runs = prepared[i]
                 runs.append(engine.run(backend, strategy, requests, case.concurrency, on_token=on_token))
         for case, _, _, runs in prepared:
-            row = summarize(
-                case.test,
-                runs,
-                model=backend.model_name,
-                backend=backend.label,
-                strategy=case.strategy,
-                concurrency=case.concurrency,
-                chunk_size=case.chunk_size,
-            )
-            yield CaseResult(case, row, runs)
+            yield case_result(backend, case, runs)

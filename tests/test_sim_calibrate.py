@@ -6,7 +6,7 @@ import json
 import pytest
 
 from prefillbench.cli import main
-from prefillbench.sim.calibration import Point, Sample, errors, fit, load_calibration, sweep_points
+from prefillbench.sim.calibration import Sample, errors, fit, load_calibration, sweep_points
 from prefillbench.sim.cost import Batch, CostModel
 from prefillbench.sim.specs import SimConfigError, load_gpu_spec, load_model_spec
 
