@@ -193,15 +193,19 @@ def _load_json(path: str, text: str) -> Results:
     return Results(path, rows, meta if isinstance(meta, dict) else {})
 
 
+def json_lines(path: str, text: str):
+    """(line number, record) for each non-blank line of a JSON-lines file."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise _json_error(path, e, n) from None
+
+
 def _load_jsonl(path: str, text: str) -> Results:
     rows, meta = [], {}
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise _json_error(path, e, n) from None
+    for n, record in json_lines(path, text):
         rows.append(row_from_record(record, f"{path} line {n}"))
         if not meta and isinstance(record, dict):
             meta = {k: v for k, v in record.items() if k not in _ALL_FIELDS}

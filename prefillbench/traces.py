@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .compare import InputError, _read_text
+from .compare import InputError, _read_text, json_lines
 
 TRACE_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "token_times")
 
@@ -117,15 +117,7 @@ def _trace(record: Any, where: str) -> Trace:
 
 
 def parse_traces(path: str, text: str) -> list[Trace]:
-    traces = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path} line {n}: truncated or malformed JSON ({e.msg})") from None
-        traces.append(_trace(record, f"{path} line {n}"))
+    traces = [_trace(record, f"{path} line {n}") for n, record in json_lines(path, text)]
     if not traces:
         raise InputError(f"{path}: no requests")
     return traces
