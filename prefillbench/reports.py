@@ -21,7 +21,8 @@ FORMATS = ("md", "csv", "json", "jsonl")
 
 
 def _fmt(value: float, digits: int) -> str:
-    return "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+    # "-" where a figure does not apply, e.g. time between tokens in a pp test (one token each).
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
 def _strategy_label(row: ResultRow) -> str:

@@ -42,6 +42,10 @@ def test_markdown_table_has_a_row_per_case(tiny_folder, capsys, tmp_path):
     assert len(rows) == 3 * 3 * 2  # tests × strategies × concurrency
     assert {r.split("|")[4].strip() for r in rows} == {"pp16", "tg4", "pp12+tg3"}
     assert all("±" in r.split("|")[5] for r in rows)
+    # A pp request has one token: no time between tokens, shown as "-", not "nan".
+    pp_rows = [r.split("|") for r in rows if r.split("|")[4].strip() == "pp16"]
+    assert pp_rows and all(cells[10].strip() == "-/-" for cells in pp_rows)
+    assert "nan" not in out
     # Every run also leaves results/<timestamp>.csv behind.
     (written,) = tmp_path.glob("*.csv")
     assert len(list(csv.DictReader(written.open()))) == 18
