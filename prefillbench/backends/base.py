@@ -66,6 +66,13 @@ class Backend(ABC):
         pass
 
 
+def check_cache_room(step: Step, max_len: int) -> None:
+    """Every prefill chunk, pads included, must fit in the positions prepared for its sequence."""
+    for c in step.prefills:
+        if c.end + c.pad > max_len:
+            raise BackendError(f"sequence {c.seq_id} needs {c.end + c.pad} cache positions, prepared for {max_len}")
+
+
 class SlotTable:
     """Maps live sequence ids onto a fixed number of cache slots.
 
@@ -77,6 +84,10 @@ class SlotTable:
         self.n_slots = n_slots
         self._slot: dict[int, int] = {}
         self._free = list(range(n_slots - 1, -1, -1))
+
+    def __len__(self) -> int:
+        """Sequences holding a slot."""
+        return len(self._slot)
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._slot

@@ -49,7 +49,7 @@ import numpy as np
 
 from prefillbench.step import Step, StepResult, pack
 
-from .base import Backend, BackendError, SlotTable
+from .base import Backend, BackendError, SlotTable, check_cache_room
 
 try:
     import llama_cpp as llama
@@ -291,11 +291,8 @@ class GGUFBackend(Backend):
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if self.ctx is None:
             raise BackendError("prepare() must be called before execute()")
-        limit = self.max_seq_len
+        check_cache_room(step, self.max_seq_len)
         padded: list[tuple[int, int]] = []
-        for c in step.prefills:
-            if c.end + c.pad > limit:
-                raise BackendError(f"sequence {c.seq_id} needs {c.end + c.pad} cache positions, prepared for {limit}")
         packed = pack(step)
         n = len(packed.tokens)
         if n > self.n_batch:
@@ -347,7 +344,7 @@ class GGUFBackend(Backend):
     def _decode_error(self, rc: int, n_tokens: int) -> str:
         if rc == 1:
             return (f"llama_decode found no free KV cache cells for {n_tokens} tokens "
-                    f"(n_ctx={self.n_ctx}; used by {len(self.slots._slot)} sequence(s))")
+                    f"(n_ctx={self.n_ctx}; used by {len(self.slots)} sequence(s))")
         if rc == 2:
             return "llama_decode was aborted"
         return f"llama_decode failed with code {rc}: {_last_error()}"

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from prefillbench.step import PackedStep, Step, StepResult, pack
 
-from .base import Backend, BackendError, SlotTable
+from .base import Backend, BackendError, SlotTable, check_cache_room
 
 ATTENTION_NAME = "prefillbench"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -236,13 +236,12 @@ class TorchBackend(Backend):
 
     def _layout(self, step: Step, packed: PackedStep) -> StepLayout:
         dev = self.torch_device
+        check_cache_room(step, self.cache.max_len)
         spans = []
         # Chunks of one shape (all of a padded batch) share one batched attention call.
         by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for chunk, offset in zip(step.prefills, packed.chunk_offsets):
             n = len(chunk.tokens) + chunk.pad
-            if chunk.start + n > self.cache.max_len:
-                raise BackendError(f"sequence {chunk.seq_id} needs {chunk.start + n} cache positions, prepared for {self.cache.max_len}")
             slot = self.slots.slot(chunk.seq_id)
             spans.append((slot, chunk.start, offset, n))
             by_shape.setdefault((chunk.start, n), []).append((offset, slot))
