@@ -30,17 +30,23 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
                  threads: int | None = None, **options: Any) -> Backend:
     from prefillbench.models import default_model_path
 
-    if name == "auto" and model and not model.endswith(".gguf"):
-        name = "torch"  # llama.cpp runs .gguf files only; checkpoint folders and hub ids need torch
+    from .distributed import check_launch
+
+    tp, pp = options.get("tp") or 1, options.get("pp") or 1
+    if name == "auto" and ((model and not model.endswith(".gguf")) or tp > 1):
+        name = "torch"  # llama.cpp runs .gguf files only and has no tensor parallelism
     name = resolve_backend_name(name)
+    check_launch(tp, name)
+    if pp > 1 and name != "sim":
+        raise BackendError(f"--pp {pp} runs on the sim only (--backend sim); see the README's \"Past one machine\"")
     if name == "sim":
         from .sim_backend import SimBackend
 
         return SimBackend.load(
             options.get("sim_model") or model,
             options.get("sim_gpu"),
-            tp=options.get("tp") or 1,
-            pp=options.get("pp") or 1,
+            tp=tp,
+            pp=pp,
             calibration=options.get("calibration"),
             trace=options.get("trace"),
         )
@@ -48,7 +54,7 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
     if name == "torch":
         from .torch_backend import TorchBackend
 
-        return TorchBackend.load(model, device=device, dtype=dtype, threads=threads)
+        return TorchBackend.load(model, device=device, dtype=dtype, threads=threads, tp=tp)
     if name == "gguf":
         from .gguf_backend import GGUFBackend
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from prefillbench.step import PackedStep, Step, StepResult, pack
 
 from .base import Backend, BackendError, SlotTable, check_cache_room
+from .distributed import TensorParallel, check_heads_divide
 
 ATTENTION_NAME = "prefillbench"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -151,8 +152,8 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_model(model: str, dtype: torch.dtype, device: str):
-    """Load a transformers causal LM from a folder, a hub id or a .gguf file."""
+def load_model(model: str, dtype: torch.dtype, device: str, tp: int = 1):
+    """Load a transformers causal LM from a folder, a hub id or a .gguf file; with tp > 1, this rank's shard."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -160,6 +161,11 @@ def load_model(model: str, dtype: torch.dtype, device: str):
     transformers.utils.logging.disable_progress_bar()
     _register_attention()
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": ATTENTION_NAME}
+    if tp > 1:
+        from transformers.distributed import DistributedConfig
+
+        # The model's own tensor-parallel plan: q/k/v and MLP up colwise, o/down rowwise (an all-reduce each).
+        kwargs["distributed_config"] = DistributedConfig(tp_size=tp)
     path = Path(model)
     if model.endswith(".gguf"):
         if not path.is_file():
@@ -182,7 +188,8 @@ def load_model(model: str, dtype: torch.dtype, device: str):
 class TorchBackend(Backend):
     name = "torch"
 
-    def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None) -> None:
+    def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
+                 parallel: TensorParallel | None = None) -> None:
         _register_attention()
         config = model.config
         if getattr(config, "is_encoder_decoder", False):
@@ -195,12 +202,18 @@ class TorchBackend(Backend):
         self.lm_head = model.get_output_embeddings()
         self.torch_device = torch.device(device)
         self.device = "CUDA" if self.torch_device.type == "cuda" else "CPU"
+        self.parallel = parallel
+        tp = parallel.tp if parallel else 1
+        if parallel:
+            self.device = f"{tp}x{self.device} TP{tp}"  # the sim's spelling, so the two line up in tables
         self.model_name = model_name
         self.dtype = next(model.parameters()).dtype
         self.weights = weights or str(self.dtype).removeprefix("torch.")
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.n_layers = text.num_hidden_layers
-        self.kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        check_heads_divide(text, tp)
+        # The config keeps the global head counts; this rank's attention sees only its own share.
+        self.kv_heads = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads) // tp
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         self.context_length = getattr(text, "max_position_embeddings", 2048)
         self.vocab_size = text.vocab_size
@@ -208,7 +221,8 @@ class TorchBackend(Backend):
         self.slots = SlotTable(0)
 
     @classmethod
-    def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None) -> "TorchBackend":
+    def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
+             tp: int = 1) -> "TorchBackend":
         if dtype not in DTYPES:
             raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
         if threads is not None:
@@ -216,10 +230,16 @@ class TorchBackend(Backend):
                 raise BackendError(f"threads must be at least 1, got {threads}")
             torch.set_num_threads(threads)
         dev = resolve_device(device)
-        lm = load_model(model, DTYPES[dtype], dev)
+        parallel = None
+        if tp > 1:
+            from .distributed import join
+
+            parallel = join(tp, dev)
+            dev = parallel.device
+        lm = load_model(model, DTYPES[dtype], dev, tp)
         name = Path(model).name.removesuffix(".gguf") if Path(model).exists() else model
         weights = f"{dtype} (dequantized from GGUF by transformers)" if model.endswith(".gguf") else dtype
-        return cls(lm, name, dev, weights)
+        return cls(lm, name, dev, weights, parallel)
 
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
         if self.cache is None or not self.cache.fits(max_sequences, max_seq_len):
@@ -233,6 +253,11 @@ class TorchBackend(Backend):
     def synchronize(self) -> None:
         if self.torch_device.type == "cuda":
             torch.cuda.synchronize(self.torch_device)
+        if self.parallel:
+            # Every rank waits for the slowest, so a step's timestamps are the slowest rank's.
+            self.parallel.barrier()
+            if self.torch_device.type == "cuda":
+                torch.cuda.synchronize(self.torch_device)
 
     def _layout(self, step: Step, packed: PackedStep) -> StepLayout:
         dev = self.torch_device
@@ -304,4 +329,10 @@ class TorchBackend(Backend):
                 "threads": torch.get_num_threads()}
         if self.torch_device.type == "cuda":
             meta["gpu"] = torch.cuda.get_device_name(self.torch_device)
+        if self.parallel:
+            meta.update(self.parallel.metadata())
         return meta
+
+    def close(self) -> None:
+        if self.parallel:
+            self.parallel.close()
