@@ -37,6 +37,16 @@ METRICS: dict[str, str] = {
     "ttft_p99_ms": LOWER,
     "tbt_p50_ms": LOWER,
     "tbt_p99_ms": LOWER,
+    "tpot_p50_ms": LOWER,
+    "tpot_p99_ms": LOWER,
+    "e2e_p50_ms": LOWER,
+    "e2e_p99_ms": LOWER,
+    "sched_delay_p50_ms": LOWER,
+    "sched_delay_p99_ms": LOWER,
+    "request_throughput": HIGHER,
+    "goodput_rps": HIGHER,
+    "slo_met": HIGHER,
+    "capacity_rps": HIGHER,
 }
 DEFAULT_METRICS = ["throughput"]
 DEFAULT_THRESHOLD = 10.0  # percent
@@ -50,11 +60,23 @@ METRIC_LABELS = {
     "ttft_p99_ms": "TTFT p99 ms",
     "tbt_p50_ms": "TBT p50 ms",
     "tbt_p99_ms": "TBT p99 ms",
+    "tpot_p50_ms": "TPOT p50 ms",
+    "tpot_p99_ms": "TPOT p99 ms",
+    "e2e_p50_ms": "E2E p50 ms",
+    "e2e_p99_ms": "E2E p99 ms",
+    "sched_delay_p50_ms": "sched delay p50 ms",
+    "sched_delay_p99_ms": "sched delay p99 ms",
+    "request_throughput": "req/s",
+    "goodput_rps": "goodput req/s",
+    "slo_met": "SLO met",
+    "capacity_rps": "capacity req/s",
 }
 METRIC_SHORT = {m: label.removesuffix(" ms").removesuffix("/s") for m, label in METRIC_LABELS.items()}
-KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size")
+KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "rate")
 
 _INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions"}
+_OPTIONAL_FLOATS = {"rate", "burstiness"}  # None where they do not apply
+_TEXT_FIELDS = {"arrival", "slo"}
 _ALL_FIELDS = {f.name: f for f in fields(ResultRow)}
 # Columns every export has had since the first version; the statistics came later.
 REQUIRED = [f.name for f in fields(ResultRow) if f.default is MISSING]
@@ -79,6 +101,15 @@ def _one_line(text: str) -> str:
 
 
 def _parse_value(name: str, value: Any, where: str) -> Any:
+    if name in _OPTIONAL_FLOATS:
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null", "nan")):
+            return None
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{where}: {name} is not a number: {_one_line(value)!r}") from None
+    if name in _TEXT_FIELDS:
+        return "" if value is None else str(value)
     if name == "chunk_size":
         if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
             return None
@@ -230,11 +261,11 @@ def row_key(row: ResultRow) -> tuple:
 
 
 def _group_key(row: ResultRow) -> tuple:
-    return (row.model, row.backend, row.test, row.concurrency)
+    return (row.model, row.backend, row.test, row.concurrency, row.arrival, row.rate)
 
 
 def reference_rows(rows: list[ResultRow], strategy: str) -> list[ResultRow | None]:
-    """Each row's reference: the same model, backend, test and concurrency under `strategy`.
+    """Each row's reference: the same model, backend, test, concurrency and load under `strategy`.
 
     Where the reference strategy ran at several chunk sizes, a row is matched
     to the one with its own chunk size, and has none if it has no chunk size.
@@ -344,7 +375,8 @@ def _values(results: Results, metrics: list[str], relative_to: str | None, noisy
 def _key_label(key: tuple) -> str:
     f = dict(zip(KEY_FIELDS, key))
     strategy = f"{f['strategy']}({f['chunk_size']})" if f["chunk_size"] else f["strategy"]
-    return f"{f['model']} {f['backend']} {strategy} {f['test']} c={f['concurrency']}"
+    load = "" if f["arrival"] in ("closed", "") else f" {f['arrival']}" + (f" {f['rate']:g}/s" if f["rate"] is not None else "")
+    return f"{f['model']} {f['backend']} {strategy} {f['test']} c={f['concurrency']}{load}"
 
 
 def _why_disjoint(base: Results, current: Results) -> str:

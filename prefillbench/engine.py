@@ -1,8 +1,19 @@
 """The engine: feeds a strategy's steps to a backend and records when every token appeared.
 
-Requests enter a closed loop: `concurrency` of them are in flight from the
-start, and each one that finishes is replaced by the next waiting request, so
-fresh prefills keep meeting running decodes.
+Requests enter in one of two ways:
+- closed loop (requests without an arrival time): `concurrency` of them are in
+  flight from the start, and each one that finishes is replaced by the next, so
+  fresh prefills keep meeting running decodes;
+- open loop (every request has `arrival_s`, seconds after the run starts): a
+  request is admitted once it has arrived and fewer than `concurrency` are in
+  flight (0: no cap; later ones queue). When nothing can run before the next
+  arrival the backend waits for it (`Backend.wait_until`: wall time on a real
+  backend, the virtual clock on the sim).
+
+A backend may hold several steps at once (the sim's pipeline stages,
+`Backend.max_steps_in_flight`): a sequence whose step has not come out yet is
+not offered to the strategy again, since its next token does not exist yet.
+A strategy sees only `waiting` and `running`, never arrivals.
 """
 from __future__ import annotations
 
@@ -12,7 +23,7 @@ from dataclasses import dataclass, field
 
 from strategies import Strategy
 
-from .backends.base import Backend, BackendError
+from .backends.base import Backend, BackendError, Launched
 from .sequence import Sequence
 from .step import Step
 from .workloads import Request
@@ -38,6 +49,8 @@ class RequestRecord:
     token_times: list[float]
     tokens: list[int]
     logits: list = field(default_factory=list)
+    #: Start of the first step that carried the request; its scheduling delay is this minus `arrival`.
+    first_scheduled: float | None = None
 
 
 @dataclass
@@ -66,6 +79,16 @@ def _step_record(step: Step, start: float, end: float) -> StepRecord:
     )
 
 
+def _check_arrivals(requests: list[Request]) -> bool:
+    """Whether the run is an open loop; the requests must agree."""
+    timed = [r.arrival_s is not None for r in requests]
+    if any(timed) and not all(timed):
+        raise ValueError("either every request has an arrival time or none has")
+    if all(timed) and min(r.arrival_s for r in requests) < 0:
+        raise ValueError("arrival times cannot be negative")
+    return all(timed)
+
+
 def run(
     backend: Backend,
     strategy: Strategy,
@@ -75,69 +98,88 @@ def run(
     keep_logits: bool = False,
     on_token: Callable[[int], None] | None = None,
 ) -> RunRecord:
-    """Run every request to completion and return what happened, with timestamps."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    pending = deque(requests)
-    if not pending:
+    """Run every request to completion and return what happened, with timestamps.
+
+    `concurrency`: requests in flight (closed loop), or at most in flight (open
+    loop, where 0 means no cap).
+    """
+    reqs = list(requests)
+    if not reqs:
         raise ValueError("a run needs at least one request")
-    longest_prompt = max(len(r.prompt) for r in pending)
-    max_seq_len = max(len(r.prompt) + r.n_gen for r in pending)
+    open_loop = _check_arrivals(reqs)
+    if concurrency < (0 if open_loop else 1):
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    if open_loop:
+        reqs.sort(key=lambda r: r.arrival_s)  # stable: ties keep their order
+    cap = min(concurrency or len(reqs), len(reqs))
+    pending = deque(reqs)
+    longest_prompt = max(len(r.prompt) for r in reqs)
+    max_seq_len = max(len(r.prompt) + r.n_gen for r in reqs)
     if max_seq_len > backend.context_length:
         raise BackendError(
             f"a prompt of {longest_prompt} tokens plus its generation needs {max_seq_len} positions; "
             f"the model's context is {backend.context_length}"
         )
     # Backends with a bounded KV cache (the sim) cap the sequences in flight: the strategies only see those.
-    allowed = backend.max_concurrency(max_seq_len, strategy.max_step_tokens(longest_prompt, min(concurrency, len(pending))))
+    allowed = backend.max_concurrency(max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
     if allowed is not None:
         if allowed < 1:
             raise BackendError(f"not one sequence of {max_seq_len} tokens fits in {backend.label}'s KV cache")
-        if allowed < min(concurrency, len(pending)):
-            backend.note_clamp(concurrency, allowed)
-            concurrency = allowed
-    # Backends that schedule a run themselves (the sim's pipeline parallelism) take over here.
-    record = backend.custom_run(strategy, pending, concurrency, on_token=on_token)
-    if record is not None:
-        return record
-    in_flight = min(concurrency, len(pending))
-    backend.prepare(in_flight, max_seq_len, strategy.max_step_tokens(longest_prompt, in_flight))
+        if allowed < cap:
+            backend.note_clamp(cap, allowed)
+            cap = allowed
+    backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
+    depth = max(1, backend.max_steps_in_flight)
 
     next_id = 0
     live: dict[int, Sequence] = {}
+    in_flight: list[tuple[Step, Launched]] = []  # in launch order
+    busy: set[int] = set()  # sequences inside an in-flight step
     done: list[tuple[int, RequestRecord]] = []
     steps: list[StepRecord] = []
+    logits: dict[int, list] = {}
+    start = backend.now()
+
+    def next_arrival() -> float | None:
+        """When the next queued request may be admitted; None if it may be now or never before a finish."""
+        if not pending or len(live) >= cap or not open_loop:
+            return None
+        return start + pending[0].arrival_s
 
     def admit(now: float) -> None:
         nonlocal next_id
-        while pending and len(live) < concurrency:
+        while pending and len(live) < cap:
+            if open_loop and start + pending[0].arrival_s > now:
+                break
             req = pending.popleft()
-            live[next_id] = Sequence(next_id, req.prompt, req.n_gen, now)
+            arrival = start + req.arrival_s if open_loop else now
+            live[next_id] = Sequence(next_id, req.prompt, req.n_gen, arrival)
             next_id += 1
 
-    start = backend.now()
-    admit(start)
-    logits: dict[int, list] = {}
-    while live:
-        seqs = list(live.values())  # dicts keep admission order: oldest first
-        waiting = [s for s in seqs if not s.prefill_done]
-        running = [s for s in seqs if s.prefill_done]
-        step = strategy.next_step(waiting, running)
-        if not step:
-            raise RuntimeError(f"strategy {strategy.name} produced an empty step with work left")
-        t0 = backend.now()
+    def launch(step: Step) -> None:
         try:
-            result = backend.execute(step, return_logits=keep_logits)
+            launched = backend.launch(step, return_logits=keep_logits)
         except BackendError as e:
             raise StepFailed(f"step {len(steps)} ({step.n_tokens} tokens) failed: {e}") from None
-        t1 = backend.now()
-        steps.append(_step_record(step, t0, t1))
+        steps.append(_step_record(step, launched.start, launched.end))
+        for seq_id in [c.seq_id for c in step.prefills] + [d.seq_id for d in step.decodes]:
+            seq = live[seq_id]
+            if seq.first_scheduled is None:
+                seq.first_scheduled = launched.start
+            busy.add(seq_id)
+        in_flight.append((step, launched))
+
+    def retire(step: Step, launched: Launched) -> None:
+        result = launched.result
         for chunk in step.prefills:
             live[chunk.seq_id].n_prefilled = chunk.end
+            busy.discard(chunk.seq_id)
+        for d in step.decodes:
+            busy.discard(d.seq_id)
         for seq_id, token in result.next_tokens.items():
             seq = live[seq_id]
             seq.generated.append(token)
-            seq.token_times.append(t1)
+            seq.token_times.append(launched.end)
             if keep_logits and result.logits is not None:
                 logits.setdefault(seq_id, []).append(result.logits[seq_id])
         if on_token is not None:
@@ -145,10 +187,31 @@ def run(
         for seq in [s for s in live.values() if s.finished]:
             backend.release(seq.seq_id)
             del live[seq.seq_id]
-            done.append(
-                (seq.seq_id, RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated, logits.pop(seq.seq_id, [])))
-            )
-        admit(t1)
+            done.append((seq.seq_id, RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated,
+                                                   logits.pop(seq.seq_id, []), seq.first_scheduled)))
+
+    while live or pending:
+        now = backend.now()
+        for item in [f for f in in_flight if f[1].end <= now]:
+            in_flight.remove(item)
+            retire(*item)
+        admit(now)
+        if not live and not pending:
+            break
+        ready = [s for s in live.values() if s.seq_id not in busy]  # dicts keep admission order: oldest first
+        if ready and len(in_flight) < depth:
+            step = strategy.next_step([s for s in ready if not s.prefill_done], [s for s in ready if s.prefill_done])
+            if step:
+                launch(step)
+                continue
+        # Nothing to start now: let time pass to the next step out or the next arrival.
+        events = [launched.end for _, launched in in_flight]
+        if (t := next_arrival()) is not None:
+            events.append(t)
+        if not events:
+            raise RuntimeError(f"strategy {strategy.name} produced an empty step with work left")
+        backend.wait_until(min(events), stalled=bool(ready) and len(in_flight) >= depth)
     end = backend.now()
+    backend.end_run()
     done.sort(key=lambda item: item[0])
     return RunRecord(start, end, [record for _, record in done], steps)

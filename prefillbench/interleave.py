@@ -18,10 +18,10 @@ from .bench import BenchConfig, Case, CaseResult, case_result, prepare_case
 
 
 def case_groups(config: BenchConfig) -> list[list[Case]]:
-    """The cases of each test and concurrency, in the order `config.cases()` gives them."""
+    """The cases of each test, concurrency and rate, in the order `config.cases()` gives them."""
     groups: dict[tuple, list[Case]] = {}
     for case in config.cases():
-        groups.setdefault((case.test, case.concurrency), []).append(case)
+        groups.setdefault((case.test, case.concurrency, case.rate), []).append(case)
     return list(groups.values())
 
 
@@ -50,4 +50,4 @@ def run_interleaved(
                 case, strategy, requests, runs = prepared[i]
                 runs.append(engine.run(backend, strategy, requests, case.concurrency, on_token=on_token))
         for case, _, _, runs in prepared:
-            yield case_result(backend, case, runs)
+            yield case_result(backend, case, runs, config)

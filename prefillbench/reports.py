@@ -44,6 +44,35 @@ MD_COLUMNS: list[tuple[str, Callable[[ResultRow], str], bool]] = [
 ]
 
 
+def _rate_label(row: ResultRow) -> str:
+    if row.rate is not None:
+        return f"{row.arrival} {row.rate:g}" + (f" b={row.burstiness:g}" if row.burstiness is not None else "")
+    return row.arrival
+
+
+# An open loop's table: the load and the latencies a serving team reads; token rates stay in the exports.
+OPEN_LOOP_MD_COLUMNS: list[tuple[str, Callable[[ResultRow], str], bool]] = [
+    ("model", lambda r: r.model, False),
+    ("backend", lambda r: r.backend, False),
+    ("strategy", _strategy_label, False),
+    ("test", lambda r: r.test, False),
+    ("arrival req/s", _rate_label, False),
+    ("max c", lambda r: str(r.concurrency) if r.concurrency else "-", True),
+    ("offered/achieved req/s", lambda r: f"{_fmt(r.offered_rps, 2)}/{_fmt(r.achieved_rps, 2)}", True),
+    ("TTFT p50/p99 ms", lambda r: f"{_fmt(r.ttft_p50_ms, 1)}/{_fmt(r.ttft_p99_ms, 1)}", True),
+    ("TBT p50/p99 ms", lambda r: f"{_fmt(r.tbt_p50_ms, 1)}/{_fmt(r.tbt_p99_ms, 1)}", True),
+    ("TPOT p50 ms", lambda r: _fmt(r.tpot_p50_ms, 1), True),
+    ("E2E p50/p99 ms", lambda r: f"{_fmt(r.e2e_p50_ms, 0)}/{_fmt(r.e2e_p99_ms, 0)}", True),
+    ("sched p50 ms", lambda r: _fmt(r.sched_delay_p50_ms, 1), True),
+]
+
+
+def goodput_cell(row: ResultRow) -> str:
+    if math.isnan(row.goodput_rps):
+        return "-"
+    return f"{row.goodput_rps:.2f} ({100 * row.slo_met:.0f}%)"
+
+
 def cv_cell(row: ResultRow, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
     """The row's worst CV across repetitions, in percent, marked noisy above the threshold."""
     cv = row.cv
@@ -66,7 +95,11 @@ def md_table(columns: list[tuple[str, Callable[[Any], str], bool]], items: list[
 
 
 def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV) -> str:
-    columns = MD_COLUMNS + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
+    columns = OPEN_LOOP_MD_COLUMNS if any(r.arrival not in ("closed", "") for r in rows) else MD_COLUMNS
+    slos = sorted({r.slo for r in rows if r.slo})
+    if slos:
+        columns = columns + [(f"goodput req/s (met {' | '.join(slos)})", goodput_cell, True)]
+    columns = columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
     return md_table(columns, rows)
 
 

@@ -13,6 +13,7 @@ class Sequence:
     n_prefilled: int = 0
     generated: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
+    first_scheduled: float | None = None  # start of the first step that carried it
 
     @property
     def prompt_len(self) -> int:

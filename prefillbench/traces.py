@@ -6,8 +6,10 @@ so `plot` can draw TTFT and TBT distributions from the raw timings rather
 than from the percentiles in the results.
 
 Each line: the case (model, backend, strategy, test, n_prompt, n_gen,
-concurrency, chunk_size), `repetition` and `request` (0-based), `prompt_len`,
-and `arrival` and `token_times` in seconds from the start of that repetition.
+concurrency, chunk_size, rate: the open loop's requests/s or null), `repetition`
+and `request` (0-based), `prompt_len`, and `arrival`, `token_times` and
+`first_scheduled` (the start of the first step that carried it) in seconds from
+the start of that repetition.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ def trace_records(results) -> list[dict[str, Any]]:
             "n_gen": row.n_gen,
             "concurrency": row.concurrency,
             "chunk_size": row.chunk_size,
+            "rate": row.rate,
         }
         for rep, run in enumerate(result.runs):
             for i, req in enumerate(run.requests):
@@ -54,6 +57,7 @@ def trace_records(results) -> list[dict[str, Any]]:
                         "prompt_len": req.prompt_len,
                         "arrival": round(req.arrival - run.start, 7),
                         "token_times": [round(t - run.start, 7) for t in req.token_times],
+                        "first_scheduled": None if req.first_scheduled is None else round(req.first_scheduled - run.start, 7),
                     }
                 )
     return records

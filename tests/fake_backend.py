@@ -37,3 +37,6 @@ class FakeBackend(Backend):
 
     def now(self):
         return self.clock
+
+    def wait_until(self, t, *, stalled=False):
+        self.clock = max(self.clock, t)

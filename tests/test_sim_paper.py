@@ -9,9 +9,9 @@ import math
 
 import pytest
 
+from prefillbench import engine
 from prefillbench.sim.cost import Batch, CostModel
 from prefillbench.sim.paper import compare, workload
-from prefillbench.sim.pipeline import run_pipeline
 from prefillbench.sim.specs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim_backend import SimBackend
 from prefillbench.workloads import make_requests
@@ -103,7 +103,8 @@ def gpt3_pipeline():
     for name in ("sequential", "chunked"):
         backend = SimBackend(load_model_spec("gpt3-175b"), load_gpu_spec("a100-sxm"), tp=8, pp=8)
         requests = make_requests(test, 240, backend.vocab_size, seed=1)
-        record, stats = run_pipeline(backend, make_strategy(name, 256), requests, 48)
+        record = engine.run(backend, make_strategy(name, 256), requests, 48)
+        stats = backend.pipeline_stats
         out[name] = (len(record.requests) * test.tokens_per_request / record.wall, stats)
     return out
 

@@ -1,11 +1,10 @@
-"""The pipeline driver: micro-batches in flight, sequences never in two at once, bubbles and busy stages."""
+"""The pipeline, driven by the engine: micro-batches in flight, sequences never in two at once, bubbles and busy stages."""
 from __future__ import annotations
 
 import pytest
 
 from prefillbench import engine
 from prefillbench.backends.sim_backend import SimBackend
-from prefillbench.sim.pipeline import run_pipeline
 from prefillbench.workloads import TestSpec, make_requests
 from strategies import make_strategy
 
@@ -31,7 +30,8 @@ def test_a_sequence_is_never_in_two_micro_batches_at_once(name):
     backend = SimBackend.load("llama-13b", "a100", tp=2, pp=4)
     strategy = Recording(make_strategy(name, 128))
     requests = make_requests(TestSpec(300, 12), 24, backend.vocab_size, seed=0)
-    record, stats = run_pipeline(backend, strategy, requests, 12)
+    record = engine.run(backend, strategy, requests, 12)
+    stats = backend.pipeline_stats
     assert len(record.requests) == 24 and all(len(r.tokens) == 12 for r in record.requests)
     spans = [(s.start, s.end) for s in record.steps]
     assert len(spans) == len(strategy.seq_ids)
@@ -58,5 +58,6 @@ def test_uniform_micro_batches_keep_every_stage_busy():
     # Decode-only micro-batches of equal size: after the fill, no stage waits.
     backend = SimBackend.load("llama-13b", "a100", pp=4)
     requests = make_requests(TestSpec(1, 64), 16, backend.vocab_size, seed=0)
-    record, stats = run_pipeline(backend, make_strategy("sequential"), requests, 16)
+    record = engine.run(backend, make_strategy("sequential"), requests, 16)
+    stats = backend.pipeline_stats
     assert min(stats["stage_busy_fraction"]) > 0.8

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 from prefillbench.step import Step, StepResult
@@ -10,6 +11,15 @@ from prefillbench.step import Step, StepResult
 
 class BackendError(RuntimeError):
     """A problem the user can fix (bad model, too small a context, ...): one line, no traceback."""
+
+
+@dataclass
+class Launched:
+    """A step handed to a backend: when it started and when its tokens exist (its result)."""
+
+    start: float
+    end: float
+    result: StepResult
 
 
 class Backend(ABC):
@@ -42,9 +52,32 @@ class Backend(ABC):
     def note_clamp(self, asked: int, allowed: int) -> None:
         """Told when the engine runs fewer sequences at once than asked, because of `max_concurrency`."""
 
-    def custom_run(self, strategy, requests, concurrency: int, *, on_token=None):
-        """A backend that must schedule a whole run itself returns its RunRecord; None: the engine's loop."""
-        return None
+    #: How many steps may be in flight at once (pipeline stages); the engine never puts a sequence in two.
+    max_steps_in_flight: int = 1
+
+    def launch(self, step: Step, return_logits: bool = False) -> Launched:
+        """Start `step`; return when the backend can take the next one.
+
+        A backend that runs one step at a time finishes it here; a pipelined one
+        (the sim's --pp) returns once its first stage is free, with the time the
+        step's tokens come out of the last stage as `end`.
+        """
+        start = self.now()
+        result = self.execute(step, return_logits=return_logits)
+        return Launched(start, self.now(), result)
+
+    def wait_until(self, t: float, *, stalled: bool = False) -> None:
+        """Let the run's clock reach `t`: sleep on a real backend, move the virtual clock on the sim.
+
+        `stalled`: sequences were ready but the backend could take no more steps
+        (the sim charges that idle time to its pipeline bubbles).
+        """
+        delay = t - self.now()
+        if delay > 0:
+            time.sleep(delay)
+
+    def end_run(self) -> None:
+        """Told when a run's last token is out."""
 
     def synchronize(self) -> None:
         """Wait until the device has finished all queued work."""

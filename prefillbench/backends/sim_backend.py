@@ -13,10 +13,11 @@ from typing import Any, TextIO
 
 from prefillbench.sim.calibration import calibration_specs, load_calibration
 from prefillbench.sim.cost import Batch, CostModel, StepCost
+from prefillbench.sim.pipeline import Pipeline
 from prefillbench.sim.specs import GiB, GPUSpec, ModelSpec, load_gpu_spec, load_model_spec
 from prefillbench.step import Step, StepResult
 
-from .base import Backend, BackendError
+from .base import Backend, BackendError, Launched
 
 
 class SimBackend(Backend):
@@ -33,6 +34,7 @@ class SimBackend(Backend):
         self.cost.check_fits()
         self._kv_capacity = self.cost.kv_capacity_tokens()
         self.tp, self.pp = tp, pp
+        self.max_steps_in_flight = pp
         self.calibrated = calibration is not None
         self.calibration_path = calibration_path
         n = tp * pp
@@ -49,7 +51,8 @@ class SimBackend(Backend):
         self.n_runs = 0  # prepare() calls: one per engine run, warm-ups included
         self._seq_tokens: dict[int, int] = {}  # cache positions each live sequence holds
         self.clamped: list[tuple[int, int]] = []  # (asked, allowed) concurrencies
-        self.pipeline_stats: dict[str, Any] | None = None
+        self.pipeline: Pipeline | None = None  # the current run's stage timelines, with --pp > 1
+        self.pipeline_stats: dict[str, Any] | None = None  # the last finished run's
         self._trace_path = Path(trace) if trace else None
         self._trace: TextIO | None = None
 
@@ -84,10 +87,16 @@ class SimBackend(Backend):
             )
         self._seq_tokens.clear()
         self.n_runs += 1
+        self.pipeline = Pipeline(self.pp, self.clock) if self.pp > 1 else None
 
     # ---- the clock ----------------------------------------------------------------
     def now(self) -> float:
         return self.clock
+
+    def wait_until(self, t: float, *, stalled: bool = False) -> None:
+        if stalled and self.pipeline is not None:
+            self.pipeline.stall(self.clock)
+        self.clock = max(self.clock, t)
 
     def step_cost(self, step: Step) -> StepCost:
         return self.cost.step_cost(Batch.from_step(step))
@@ -123,18 +132,28 @@ class SimBackend(Backend):
         self._seq_tokens.pop(seq_id, None)
 
     # ---- the pipeline --------------------------------------------------------------
-    def custom_run(self, strategy, requests, concurrency: int, *, on_token=None):
-        """With --pp > 1 the engine hands the run to the pipeline driver; None: run as usual."""
-        if self.pp == 1:
-            return None
-        from prefillbench.sim.pipeline import run_pipeline
+    def launch(self, step: Step, return_logits: bool = False) -> Launched:
+        """With --pp > 1 the step enters the stage queues; the clock moves to when stage 0 is free again."""
+        if self.pipeline is None:
+            return super().launch(step, return_logits)
+        if return_logits:
+            raise BackendError("the sim backend has no logits: it never runs the model")
+        cost = self.step_cost(step)
+        t0 = max(self.clock, self.pipeline.stage_free[0])
+        mb = self.pipeline.launch(step, t0, cost)
+        self.trace_step(step, t0, cost, stage_starts=mb.starts, stage_ends=mb.ends, bubble_s=mb.bubble)
+        self.n_steps += 1
+        self.clock = self.pipeline.stage_free[0]
+        return Launched(t0, mb.exit, StepResult(self.placeholder_tokens(step)))
 
-        record, stats = run_pipeline(self, strategy, list(requests), concurrency, on_token=on_token)
-        self.pipeline_stats = stats
+    def end_run(self) -> None:
+        if self.pipeline is None:
+            return
+        self.clock = max(self.clock, self.pipeline.end)
+        stats = self.pipeline_stats = self.pipeline.stats()
         busy = " ".join(f"{b:.0%}" for b in stats["stage_busy_fraction"])
-        print(f"prefillbench: sim pipeline {strategy.name} c={concurrency}: {stats['micro_batches']} micro-batches, median "
-              f"bubble {stats['median_bubble_per_request_s'] * 1e3:.1f} ms per request, stage busy {busy}", file=sys.stderr)
-        return record
+        print(f"prefillbench: sim pipeline: {stats['micro_batches']} micro-batches, median bubble "
+              f"{stats['median_bubble_per_request_s'] * 1e3:.1f} ms per request, stage busy {busy}", file=sys.stderr)
 
     # ---- trace -------------------------------------------------------------------------
     def trace_step(self, step: Step, start: float, cost: StepCost, **extra: Any) -> None:

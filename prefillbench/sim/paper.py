@@ -102,15 +102,14 @@ def table2(gpu_overrides: dict | None = None) -> dict[str, float]:
 def gpt3_pipeline(seq_len: int = 1024, pd_ratio: float = 50, per_micro_batch: int = 6, requests_per_slot: int = 5):
     from strategies import make_strategy as _make
 
-    from .pipeline import run_pipeline
-
     test = workload(seq_len, pd_ratio)
     conc = 8 * per_micro_batch
     out = {}
     for name in ("sequential", "chunked"):
         backend = SimBackend(load_model_spec("gpt3-175b"), load_gpu_spec("a100-sxm"), tp=8, pp=8)
         reqs = make_requests(test, conc * requests_per_slot, backend.vocab_size, seed=1)
-        record, stats = run_pipeline(backend, _make(name, 256), reqs, conc)
+        record = engine.run(backend, _make(name, 256), reqs, conc)
+        stats = backend.pipeline_stats
         out[name] = (throughput(record, test), stats)
     return {
         "bubble_ratio": out["sequential"][1]["median_bubble_per_request_s"] / out["chunked"][1]["median_bubble_per_request_s"],
