@@ -17,23 +17,26 @@ import numpy as np
 
 PROMPT_LENGTHS = (13, 7, 24, 1)  # different lengths in one run, one a single token
 N_GEN = 5
-#: (strategy, chunk size, concurrency, requests): every strategy, chunks that do and do not
-#: divide the prompts, and a closed loop with more requests than sequences in flight.
+#: (strategy, chunk size, concurrency, requests, seconds between arrivals or None): every strategy,
+#: chunks that do and do not divide the prompts, a closed loop with more requests than sequences
+#: in flight, and an open loop (arrivals on the clock; 0: no cap on the sequences in flight).
 CASES = [
-    ("sequential", 256, 2, 4),
-    ("padded", 256, 4, 4),
-    ("chunked", 4, 4, 4),
-    ("chunked", 5, 3, 4),
-    ("chunked", 32, 2, 4),
-    ("chunked", 5, 3, 7),
+    ("sequential", 256, 2, 4, None),
+    ("padded", 256, 4, 4, None),
+    ("chunked", 4, 4, 4, None),
+    ("chunked", 5, 3, 4, None),
+    ("chunked", 32, 2, 4, None),
+    ("chunked", 5, 3, 7, None),
+    ("chunked", 5, 0, 4, 0.02),
 ]
 
 
-def make_requests(n: int, seed: int = 1):
+def make_requests(n: int, seed: int = 1, arrival_gap_s: float | None = None):
     from prefillbench.workloads import Request
 
     rng = np.random.default_rng(seed)
-    return [Request(tuple(int(t) for t in rng.integers(0, 512, size=PROMPT_LENGTHS[i % 4])), N_GEN) for i in range(n)]
+    return [Request(tuple(int(t) for t in rng.integers(0, 512, size=PROMPT_LENGTHS[i % 4])), N_GEN,
+                    None if arrival_gap_s is None else i * arrival_gap_s) for i in range(n)]
 
 
 def run_cases(backend) -> list[dict]:
@@ -42,10 +45,12 @@ def run_cases(backend) -> list[dict]:
     from strategies import make_strategy
 
     out = []
-    for strategy, chunk, concurrency, n in CASES:
-        record = engine.run(backend, make_strategy(strategy, chunk), make_requests(n), concurrency, keep_logits=True)
+    for strategy, chunk, concurrency, n, gap in CASES:
+        record = engine.run(backend, make_strategy(strategy, chunk), make_requests(n, arrival_gap_s=gap), concurrency,
+                            keep_logits=True)
         out.append({
             "requests": [(r.tokens, np.stack(r.logits)) for r in record.requests],
+            "token_times": [r.token_times for r in record.requests],
             "steps": [(s.prefill_chunks, s.decode_contexts) for s in record.steps],
         })
     return out

@@ -10,6 +10,7 @@ records.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,22 @@ class TensorParallel:
         import torch.distributed as dist
 
         dist.barrier()
+
+    def clock(self) -> float:
+        """Rank 0's clock, read once every rank has reached this point, the same on every rank.
+
+        The engine decides from the clock (which open-loop arrivals to admit,
+        how long to wait): one reading shared by all ranks keeps their
+        decisions, and so their steps and collectives, identical. Clocks of
+        different nodes do not share an origin, so no rank's own is used.
+        """
+        import torch
+        import torch.distributed as dist
+
+        self.barrier()
+        reading = torch.tensor([time.perf_counter() if self.rank == 0 else 0.0], dtype=torch.float64, device=self.device)
+        dist.broadcast(reading, src=0)
+        return float(reading.item())
 
     def metadata(self) -> dict[str, Any]:
         return {

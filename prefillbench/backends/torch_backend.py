@@ -253,11 +253,13 @@ class TorchBackend(Backend):
     def synchronize(self) -> None:
         if self.torch_device.type == "cuda":
             torch.cuda.synchronize(self.torch_device)
-        if self.parallel:
-            # Every rank waits for the slowest, so a step's timestamps are the slowest rank's.
-            self.parallel.barrier()
-            if self.torch_device.type == "cuda":
-                torch.cuda.synchronize(self.torch_device)
+
+    def now(self) -> float:
+        if not self.parallel:
+            return super().now()
+        # After this rank's device is idle, every rank waits for the slowest and reads rank 0's clock.
+        self.synchronize()
+        return self.parallel.clock()
 
     def _layout(self, step: Step, packed: PackedStep) -> StepLayout:
         dev = self.torch_device
