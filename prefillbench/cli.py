@@ -1,108 +1,310 @@
-"""prefillbench's command line, in llama-bench's conventions."""
+"""prefillbench's command line (Typer), in llama-bench's conventions.
+
+Short flags as llama-bench spells them (-p, -n, -c, -r, -s, -t, -ngl, -o), and list flags take
+comma lists, repeated flags, or both (`-p 128,512 -p 1024`). Each option is declared once, as an
+Annotated alias in its help panel's block below; a command lists the aliases it takes, and `run`
+hands every option on to `cmd_run` under its parameter name. Adding a flag to `run` is therefore:
+one alias here, one parameter in `run`, and its use where it matters.
+"""
 from __future__ import annotations
 
-import argparse
 import datetime as dt
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Annotated, Any, Literal, Optional
+
+import typer
 
 from strategies import STRATEGIES
 
-from . import compare, interleave, plots, reports, traces
+from . import __version__, compare, interleave, plots, reports, traces
 from .backends import BACKEND_CHOICES, load_backend
 from .backends.base import BackendError
 from .bench import BenchConfig, CaseResult, run_case, verify
 from .meta import run_metadata
-from .sim.cli import add_calibrate_parser, add_sim_arguments, cmd_calibrate, sim_options
+from .sim.cli import Calibration, PipelineStages, SimGpu, SimModel, TensorParallel, Trace, calibrate, sim_options
 from .workloads import make_tests
+
+MODEL_PANEL, TESTS_PANEL, OUTPUT_PANEL = "model and backend", "tests", "output"
 
 
 class UsageError(Exception):
     """Bad input on the command line: one line to stderr, exit 2."""
 
 
-def int_list(text: str) -> list[int]:
+# ---------------------------------------------------------------- value parsers
+# List options arrive as one string per use of the flag; these callbacks turn them into values
+# and raise typer.BadParameter, which names the flag in its one-line message.
+
+
+def _split(texts: list[str] | None) -> list[str]:
+    return [v.strip() for text in texts or [] for v in text.split(",") if v.strip()]
+
+
+def int_list(texts: list[str] | None) -> list[int] | None:
+    """Comma lists and repeated flags, flattened: ["128,512", "1024"] -> [128, 512, 1024]; None when not given."""
+    if not texts:
+        return None
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in _split(texts)]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}") from None
+        values = []
+    if not values:
+        raise typer.BadParameter(f"expected a comma-separated list of integers, got {','.join(texts)!r}")
+    return values
 
 
-def pp_tg_pair(text: str) -> tuple[int, int]:
-    values = int_list(text)
-    if len(values) != 2 or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected PP,TG with both above 0, got {text!r}")
-    return values[0], values[1]
+def str_list(texts: list[str] | None) -> list[str] | None:
+    if not texts:
+        return None
+    if not _split(texts):
+        raise typer.BadParameter(f"expected a comma-separated list of names, got {','.join(texts)!r}")
+    return _split(texts)
 
 
-def str_list(text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
+def pp_tg_pairs(texts: list[str] | None) -> list[tuple[int, int]]:
+    pairs = []
+    for text in texts or []:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            values = []
+        if len(values) != 2 or min(values) < 1:
+            raise typer.BadParameter(f"expected PP,TG with both above 0, got {text!r}")
+        pairs.append((values[0], values[1]))
+    return pairs
 
 
-def _flatten(lists):
-    return [v for values in lists for v in values]
+def percent(text: str | float) -> float:
+    try:
+        value = float(str(text).strip().rstrip("%"))
+    except ValueError:
+        raise typer.BadParameter(f"expected a percentage such as 10 or 10%, got {text!r}") from None
+    if value < 0 or value != value:
+        raise typer.BadParameter(f"expected a percentage of at least 0, got {text!r}")
+    return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prefillbench", description="Measure how LLM engines should schedule prefill against decode.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the benchmark and print a table")
-    model = run.add_argument_group("model and backend")
-    model.add_argument("-m", "--model", help="checkpoint folder, hub id or .gguf file (default: the shipped SmolLM2-135M-Instruct Q4_1)")
-    model.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="auto: torch with CUDA, else gguf (default: auto)")
-    model.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help="torch device (default: auto)")
-    model.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="torch dtype (default: float32)")
-    model.add_argument("-t", "--threads", type=int, help="CPU threads (default: the library's choice)")
-    model.add_argument("-ngl", "--n-gpu-layers", type=int, default=None, help="gguf: layers to offload to the GPU")
-    model.add_argument("--ubatch", type=int, default=None, help="gguf: llama.cpp n_ubatch")
-    add_sim_arguments(run.add_argument_group("sim backend (--backend sim)"))
-    tests = run.add_argument_group("tests")
-    tests.add_argument("-p", "--n-prompt", type=int_list, action="append", help="prompt lengths for pp tests (default: 512)")
-    tests.add_argument("-n", "--n-gen", type=int_list, action="append", help="generation lengths for tg tests (default: 128)")
-    tests.add_argument("--pg", type=pp_tg_pair, action="append", default=[], metavar="PP,TG", help="combined prompt+generation test (repeatable)")
-    tests.add_argument("-c", "--concurrency", type=int_list, action="append", help="requests in flight (default: 1,2,4)")
-    tests.add_argument("-s", "--strategy", type=str_list, action="append", help=f"strategies (default: {','.join(STRATEGIES)})")
-    tests.add_argument("--chunk-size", type=int_list, action="append", help="chunked prefill chunk sizes (default: 256)")
-    tests.add_argument("-r", "--repetitions", type=int, default=3, help="timed repetitions after a warm-up (default: 3)")
-    tests.add_argument("--requests", type=int, default=None, help="requests per test, closed loop (default: the concurrency)")
-    tests.add_argument("--seed", type=int, default=42, help="seed of the random prompts (default: 42)")
-    tests.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed warm-up run")
-    tests.add_argument("--interleave", action="store_true",
-                       help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")
-    out = run.add_argument_group("output")
-    out.add_argument("-o", "--output", choices=reports.FORMATS, default="md", help="format on stdout (default: md)")
-    out.add_argument("--export", help="also write every field and the run metadata here (.csv, .json, .jsonl, .md); "
-                     "a .json/.jsonl export gets its per-request trace beside it as <name>.requests.jsonl")
-    out.add_argument("--export-requests", metavar="FILE.jsonl", help="write each request's arrival and token times here (for plot)")
-    out.add_argument("--relative-to", metavar="STRATEGY", help="show each row's ratios to this strategy's row of the same test and concurrency")
-    out.add_argument("--noisy-cv", type=compare.percent, default=10.0, metavar="PCT",
-                     help="mark rows whose CV across repetitions exceeds this percentage as noisy (default: 10)")
-    out.add_argument("--results-dir", default="results", help="where each run writes <timestamp>.csv (default: results)")
-    out.add_argument("--no-results-file", dest="results_file", action="store_false", help="do not write results/<timestamp>.csv")
-    out.add_argument("--verify", action="store_true", help="check that all strategies produce the same greedy tokens")
-    out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
-    add_calibrate_parser(sub)
-    compare.add_arguments(sub.add_parser("compare", help="compare two exported runs; exit 1 on a regression beyond --threshold"))
-    plots.add_arguments(sub.add_parser("plot", help="write PNG charts from exported results and per-request traces"))
-    return parser
+def metric_list(texts: list[str] | None) -> list[str]:
+    names = _split(texts)
+    for n in names:
+        if n not in compare.METRICS:
+            raise typer.BadParameter(f"unknown metric {n!r}; choose from {', '.join(compare.METRICS)}")
+    return list(dict.fromkeys(names)) or list(compare.DEFAULT_METRICS)
 
 
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    n_prompt = _flatten(args.n_prompt) if args.n_prompt else [512]
-    n_gen = _flatten(args.n_gen) if args.n_gen else [128]
-    strategies = _flatten(args.strategy) if args.strategy else list(STRATEGIES)
+def _option(*names: str, panel: str | None = None, **kwargs: Any) -> Any:
+    return typer.Option(*names, rich_help_panel=panel, **kwargs)
+
+
+def _flag(name: str, panel: str | None = None, **kwargs: Any) -> Any:
+    """An on/off flag, off unless given: `--no-warmup` is the parameter no_warmup=True."""
+    return typer.Option(name, rich_help_panel=panel, metavar="", show_default=False, **kwargs)
+
+
+# ---------------------------------------------------------------- options, by help panel
+# model and backend
+Model = Annotated[Optional[str], _option(
+    "-m", "--model", panel=MODEL_PANEL,
+    help="checkpoint folder, hub id or .gguf file (default: the shipped SmolLM2-135M-Instruct Q4_1)")]
+BackendName = Annotated[Literal[BACKEND_CHOICES], _option(
+    "--backend", panel=MODEL_PANEL, help="auto: torch with CUDA, else gguf")]
+Device = Annotated[Literal["auto", "cuda", "cpu"], _option("--device", panel=MODEL_PANEL, help="torch device")]
+DType = Annotated[Literal["float32", "bfloat16", "float16"], _option("--dtype", panel=MODEL_PANEL, help="torch dtype")]
+Threads = Annotated[Optional[int], _option("-t", "--threads", panel=MODEL_PANEL, help="CPU threads (default: the library's choice)")]
+GpuLayers = Annotated[Optional[int], _option("-ngl", "--n-gpu-layers", panel=MODEL_PANEL, help="gguf: layers to offload to the GPU")]
+UBatch = Annotated[Optional[int], _option("--ubatch", panel=MODEL_PANEL, help="gguf: llama.cpp n_ubatch")]
+
+# tests
+NPrompt = Annotated[Optional[list[str]], _option(
+    "-p", "--n-prompt", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
+    help="prompt lengths for pp tests (default: 512)")]
+NGen = Annotated[Optional[list[str]], _option(
+    "-n", "--n-gen", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
+    help="generation lengths for tg tests (default: 128)")]
+PromptGen = Annotated[Optional[list[str]], _option(
+    "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
+    help="combined prompt+generation test (repeatable)")]
+Concurrency = Annotated[Optional[list[str]], _option(
+    "-c", "--concurrency", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
+    help="requests in flight (default: 1,2,4)")]
+Strategy = Annotated[Optional[list[str]], _option(
+    "-s", "--strategy", panel=TESTS_PANEL, callback=str_list, metavar="NAME[,NAME]",
+    help=f"strategies (default: {','.join(STRATEGIES)})")]
+ChunkSize = Annotated[Optional[list[str]], _option(
+    "--chunk-size", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
+    help="chunked prefill chunk sizes (default: 256)")]
+Repetitions = Annotated[int, _option("-r", "--repetitions", panel=TESTS_PANEL, help="timed repetitions after a warm-up")]
+Requests = Annotated[Optional[int], _option(
+    "--requests", panel=TESTS_PANEL, help="requests per test, closed loop (default: the concurrency)")]
+Seed = Annotated[int, _option("--seed", panel=TESTS_PANEL, help="seed of the random prompts")]
+NoWarmup = Annotated[bool, _flag("--no-warmup", TESTS_PANEL, help="skip the untimed warm-up run")]
+Interleave = Annotated[bool, _flag(
+    "--interleave", TESTS_PANEL,
+    help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")]
+
+# output
+Output = Annotated[Literal[reports.FORMATS], _option("-o", "--output", panel=OUTPUT_PANEL, help="format on stdout")]
+Export = Annotated[Optional[str], _option(
+    "--export", panel=OUTPUT_PANEL, metavar="FILE",
+    help="also write every field and the run metadata here (.csv, .json, .jsonl, .md); "
+    "a .json/.jsonl export gets its per-request trace beside it as <name>.requests.jsonl")]
+ExportRequests = Annotated[Optional[str], _option(
+    "--export-requests", panel=OUTPUT_PANEL, metavar="FILE.jsonl",
+    help="write each request's arrival and token times here (for plot)")]
+RelativeTo = Annotated[Optional[str], _option(
+    "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY",
+    help="show each row's ratios to this strategy's row of the same test and concurrency")]
+NoisyCV = Annotated[float, _option(
+    "--noisy-cv", panel=OUTPUT_PANEL, parser=percent, metavar="PCT",
+    help="mark rows whose CV across repetitions exceeds this percentage as noisy")]
+ResultsDir = Annotated[str, _option("--results-dir", panel=OUTPUT_PANEL, help="where each run writes <timestamp>.csv")]
+NoResultsFile = Annotated[bool, _flag("--no-results-file", OUTPUT_PANEL, help="do not write results/<timestamp>.csv")]
+Verify = Annotated[bool, _flag("--verify", OUTPUT_PANEL, help="check that all strategies produce the same greedy tokens")]
+NoProgress = Annotated[bool, _flag("--no-progress", OUTPUT_PANEL, help="no progress bar on stderr")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"prefillbench {__version__}")
+        raise typer.Exit()
+
+
+app = typer.Typer(
+    name="prefillbench",
+    help="Measure how LLM engines should schedule prefill against decode.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, _flag("--version", is_eager=True, callback=_version, help="print the version and exit")] = False,
+) -> None:
+    pass
+
+
+def command(name: str, help: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Register a command; whatever module raises the bad-input error, it ends in one line and exit 2."""
+
+    def register(fn: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> int:
+            try:
+                return fn(*args, **kwargs)
+            except (UsageError, BackendError, ValueError) as e:
+                return fail(e)
+            except KeyboardInterrupt:
+                print("prefillbench: interrupted", file=sys.stderr)
+                return 130
+
+        app.command(name, help=help)(guarded)
+        return fn
+
+    return register
+
+
+def fail(error: Exception | str) -> int:
+    print(f"prefillbench: error: {' '.join(str(error).split())}", file=sys.stderr)
+    return 2
+
+
+# ---------------------------------------------------------------- commands
+
+
+@command("run", help="run the benchmark and print a table")
+def run(
+    model: Model = None,
+    backend: BackendName = "auto",
+    device: Device = "auto",
+    dtype: DType = "float32",
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = None,
+    ubatch: UBatch = None,
+    sim_model: SimModel = None,
+    sim_gpu: SimGpu = None,
+    tp: TensorParallel = 1,
+    pp: PipelineStages = 1,
+    calibration: Calibration = None,
+    trace: Trace = None,
+    n_prompt: NPrompt = None,
+    n_gen: NGen = None,
+    pg: PromptGen = None,
+    concurrency: Concurrency = None,
+    strategy: Strategy = None,
+    chunk_size: ChunkSize = None,
+    repetitions: Repetitions = 3,
+    requests: Requests = None,
+    seed: Seed = 42,
+    no_warmup: NoWarmup = False,
+    interleave: Interleave = False,
+    output: Output = "md",
+    export: Export = None,
+    export_requests: ExportRequests = None,
+    relative_to: RelativeTo = None,
+    noisy_cv: NoisyCV = 10.0,
+    results_dir: ResultsDir = "results",
+    no_results_file: NoResultsFile = False,
+    verify: Verify = False,
+    no_progress: NoProgress = False,
+) -> int:
+    # Every option reaches cmd_run under its parameter name.
+    return cmd_run(SimpleNamespace(**locals()))
+
+
+@command("compare", help="compare two exported runs; exit 1 on a regression beyond --threshold")
+def compare_command(
+    base: Annotated[str, typer.Argument(metavar="BASE", help="the reference export (.csv, .json or .jsonl)", show_default=False)],
+    current: Annotated[str, typer.Argument(metavar="CURRENT", help="the export to check against it", show_default=False)],
+    metric: Annotated[Optional[list[str]], typer.Option(
+        "--metric", callback=metric_list, metavar="NAME[,NAME]",
+        help=f"metrics to compare and gate, repeatable: {', '.join(compare.METRICS)} (default: throughput)")] = None,
+    threshold: Annotated[float, typer.Option(
+        parser=percent, metavar="PCT", help="exit 1 when a row is worse by more than this percentage")] = compare.DEFAULT_THRESHOLD,
+    relative_to: Annotated[Optional[str], typer.Option(
+        metavar="STRATEGY", help="compare each row's ratio to this strategy's row of the same file (e.g. sequential)")] = None,
+    noisy_cv: Annotated[float, typer.Option(
+        parser=percent, metavar="PCT", help="mark rows whose CV across repetitions exceeds this")] = 100 * compare.DEFAULT_NOISY_CV,
+    output: Annotated[Literal["md", "csv", "json", "jsonl"], typer.Option("-o", "--output", help="format on stdout")] = "md",
+) -> int:
+    return compare.cmd_compare(SimpleNamespace(**locals()))
+
+
+@command("plot", help="write PNG charts from exported results and per-request traces")
+def plot_command(
+    files: Annotated[list[str], typer.Argument(
+        metavar="FILE...", show_default=False,
+        help="result exports (.csv, .json, .jsonl) and per-request traces (.requests.jsonl); X.requests.jsonl beside X.json[l] is read too")],
+    out: Annotated[str, typer.Option(metavar="DIR", help="where the PNG files go")] = plots.DEFAULT_OUT,
+) -> int:
+    return plots.cmd_plot(SimpleNamespace(**locals()))
+
+
+command("calibrate", help="fit the sim's attainable fractions and step overhead to a real backend")(calibrate)
+
+
+# ---------------------------------------------------------------- run
+
+
+def config_from_args(args: Any) -> BenchConfig:
+    strategies = args.strategy or list(STRATEGIES)
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise UsageError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
     config = BenchConfig(
-        tests=make_tests(n_prompt, n_gen, args.pg),
+        tests=make_tests(args.n_prompt or [512], args.n_gen or [128], args.pg or []),
         strategies=list(dict.fromkeys(strategies)),
-        concurrency=_flatten(args.concurrency) if args.concurrency else [1, 2, 4],
-        chunk_sizes=_flatten(args.chunk_size) if args.chunk_size else [256],
+        concurrency=args.concurrency or [1, 2, 4],
+        chunk_sizes=args.chunk_size or [256],
         repetitions=args.repetitions,
         requests=args.requests,
         seed=args.seed,
-        warmup=args.warmup,
+        warmup=not args.no_warmup,
     )
     try:
         config.validate()
@@ -122,7 +324,7 @@ def _progress(enabled: bool):
     )
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: Any) -> int:
     config = config_from_args(args)
     if args.export:
         try:
@@ -134,6 +336,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     trace_path = args.export_requests or (traces.trace_path_for(args.export) if args.export else None)
     if args.export_requests and not args.export_requests.endswith((".jsonl", ".ndjson")):
         raise UsageError(f"--export-requests writes JSON lines: use a .jsonl name, not {args.export_requests}")
+    results_path = None if args.no_results_file else Path(args.results_dir) / f"{dt.datetime.now():%Y%m%d-%H%M%S}.csv"
+    for path in (args.export, trace_path, results_path):
+        if path:
+            reports.check_writable(path)
     options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch)) if v is not None}
     options.update(sim_options(args))
     backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)
@@ -145,7 +351,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     results: list[CaseResult] = []
     interrupted = False
     failure: BackendError | None = None
-    progress = _progress(args.progress)
+    progress = _progress(not args.no_progress)
     with progress:
         task = progress.add_task("", total=config.tokens_to_emit())
         try:
@@ -163,6 +369,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             # A step that fails (llama.cpp out of KV space, ...) ends the run, not the rows before it.
             failure = e
     rows = [r.row for r in results]
+    write_failure = None
     meta = run_metadata(backend.metadata())
     meta.update(model_path=args.model or "default", backend_name=backend.name, device=backend.device)
     if rows:
@@ -171,20 +378,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(reports.render(args.output, rows, meta, args.noisy_cv / 100))
         sys.stdout.flush()
-        if args.export:
-            reports.export(args.export, rows, meta)
-        if trace_path:
-            traces.export_traces(trace_path, results)
-        if args.results_file:
-            stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-            path = Path(args.results_dir) / f"{stamp}.csv"
-            reports.export(path, rows, meta)
-            print(f"prefillbench: wrote {path}", file=sys.stderr)
+        write_failure = write_outputs(args.export, trace_path, results_path, results, meta)
+    if write_failure is not None:
+        print(f"prefillbench: error: {write_failure} (the {len(rows)} measured row(s) are on stdout)", file=sys.stderr)
     if interrupted:
         print(f"prefillbench: interrupted; kept {len(rows)} measured row(s)", file=sys.stderr)
         return 130
     if failure is not None:
         print(f"prefillbench: error: {failure} (kept {len(rows)} measured row(s))", file=sys.stderr)
+        return 2
+    if write_failure is not None:
         return 2
     if args.verify:
         problems = verify(results)
@@ -197,19 +400,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "calibrate": cmd_calibrate, "compare": compare.cmd_compare, "plot": plots.cmd_plot}
+def write_outputs(export: str | None, trace_path: str | Path | None, results_path: Path | None,
+                  results: list[CaseResult], meta: dict[str, Any]) -> str | None:
+    """Write the run's files; the reason, in one line, if one could not be written (the rows are on stdout)."""
+    rows = [r.row for r in results]
+    try:
+        if export:
+            reports.export(export, rows, meta)
+        if trace_path:
+            traces.export_traces(trace_path, results)
+        if results_path:
+            reports.export(results_path, rows, meta)
+            print(f"prefillbench: wrote {results_path}", file=sys.stderr)
+    except OSError as e:
+        return f"cannot write {e.filename or 'a results file'}: {e.strerror or e}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The console entry point; returns the exit status (tests call it with argv)."""
     try:
-        return COMMANDS[args.command](args)
-    except (UsageError, BackendError, ValueError) as e:
-        print(f"prefillbench: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("prefillbench: interrupted", file=sys.stderr)
-        return 130
+        status = app(args=argv, prog_name="prefillbench", standalone_mode=False)
+    except typer.TyperException as e:  # the parser's own errors: unknown flag, bad value, missing argument
+        ctx = getattr(e, "ctx", None)
+        if ctx is not None and type(e).__name__ == "NoArgsIsHelpError":
+            print(ctx.get_help(), file=sys.stderr)
+            return 2
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        return fail(f"{e.format_message()}{hint}")
+    return status or 0
 
 
 if __name__ == "__main__":

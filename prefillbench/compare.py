@@ -14,7 +14,6 @@ machine that is faster or slower today than when the baseline was made.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -528,40 +527,8 @@ def render_relative(fmt: str, rows: list[ResultRow], meta: dict[str, Any], strat
 # ---------------------------------------------------------------- command line
 
 
-def percent(text: str) -> float:
-    try:
-        value = float(text.strip().rstrip("%"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage such as 10 or 10%, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a percentage of at least 0, got {text!r}")
-    return value
-
-
-def metric_list(text: str) -> list[str]:
-    names = [v.strip() for v in text.split(",") if v.strip()]
-    for n in names:
-        if n not in METRICS:
-            raise argparse.ArgumentTypeError(f"unknown metric {n!r}; choose from {', '.join(METRICS)}")
-    return names
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("base", metavar="BASE", help="the reference export (.csv, .json or .jsonl)")
-    p.add_argument("current", metavar="CURRENT", help="the export to check against it")
-    p.add_argument("--metric", type=metric_list, action="append", metavar="NAME[,NAME]",
-                   help=f"metrics to compare and gate, repeatable: {', '.join(METRICS)} (default: throughput)")
-    p.add_argument("--threshold", type=percent, default=DEFAULT_THRESHOLD, metavar="PCT",
-                   help=f"exit 1 when a row is worse by more than this percentage (default: {DEFAULT_THRESHOLD:g})")
-    p.add_argument("--relative-to", metavar="STRATEGY",
-                   help="compare each row's ratio to this strategy's row of the same file (e.g. sequential)")
-    p.add_argument("--noisy-cv", type=percent, default=100 * DEFAULT_NOISY_CV, metavar="PCT",
-                   help=f"mark rows whose CV across repetitions exceeds this (default: {100 * DEFAULT_NOISY_CV:g})")
-    p.add_argument("-o", "--output", choices=("md", "csv", "json", "jsonl"), default="md", help="format on stdout (default: md)")
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    metrics = list(dict.fromkeys(m for ms in args.metric for m in ms)) if args.metric else list(DEFAULT_METRICS)
+def cmd_compare(args: Any) -> int:
+    metrics = args.metric or list(DEFAULT_METRICS)
     base = load_results(args.base)
     current = load_results(args.current)
     cmp = compare(base, current, metrics, args.threshold, args.relative_to, args.noisy_cv / 100.0)

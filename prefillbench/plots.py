@@ -13,7 +13,6 @@ so tests check the series, and that the drawn lines carry them, not pixels.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import re
@@ -22,6 +21,7 @@ import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .compare import InputError, Results, _read_text, _sniff, load_results
 from .metrics import ResultRow
@@ -329,14 +329,7 @@ def plot_files(paths: list[str], out_dir: str | Path = DEFAULT_OUT) -> list[Char
     return charts
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="+", metavar="FILE",
-                   help="result exports (.csv, .json, .jsonl) and per-request traces (.requests.jsonl); "
-                        "X.requests.jsonl beside X.json[l] is read too")
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"where the PNG files go (default: {DEFAULT_OUT})")
-
-
-def cmd_plot(args: argparse.Namespace) -> int:
+def cmd_plot(args: Any) -> int:
     results, traces = load_inputs(args.files)
     charts = make_charts(results, traces)
     if not charts:

@@ -145,17 +145,51 @@ def format_for_path(path: str | Path) -> str:
     return fmt
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write via a temporary file renamed into place, so no reader sees half a file."""
+def check_writable(path: str | Path) -> None:
+    """ValueError with a one-line reason, now rather than after the run, when `path` cannot be written."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the folder {path.parent}: {e.strerror or e}") from None
+    if path.is_dir():
+        raise ValueError(f"cannot write {path}: it is a folder")
+    try:
+        # Permission bits do not tell (root, read-only mounts, /proc): try it.
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write into {path.parent}: {e.strerror or e}") from None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write via a temporary file renamed into place, so no reader sees half a file.
+
+    An OSError names `path`, not the temporary file.
+    """
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        # mkstemp makes the file private (0600); the result gets the mode any new file would.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", newline="") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as e:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 

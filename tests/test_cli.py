@@ -183,3 +183,110 @@ def test_console_entry_point_prints_no_traceback(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("prefillbench: error:")
+
+
+# ---- the Typer command line: flags, help, usage errors (on the sim backend: fast, no model) ----
+
+SIM = ["run", "--backend", "sim", "--no-progress", "--no-results-file", "--no-warmup", "-r", "1", "-s", "chunked"]
+
+
+def test_comma_lists_and_repeated_flags_combine(capsys):
+    assert cli.main([*SIM, "-p", "16,32", "-p", "64", "-n", "0", "-c", "1", "-c", "2", "-o", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert sorted({(r["test"], r["concurrency"]) for r in rows}) == sorted(
+        (f"pp{p}", str(c)) for p in (16, 32, 64) for c in (1, 2))
+
+
+def test_llama_bench_short_forms_parse(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_run", lambda args: seen.update(vars(args)) or 0)
+    argv = ["run", "-m", "x.gguf", "-p", "8", "-n", "2", "-c", "1,4", "-r", "5", "-s", "padded", "-t", "3", "-ngl", "99",
+            "-o", "json", "--pg", "16,4", "--pg", "8,2", "--chunk-size", "32,64", "--noisy-cv", "5%"]
+    assert cli.main(argv) == 0
+    assert seen["model"] == "x.gguf" and seen["n_prompt"] == [8] and seen["n_gen"] == [2]
+    assert seen["concurrency"] == [1, 4] and seen["repetitions"] == 5 and seen["strategy"] == ["padded"]
+    assert seen["threads"] == 3 and seen["n_gpu_layers"] == 99 and seen["output"] == "json"
+    assert seen["pg"] == [(16, 4), (8, 2)] and seen["chunk_size"] == [32, 64] and seen["noisy_cv"] == 5.0
+    assert not seen["no_warmup"] and not seen["no_results_file"] and not seen["no_progress"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--no-such-flag"], "No such option: --no-such-flag"),
+        (["run", "-p", "x"], "'-p' / '--n-prompt'"),
+        (["run", "-c", ","], "'-c' / '--concurrency'"),
+        (["run", "-s", ","], "'-s' / '--strategy'"),
+        (["run", "--pg", "5"], "expected PP,TG"),
+        (["run", "-o", "xml"], "'-o' / '--output'"),
+        (["run", "--backend", "tpu"], "'--backend'"),
+        (["run", "--noisy-cv", "-1"], "a percentage of at least 0"),
+        (["run", "-r"], "requires an argument"),
+        (["compare", "a.csv"], "Missing argument 'CURRENT'"),
+        (["compare", "a.csv", "b.csv", "--metric", "speed"], "unknown metric 'speed'"),
+        (["plot"], "Missing argument"),
+        (["calibrate", "--check-run", "1,2"], "five positive integers"),
+        (["nosuchcommand"], "No such command"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(capsys, argv, message):
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("prefillbench: error:") and message in err, err
+    assert "Traceback" not in err and "╭" not in err
+
+
+def test_version_help_and_completion_options(capsys):
+    from prefillbench import __version__
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"prefillbench {__version__}"
+    assert cli.main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    for panel in ("model and backend", "tests", "output", "sim backend"):
+        assert panel in out
+    assert "-ngl" in out and "--n-prompt" in out
+    assert cli.main(["--help"]) == 0
+    assert "--install-completion" in capsys.readouterr().out
+    assert cli.main([]) == 2  # no command: the help, on stderr
+
+
+def test_unwritable_export_is_refused_before_the_first_case(capsys, monkeypatch):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a case ran")
+
+    monkeypatch.setattr(cli, "run_case", must_not_run)
+    for flag in (["--export", "/proc/nope/out.csv"], ["--export-requests", "/proc/nope/r.jsonl"]):
+        assert cli.main([*SIM, "-p", "16", "-n", "0", "-c", "1", *flag]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "cannot create the folder /proc/nope" in err
+    argv = [a for a in SIM if a != "--no-results-file"]
+    assert cli.main([*argv, "-p", "16", "-n", "0", "-c", "1", "--results-dir", "/proc/nope"]) == 2
+    assert "cannot create the folder /proc/nope" in capsys.readouterr().err
+
+
+def test_a_failed_write_still_prints_the_rows(capsys, monkeypatch, tmp_path):
+    from prefillbench import reports
+
+    def disk_full(path, rows, meta):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(reports, "export", disk_full)
+    assert cli.main([*SIM, "-p", "16", "-n", "0", "-c", "1,2", "--export", str(tmp_path / "out.csv")]) == 2
+    out, err = capsys.readouterr()
+    assert len(out.strip().splitlines()) == 2 + 2  # the md table: header, rule, two rows
+    assert err.strip().splitlines()[-1].startswith("prefillbench: error: cannot write")
+    assert "No space left on device" in err and "Traceback" not in err
+
+
+def test_exported_files_get_the_umask_permissions(capsys, tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        assert cli.main([*SIM, "-p", "16", "-n", "0", "-c", "1", "--export", str(tmp_path / "out.json")]) == 0
+    finally:
+        os.umask(old)
+    for name in ("out.json", "out.requests.jsonl"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
