@@ -135,6 +135,59 @@ def test_pads_change_no_result(exact_tiny):
     np.testing.assert_allclose(out[0][1], out[1][1], atol=1e-5)
 
 
+def _ragged_steps(tok):
+    """Steps as multi-chunk strategies (packed, sarathi-serve) build them: several prompt chunks of
+    different lengths and offsets in one step, with and without the decodes of other sequences."""
+    prompts = {0: tok(11), 1: tok(6), 2: tok(9), 3: tok(13)}
+    return prompts, [
+        lambda nxt: Step(prefills=(PrefillChunk(2, prompts[2], 0, True), PrefillChunk(0, prompts[0][:4], 0, False))),
+        lambda nxt: Step(
+            prefills=(PrefillChunk(0, prompts[0][4:], 4, True), PrefillChunk(1, prompts[1], 0, True),
+                      PrefillChunk(3, prompts[3][:5], 0, False)),
+            decodes=(DecodeToken(2, nxt[2][-1], 9),),
+        ),
+        lambda nxt: Step(
+            prefills=(PrefillChunk(3, prompts[3][5:], 5, True),),
+            decodes=(DecodeToken(0, nxt[0][-1], 11), DecodeToken(1, nxt[1][-1], 6), DecodeToken(2, nxt[2][-1], 10)),
+        ),
+        lambda nxt: Step(decodes=tuple(DecodeToken(s, nxt[s][-1], len(prompts[s]) + len(nxt[s]) - 1) for s in (3, 1, 0))),
+    ]
+
+
+@pytest.mark.parametrize("kv_unified", [False, True], ids=["kv-streams", "kv-unified"])
+def test_ragged_multi_chunk_steps_match_each_sequence_alone(tiny_path, kv_unified):
+    """Several chunks of different lengths and offsets plus decodes in one step give each sequence
+    what it gets when it runs alone, one prompt step and one decode step at a time."""
+    backend = GGUFBackend.load(tiny_path, kv_type="f32", flash_attn="off", kv_unified=kv_unified, threads=1)
+    rng = np.random.default_rng(11)
+    prompts, steps = _ragged_steps(lambda n: tuple(int(t) for t in rng.integers(3, 49152, n)))
+    backend.prepare(4, 32, 64)
+    got_tokens: dict[int, list[int]] = {s: [] for s in prompts}
+    got_logits: dict[int, list[np.ndarray]] = {s: [] for s in prompts}
+    for make in steps:
+        result = backend.execute(make(got_tokens), return_logits=True)
+        for seq, token in result.next_tokens.items():
+            got_tokens[seq].append(token)
+            got_logits[seq].append(result.logits[seq])
+    for seq in prompts:
+        backend.release(seq)
+    assert all(len(v) for v in got_tokens.values())
+    for seq, prompt in prompts.items():
+        backend.prepare(1, 32, 32)
+        ref = backend.execute(Step(prefills=(PrefillChunk(seq, prompt, 0, True),)), return_logits=True)
+        ref_tokens, ref_logits = [ref.next_tokens[seq]], [ref.logits[seq]]
+        while len(ref_tokens) < len(got_tokens[seq]):
+            r = backend.execute(Step(decodes=(DecodeToken(seq, ref_tokens[-1], len(prompt) + len(ref_tokens) - 1),)),
+                                return_logits=True)
+            ref_tokens.append(r.next_tokens[seq])
+            ref_logits.append(r.logits[seq])
+        backend.release(seq)
+        assert got_tokens[seq] == ref_tokens, seq
+        diff = np.abs(np.stack(got_logits[seq]) - np.stack(ref_logits)).max()
+        assert diff < 1e-3, f"sequence {seq}: logits differ by {diff}"
+    backend.close()
+
+
 def test_greedy_tokens_agree_across_strategies_with_llama_cpp_defaults(default_tiny, exact_tiny):
     requests = workload(seed=2)
     ref = tokens(run(exact_tiny, "sequential", requests))
@@ -150,7 +203,31 @@ def test_context_is_reused_until_a_run_needs_more(tiny_path):
     backend.prepare(4, 64, 64)
     assert backend.contexts_created == 2
     assert backend.n_ctx >= 256 and backend.n_seq_max >= 4
+    # Fewer but longer sequences: each one's cells (its own KV stream) must grow too.
+    backend.prepare(1, 512, 64)
+    assert backend.contexts_created == 3 and backend.n_ctx_seq >= 512 and backend.n_seq_max >= 4
+    backend.prepare(2, 512, 64)
+    assert backend.contexts_created == 3
     backend.close()
+
+
+@pytest.mark.parametrize("setting", ["on", "off", "auto"])
+def test_flash_attention_setting_reaches_llama_cpp_and_metadata(tiny_path, setting):
+    backend = load_backend("gguf", tiny_path, threads=1, flash_attn=setting)
+    backend.prepare(1, 32, 32)
+    r = backend.execute(Step(prefills=(PrefillChunk(0, tuple(range(3, 13)), 0, True),)))
+    assert set(r.next_tokens) == {0}
+    meta = backend.metadata()
+    assert meta["flash_attn"] == setting and meta["kv_unified"] is False
+    backend.close()
+
+
+def test_flash_attention_default_and_bad_setting(tiny_path):
+    backend = GGUFBackend.load(tiny_path, threads=1)
+    assert backend.metadata()["flash_attn"] == gguf_backend.DEFAULT_FLASH_ATTN
+    backend.close()
+    with pytest.raises(BackendError, match="flash attention.*on, off, auto"):
+        GGUFBackend.load(tiny_path, flash_attn="sometimes")
 
 
 def test_metadata_reports_batching_and_versions(tiny_path):

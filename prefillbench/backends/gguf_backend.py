@@ -14,10 +14,22 @@ Design notes
   one int32 array. A step is laid out by `prefillbench.step.pack` (the layout
   the torch backend uses too) and copied in with a few slice assignments.
 * One context per size: `prepare()` creates a context only when a run needs a
-  larger one (n_ctx >= sequences x positions, n_seq_max >= sequences,
-  n_batch >= the largest step); otherwise it clears the KV cache. The KV cache
-  is unified (one buffer shared by all sequences, `kv_unified`), so n_ctx is the
-  total number of cells, and llama.cpp attends over the cells in use only.
+  larger one (n_seq_max >= sequences, cells per sequence >= positions,
+  n_batch >= the largest step); otherwise it clears the KV cache.
+* One KV stream per sequence (`kv_unified = False`, llama.cpp PR #14363) by
+  default: every row of a batch attends over its own sequence's cells only.
+  With the unified cache (one cell range shared by all sequences) every row is
+  masked against the cells of every sequence, and llama.cpp's CPU flash
+  attention computes a query tile of 64 rows against every KV tile that any
+  row of the tile can see: a decode token inside a prompt chunk's batch then
+  costs 64 rows' worth of attention over its whole context (a 64-token chunk
+  with 3 decodes at 1,024 positions took 8x a decode-only step more than the
+  chunk alone; benchmarks/llama_mixed_batch.py shows it without prefillbench).
+  With streams llama.cpp cuts a step into micro-batches of equally many
+  tokens per sequence (a chunk with decodes: one micro-batch of one token per
+  sequence, then the rest of the chunk), which costs one more pass over the
+  weights but no cross-sequence attention. `kv_unified=True` restores the
+  shared cache for comparison.
 * Padding (the `padded` strategy): a chunk's pad tokens go into the same
   sequence at the positions right after its real tokens (the last real token
   repeated), with no logits requested. They are computed in full: their
@@ -60,6 +72,9 @@ GGUF_MAGIC = b"GGUF"
 # ggml_log_level (ggml.h): 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation
 _LOG_WARN, _LOG_ERROR = 3, 4
 _KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # ggml_type values
+FLASH_ATTN_CHOICES = ("on", "off", "auto")  # llama-bench's -fa values
+_FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
+DEFAULT_FLASH_ATTN = "auto"
 _log_lines: deque = deque(maxlen=32)
 _log_callback = None  # keeps the ctypes callback alive while llama.cpp holds it
 _backend_ready = False
@@ -125,7 +140,7 @@ class GGUFBackend(Backend):
     name = "gguf"
 
     def __init__(self, model_ptr, path: Path, *, threads: int, n_gpu_layers: int, n_ubatch: int | None,
-                 n_ctx_limit: int | None, kv_type: str, flash_attn: int) -> None:
+                 n_ctx_limit: int | None, kv_type: str, flash_attn: str, kv_unified: bool) -> None:
         self.model = model_ptr
         self.path = path
         self.model_name = path.name.removesuffix(".gguf")
@@ -135,6 +150,7 @@ class GGUFBackend(Backend):
         self.n_ctx_limit = n_ctx_limit
         self.kv_type = kv_type
         self.flash_attn = flash_attn
+        self.kv_unified = kv_unified
         self.device = "CUDA" if n_gpu_layers > 0 else "CPU"
         vocab = llama.llama_model_get_vocab(model_ptr)
         self.vocab_size = int(llama.llama_vocab_n_tokens(vocab))
@@ -146,7 +162,7 @@ class GGUFBackend(Backend):
 
         self.ctx = None
         self.mem = None
-        self.n_ctx = self.n_batch = self.n_ubatch = self.n_seq_max = 0
+        self.n_ctx = self.n_batch = self.n_ubatch = self.n_seq_max = self.n_ctx_seq = 0
         self.max_seq_len = 0
         self.slots = SlotTable(0)
         self.decode_seconds = 0.0  # inside llama_decode, all runs
@@ -160,10 +176,12 @@ class GGUFBackend(Backend):
     @classmethod
     def load(cls, model: str, device: str = "auto", threads: int | None = None, n_gpu_layers: int | None = None,
              n_ubatch: int | None = None, n_ctx: int | None = None, kv_type: str = "f16",
-             flash_attn: bool | None = None, **_ignored: Any) -> "GGUFBackend":
+             flash_attn: str | bool | None = DEFAULT_FLASH_ATTN, kv_unified: bool = False,
+             **_ignored: Any) -> "GGUFBackend":
         """Load a .gguf file. `n_ctx` caps the context size (default: as large as a run needs);
         `kv_type` is the KV cache type (f16, llama.cpp's default, f32 or q8_0); `flash_attn`
-        None lets llama.cpp decide."""
+        is on, off or auto (llama.cpp decides; True/False/None mean the same); `kv_unified`
+        shares one KV cell range among all sequences instead of one stream each."""
         if llama is None:
             raise BackendError(
                 "--backend gguf needs llama-cpp-python, which is not installed: "
@@ -179,6 +197,9 @@ class GGUFBackend(Backend):
             raise BackendError(f"n_ctx must be at least 1, got {n_ctx}")
         if kv_type not in _KV_TYPES:
             raise BackendError(f"unknown KV cache type {kv_type!r}; use {', '.join(_KV_TYPES)}")
+        flash = {True: "on", False: "off", None: "auto"}.get(flash_attn, flash_attn) if not isinstance(flash_attn, str) else flash_attn
+        if flash not in FLASH_ATTN_CHOICES:
+            raise BackendError(f"unknown flash attention setting {flash_attn!r}; use {', '.join(FLASH_ATTN_CHOICES)}")
         path = _check_gguf_file(model)
         _install_log()
         gpu = bool(llama.llama_supports_gpu_offload())
@@ -199,9 +220,8 @@ class GGUFBackend(Backend):
             raise BackendError(f"llama.cpp cannot load {model}: {_last_error()}")
         if threads is None:
             threads = max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1), 1)
-        fa = -1 if flash_attn is None else int(bool(flash_attn))
         backend = cls(ptr, path, threads=threads, n_gpu_layers=ngl, n_ubatch=n_ubatch, n_ctx_limit=n_ctx,
-                      kv_type=kv_type, flash_attn=fa)
+                      kv_type=kv_type, flash_attn=flash, kv_unified=bool(kv_unified))
         has_encoder = getattr(llama, "llama_model_has_encoder", None)
         if has_encoder is not None and has_encoder(ptr):
             backend.close()
@@ -218,9 +238,11 @@ class GGUFBackend(Backend):
                 f"but n_ctx is limited to {self.n_ctx_limit}"
             )
         need_batch = max(max_step_tokens, 1)
-        if self.ctx is None or need_ctx > self.n_ctx or max_sequences > self.n_seq_max or need_batch > self.n_batch:
+        if (self.ctx is None or max_seq_len > self.n_ctx_seq or max_sequences > self.n_seq_max
+                or need_batch > self.n_batch):
             # Grow monotonically, so runs of alternating sizes do not rebuild the context each time.
-            self._create_context(max(need_ctx, self.n_ctx), max(max_sequences, self.n_seq_max), max(need_batch, self.n_batch))
+            n_seq_max = max(max_sequences, self.n_seq_max)
+            self._create_context(n_seq_max * max(max_seq_len, self.n_ctx_seq), n_seq_max, max(need_batch, self.n_batch))
         else:
             llama.llama_memory_clear(self.mem, False)
         self.slots = SlotTable(self.n_seq_max)
@@ -235,10 +257,10 @@ class GGUFBackend(Backend):
         p.n_batch = n_batch
         p.n_ubatch = min(self.n_ubatch_request or p.n_ubatch, n_batch)
         p.n_seq_max = n_seq_max
-        p.kv_unified = True
+        p.kv_unified = self.kv_unified
         p.n_threads = p.n_threads_batch = self.threads
         p.type_k = p.type_v = _KV_TYPES[self.kv_type]
-        p.flash_attn_type = self.flash_attn
+        p.flash_attn_type = _FLASH_ATTN_TYPES[self.flash_attn]
         p.no_perf = True
         _log_lines.clear()
         ctx = llama.llama_init_from_model(self.model, p)
@@ -252,8 +274,10 @@ class GGUFBackend(Backend):
         self.n_batch = int(llama.llama_n_batch(ctx))
         self.n_ubatch = int(llama.llama_n_ubatch(ctx))
         self.n_seq_max = int(llama.llama_n_seq_max(ctx))
+        # Cells each sequence may hold: its own stream's, or the whole shared cache.
+        self.n_ctx_seq = int(llama.llama_n_ctx_seq(ctx)) if not self.kv_unified else self.n_ctx // max(self.n_seq_max, 1)
         self.contexts_created += 1
-        if self.n_ctx < n_ctx or self.n_seq_max < n_seq_max or self.n_batch < n_batch:
+        if self.n_ctx_seq * n_seq_max < n_ctx or self.n_seq_max < n_seq_max or self.n_batch < n_batch:
             got = (self.n_ctx, self.n_seq_max, self.n_batch)
             self._free_context()
             raise BackendError(
@@ -284,7 +308,7 @@ class GGUFBackend(Backend):
         if self.ctx is not None:
             llama.llama_free(self.ctx)
             self.ctx = self.mem = None
-            self.n_ctx = self.n_batch = self.n_ubatch = self.n_seq_max = 0
+            self.n_ctx = self.n_batch = self.n_ubatch = self.n_seq_max = self.n_ctx_seq = 0
 
     # -- execution ---------------------------------------------------------
 
@@ -373,9 +397,10 @@ class GGUFBackend(Backend):
             "n_batch": self.n_batch,
             "n_ubatch": self.n_ubatch,
             "n_seq_max": self.n_seq_max,
-            "kv_unified": True,
+            "kv_unified": self.kv_unified,
+            "n_ctx_seq": self.n_ctx_seq,
             "kv_type": self.kv_type,
-            "flash_attn": {-1: "auto", 0: "off", 1: "on"}[self.flash_attn],
+            "flash_attn": self.flash_attn,
             # llama_decode cuts a batch above n_ubatch tokens into micro-batches by itself.
             "ubatch_split": f"llama.cpp splits any step above n_ubatch={self.n_ubatch} tokens; "
                             f"{self.n_split_steps} of {self.n_decode_calls} steps were split",
