@@ -1,4 +1,4 @@
-"""How much does prefillbench's Python add on top of llama.cpp? Two checks on the default model.
+"""How much does prefillbench's Python add on top of llama.cpp, and what do mixed steps cost? Checks on the default model.
 
 1. Harness overhead of a decode step at concurrency 4: (step wall time - time inside
    llama_decode) / step wall time, over the decode-only steps of a run (target < 3%).
@@ -10,7 +10,15 @@
    (target: within 5%). Repetitions alternate between the two; the best of each
    is compared, so a noisy neighbour on the machine does not decide the result.
 
+3. The mixed-step probe (`--mixed`, through the backend's step API): k sequences
+   decode at ~64 and at ~1,024 positions while another sequence's prompt goes
+   in `--chunk`-token chunks; decode-only, the chunk alone and the chunk + the k
+   decodes, interleaved, medians; the piggyback ratio (mixed - chunk) /
+   decode-only is what the decodes add to the chunk's step, in decode-only
+   steps. `--kv-unified` and `--flash-attn` compare the backend's settings.
+
 Usage: python benchmarks/gguf_overhead.py [-m MODEL.gguf] [-t THREADS] [-r REPS]
+       python benchmarks/gguf_overhead.py --mixed [-k 3] [--chunk 64] [--flash-attn on,off] [--kv-unified 0,1]
 
 Run it on an otherwise idle machine: llama.cpp's worker threads spin-wait, so
 with every core's worth of threads (the default) another busy process makes
@@ -31,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prefillbench import engine  # noqa: E402
 from prefillbench.backends.gguf_backend import GGUFBackend, _install_log  # noqa: E402
 from prefillbench.models import default_model_path  # noqa: E402
+from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
 from prefillbench.workloads import Request  # noqa: E402
 from strategies import make_strategy  # noqa: E402
 
@@ -66,7 +75,7 @@ def pp_vs_llama_eval(backend: GGUFBackend, model: str, threads: int, n_prompt: i
     from llama_cpp import Llama
 
     # Llama() takes flash attention as on/off; llama.cpp's "auto" turns it on on the CPU.
-    flash = backend.flash_attn != 0
+    flash = backend.flash_attn != "off"
     llm = Llama(model, n_ctx=max(n_prompt + 16, 512), n_batch=max(n_prompt, 512), n_ubatch=512, n_threads=threads,
                 n_threads_batch=threads, flash_attn=flash, logits_all=False, verbose=False)
     _install_log()
@@ -96,6 +105,77 @@ def pp_vs_llama_eval(backend: GGUFBackend, model: str, threads: int, n_prompt: i
     }
 
 
+def _random_tokens(rng, vocab: int, n: int) -> tuple[int, ...]:
+    return tuple(int(t) for t in rng.integers(3, vocab, n))
+
+
+def mixed_step_probe(backend: GGUFBackend, k: int, ctx: int, chunk: int, reps: int) -> dict:
+    """Median seconds of decode-only, chunk alone and chunk + k decodes from one cache state."""
+    from llama_cpp import llama_memory_seq_rm
+
+    rng = np.random.default_rng(2)
+    chunk_start = 128  # the new prompt's chunk sits past a first chunk, as in a chunked run
+    backend.prepare(k + 1, max(ctx, chunk_start + chunk) + 2, max(512, chunk + k))
+    for seq in range(k):
+        prompt = _random_tokens(rng, backend.vocab_size, ctx)
+        for a in range(0, ctx, 512):
+            backend.execute(Step(prefills=(PrefillChunk(seq, prompt[a : a + 512], a, a + 512 >= ctx),)))
+    new_prompt = _random_tokens(rng, backend.vocab_size, chunk_start + chunk)
+    backend.execute(Step(prefills=(PrefillChunk(k, new_prompt[:chunk_start], 0, False),)))
+    decodes = tuple(DecodeToken(s, int(t), ctx) for s, t in enumerate(rng.integers(3, backend.vocab_size, k)))
+    chunk_step = PrefillChunk(k, new_prompt[chunk_start:], chunk_start, False)
+    kinds = {
+        "decode-only": Step(decodes=decodes),
+        "chunk": Step(prefills=(chunk_step,)),
+        "mixed": Step(prefills=(chunk_step,), decodes=decodes),
+    }
+    times: dict[str, list[float]] = {name: [] for name in kinds}
+    names = list(kinds)
+    for r in range(reps + 1):  # round 0 warms up
+        for name in names[r % 3:] + names[: r % 3]:
+            t0 = time.perf_counter()
+            backend.execute(kinds[name])
+            dt = time.perf_counter() - t0
+            for seq in range(k + 1):  # trim the cache back to the same state
+                llama_memory_seq_rm(backend.mem, backend.slots.slot(seq), ctx if seq < k else chunk_start, -1)
+            if r:
+                times[name].append(dt)
+    for seq in range(k + 1):
+        backend.release(seq)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    med["ratio"] = (med["mixed"] - med["chunk"]) / med["decode-only"]
+    med["spread"] = max((max(v) - min(v)) / statistics.median(v) for v in times.values())
+    return med
+
+
+def mixed_main(args) -> int:
+    model = args.model or default_model_path()
+    print(f"mixed-step probe: {args.k} decodes + a {args.chunk}-token chunk, threads {args.threads or 'all'}, "
+          f"medians of {args.reps} interleaved rounds (ms)")
+    rows = [("kv", "flash_attn", "ctx", "decode-only", "chunk", f"chunk+{args.k} dec", "piggyback ratio", "spread")]
+    for unified in [bool(int(u)) for u in args.kv_unified.split(",")]:
+        for fa in args.flash_attn.split(","):
+            backend = GGUFBackend.load(model, threads=args.threads, flash_attn=fa, kv_unified=unified)
+            for ctx in (64, 1024):
+                m = mixed_step_probe(backend, args.k, ctx, args.chunk, args.reps)
+                rows.append(("unified" if unified else "per-sequence streams", fa, str(ctx),
+                             *(f"{1000 * m[n]:.1f}" for n in ("decode-only", "chunk", "mixed")),
+                             f"{m['ratio']:.2f}", f"{100 * m['spread']:.0f}%"))
+                print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
+            backend.close()
+    _print_table(rows)
+    return 0
+
+
+def _print_table(rows) -> None:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        cells = [str(v if v != True else "yes") if v is not False else "NO" for v in row]  # noqa: E712
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", default=None, help="a .gguf file (default: the shipped SmolLM2-135M-Instruct Q4_1)")
@@ -103,10 +183,17 @@ def main() -> int:
     parser.add_argument("-r", "--reps", type=int, default=5, help="pp512 repetitions per side (default: 5)")
     parser.add_argument("-c", "--concurrency", type=int, default=4)
     parser.add_argument("-n", "--n-gen", type=int, default=64, help="tokens generated per request in the decode check")
+    parser.add_argument("--mixed", action="store_true", help="run the mixed-step probe instead of the overhead checks")
+    parser.add_argument("-k", type=int, default=3, help="--mixed: decoding sequences (default: 3)")
+    parser.add_argument("--chunk", type=int, default=64, help="--mixed: prompt chunk tokens (default: 64)")
+    parser.add_argument("--flash-attn", default="auto", help="flash attention: on, off, auto, or a comma list for --mixed")
+    parser.add_argument("--kv-unified", default="0", help="--mixed: 0 (a KV stream per sequence), 1 (unified), or 0,1")
     args = parser.parse_args()
+    if args.mixed:
+        return mixed_main(args)
 
     model = args.model or default_model_path()
-    backend = GGUFBackend.load(model, threads=args.threads)
+    backend = GGUFBackend.load(model, threads=args.threads, flash_attn=args.flash_attn)
     meta = backend.metadata()
     print(f"model {backend.model_name} ({backend.weights}), threads {backend.threads}, "
           f"llama-cpp-python {meta['llama_cpp_python']}, ggml {meta['ggml']}")
@@ -128,12 +215,7 @@ def main() -> int:
         ("pp512 c=1: backend / Llama.eval (medians)",
          f"{pp['ratio_median']:.3f} ({pp['ours_median']:.3f} s vs {pp['theirs_median']:.3f} s)", "(info)", ""),
     ]
-    widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
-    for i, row in enumerate(rows):
-        cells = [str(v if v != True else "yes") if v is not False else "NO" for v in row]  # noqa: E712
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |")
-        if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    _print_table(rows)
     backend.close()
     return 0
 
