@@ -117,6 +117,9 @@ DType = Annotated[Literal["float32", "bfloat16", "float16"], _option("--dtype", 
 Threads = Annotated[Optional[int], _option("-t", "--threads", panel=MODEL_PANEL, help="CPU threads (default: the library's choice)")]
 GpuLayers = Annotated[Optional[int], _option("-ngl", "--n-gpu-layers", panel=MODEL_PANEL, help="gguf: layers to offload to the GPU")]
 UBatch = Annotated[Optional[int], _option("--ubatch", panel=MODEL_PANEL, help="gguf: llama.cpp n_ubatch")]
+FlashAttn = Annotated[Optional[Literal["on", "off", "auto"]], _option(
+    "-fa", "--flash-attn", panel=MODEL_PANEL,
+    help="gguf: llama.cpp flash attention, llama-bench's values (default: auto, llama.cpp's choice: on on a CPU)")]
 
 # tests
 NPrompt = Annotated[Optional[list[str]], _option(
@@ -226,6 +229,7 @@ def run(
     threads: Threads = None,
     n_gpu_layers: GpuLayers = None,
     ubatch: UBatch = None,
+    flash_attn: FlashAttn = None,
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
     tp: TensorParallel = 1,
@@ -340,7 +344,8 @@ def cmd_run(args: Any) -> int:
     for path in (args.export, trace_path, results_path):
         if path:
             reports.check_writable(path)
-    options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch)) if v is not None}
+    options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch),
+                                 ("flash_attn", args.flash_attn)) if v is not None}
     options.update(sim_options(args))
     backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)
     print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)

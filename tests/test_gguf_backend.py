@@ -397,3 +397,26 @@ def test_cli_error_for_a_file_that_is_not_gguf(tmp_path, capsys):
     assert cli.main(["run", "--backend", "gguf", "-m", str(bad), "-p", "8", "-n", "0", "--no-results-file", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a GGUF file" in err[0]
+
+
+@pytest.mark.parametrize("setting", ["off", "on"])
+def test_cli_flash_attention_flag_reaches_the_exported_metadata(tiny_path, tmp_path, capsys, setting):
+    import json
+
+    from prefillbench import cli
+
+    export = tmp_path / "run.json"
+    rc = cli.main(["run", "--backend", "gguf", "-m", tiny_path, "-t", "1", "-fa", setting, "-p", "8", "-n", "0", "-c", "1",
+                   "-s", "sequential", "-r", "1", "--no-warmup", "--no-results-file", "--no-progress", "--export", str(export)])
+    assert rc == 0, capsys.readouterr().err
+    meta = json.loads(export.read_text())["metadata"]
+    assert meta["flash_attn"] == setting and meta["kv_unified"] is False
+
+
+def test_cli_rejects_an_unknown_flash_attention_value(tiny_path, capsys):
+    from prefillbench import cli
+
+    rc = cli.main(["run", "--backend", "gguf", "-m", tiny_path, "--flash-attn", "maybe", "-p", "8", "-n", "0",
+                   "--no-results-file", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "prefillbench: error:" in err[0] and "flash-attn" in err[0]
