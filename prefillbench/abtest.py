@@ -1,0 +1,536 @@
+"""`prefillbench ab BASE`: the working tree against a base commit, on the same machine, in one job.
+
+A baseline file recorded on another machine can only gate ratios between
+strategies; a change that slows every step alike keeps all its ratios. This
+measures absolute numbers instead, the way llama.cpp's compare-llama-bench and
+hyperfine do: the base and the change run the same preset on the same machine,
+minutes apart, and only their ratio is judged.
+
+* The base is checked out with `git worktree add --detach` into a temporary
+  folder (removed afterwards). Each side runs `prefillbench run PRESET --export`
+  in its own process with PYTHONPATH at its own tree: the installed
+  dependencies are shared, only prefillbench's source differs.
+* A round is one run of each side, back to back. Rounds alternate which side
+  goes first (base change, change base, base change, ...), so drift that is
+  linear in time cancels out of each pair, as `run --interleave` does for
+  strategies.
+* Per row and metric, each round gives log(change / base); whatever slowed the
+  machine during a round slowed both of its runs and cancels. The ratio is the
+  mean of those logs turned back into a ratio (a geometric mean), with a
+  Student-t interval over the rounds.
+* A row regressed on a metric when its ratio is worse than the threshold AND
+  the interval excludes 1: a big change that noise could explain is not a
+  regression, and neither is a real but small one.
+* Rounds go on from --min-rounds to --max-rounds until every gated ratio's
+  interval lies wholly on one side of the threshold, or the next round would
+  overrun --max-seconds.
+
+Exit 0: no regression; 1: a regression; 2: unusable input, or the base (or the
+working tree) could not run; the reason is one line on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import stats
+from .compare import HIGHER, METRIC_LABELS, METRIC_SHORT, METRICS, InputError, _key_label, load_results, metric_list, percent, row_key, worse_by
+from .metrics import ResultRow
+from .reports import _fmt, _strategy_label, md_table, write_atomic
+
+# Small on purpose: each side runs it once per round. pp128+tg16 has prefills
+# meeting decodes (so TTFT and TBT both apply) and takes ~10 s a run on a quiet 2-core CPU.
+DEFAULT_PRESET = ["--backend", "auto", "-p", "0", "-n", "0", "--pg", "128,16", "-c", "1,4",
+                  "-s", "sequential,padded,chunked", "--chunk-size", "64", "-r", "2", "--interleave"]
+AB_METRICS = ["throughput", "ttft_p50_ms", "ttft_p99_ms", "tbt_p50_ms", "tbt_p99_ms"]
+DEFAULT_GATED = ["throughput", "ttft_p50_ms", "tbt_p50_ms"]
+DEFAULT_THRESHOLD = 10.0  # percent
+DEFAULT_MIN_ROUNDS = 4
+DEFAULT_MAX_ROUNDS = 10
+DEFAULT_MAX_SECONDS = 480.0
+BASE, CHANGE = "base", "change"
+
+# `python -c` puts the current folder first on sys.path, ahead of PYTHONPATH: a run started
+# from the change's checkout would import the change's prefillbench as the base. Drop it.
+_LAUNCH = "import runpy, sys; sys.path[:] = [p for p in sys.path if p]; runpy.run_module('prefillbench', run_name='__main__', alter_sys=True)"
+
+
+class SideFailed(Exception):
+    """One side's benchmark run failed: exit 2, naming the side."""
+
+
+# ---------------------------------------------------------------- the two trees
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str  # BASE or CHANGE
+    root: Path  # goes first on PYTHONPATH
+    commit: str  # short SHA of the tree's HEAD
+    dirty: bool = False  # uncommitted edits to tracked files
+
+    @property
+    def label(self) -> str:
+        return f"{self.commit} + uncommitted edits" if self.dirty else self.commit
+
+    @property
+    def who(self) -> str:
+        return "the base" if self.name == BASE else "the working tree"
+
+
+def git(repo: Path, *args: str) -> str:
+    """stdout of a git command in `repo`; InputError with git's own one-line reason."""
+    try:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        raise InputError("git is not installed") from None
+    if out.returncode != 0:
+        reason = (out.stderr.strip().splitlines() or [f"git {args[0]} failed"])[-1]
+        raise InputError(f"git {args[0]}: {reason.removeprefix('fatal: ')}")
+    return out.stdout.strip()
+
+
+def change_side(repo: Path) -> Side:
+    root = Path(git(repo, "rev-parse", "--show-toplevel"))
+    if not (root / "prefillbench" / "__init__.py").is_file():
+        raise InputError(f"{root}: not a prefillbench checkout (no prefillbench/ package)")
+    dirty = bool(git(root, "status", "--porcelain", "--untracked-files=no"))
+    head = git(root, "rev-parse", "--short", "HEAD")
+    return Side(CHANGE, root, head, dirty)
+
+
+@contextmanager
+def base_checkout(repo: Path, ref: str) -> Iterator[Side]:
+    """The base ref checked out in a temporary worktree, removed on the way out."""
+    try:
+        commit = git(repo, "rev-parse", "--verify", "--end-of-options", f"{ref}^{{commit}}") if ref.strip() else ""
+    except InputError:
+        commit = ""
+    if not commit:
+        raise InputError(f"base {ref!r} is not a commit of {repo}")
+    folder = Path(tempfile.mkdtemp(prefix="prefillbench-base-"))
+    tree = folder / "tree"
+    git(repo, "worktree", "add", "--detach", "--quiet", str(tree), commit)
+    try:
+        if not (tree / "prefillbench" / "__init__.py").is_file():
+            raise SideFailed(f"the base could not run: {ref} has no prefillbench/ package")
+        yield Side(BASE, tree, git(repo, "rev-parse", "--short", commit))
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+
+
+def run_side(side: Side, preset: list[str], export: Path, python: str = sys.executable) -> float:
+    """One `prefillbench run` of the preset with `side`'s code; the seconds it took."""
+    env = dict(os.environ)
+    # Other prefillbench trees on an inherited PYTHONPATH (the caller's checkout) would fill in
+    # for modules missing from this side's tree; keep the rest of the path as it is.
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not (Path(p) / "prefillbench" / "__init__.py").is_file()]
+    env["PYTHONPATH"] = os.pathsep.join([str(side.root)] + inherited)
+    cmd = [python, "-c", _LAUNCH, "run", *preset, "--no-progress", "--no-results-file", "--export", str(export)]
+    start = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    if out.returncode != 0 or not export.is_file():
+        lines = [l for l in out.stderr.strip().splitlines() if l.strip()]
+        reason = lines[-1].removeprefix("prefillbench: ").removeprefix("error: ") if lines else f"exit status {out.returncode}"
+        raise SideFailed(f"{side.who} ({side.label}) could not run: {reason}")
+    return seconds
+
+
+def side_rows(side: Side, export: Path) -> dict[tuple, ResultRow]:
+    """The rows of one side's export by key, after checking that the side's own code ran."""
+    results = load_results(str(export))
+    ran = str(results.meta.get("git_commit") or "")
+    # Exports record the commit of the prefillbench they came from (older bases may not).
+    if ran and not (ran.startswith(side.commit) or side.commit.startswith(ran)):
+        raise SideFailed(f"{side.who} ran prefillbench from commit {ran}, not {side.commit}: check PYTHONPATH")
+    return {row_key(r): r for r in results.rows}
+
+
+def turn_order(round_index: int) -> tuple[str, str]:
+    """Which side runs first in a round: base change, change base, base change, ..."""
+    return (BASE, CHANGE) if round_index % 2 == 0 else (CHANGE, BASE)
+
+
+# ---------------------------------------------------------------- statistics
+
+
+@dataclass
+class Delta:
+    """One metric of one row: change / base over the paired rounds."""
+
+    metric: str
+    base: list[float]
+    change: list[float]
+    gated: bool
+    threshold: float  # percent
+    confidence: float = stats.DEFAULT_CONFIDENCE
+    ratio: float = field(init=False)  # geometric mean of change/base
+    low: float = field(init=False)  # interval of the ratio
+    high: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        logs = [math.log(c / b) for b, c in zip(self.base, self.change)]
+        mean, _ = stats.mean_std(logs)
+        half = stats.ci_half_width(logs, self.confidence)
+        self.ratio, self.low, self.high = math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+    @property
+    def higher_is_better(self) -> bool:
+        return METRICS[self.metric] == HIGHER
+
+    @property
+    def worse(self) -> float:
+        """How much worse the change is, as a fraction (negative: better)."""
+        return worse_by(self.metric, 1.0, self.ratio)
+
+    def _bounds(self) -> tuple[float, float]:
+        """(the interval's end on the bad side, its end on the good side)."""
+        return (self.low, self.high) if self.higher_is_better else (self.high, self.low)
+
+    @property
+    def excludes_one(self) -> bool:
+        """The interval lies wholly on the bad side of 1 (NaN with one round: it cannot)."""
+        _, good = self._bounds()
+        return good < 1.0 if self.higher_is_better else good > 1.0
+
+    @property
+    def regressed(self) -> bool:
+        return self.gated and self.worse > self.threshold / 100.0 and self.excludes_one
+
+    @property
+    def decided(self) -> bool:
+        """More rounds would hardly change the verdict: the interval is wholly inside or beyond the threshold."""
+        bad, good = self._bounds()
+        limit = self.threshold / 100.0
+        return worse_by(self.metric, 1.0, bad) <= limit or worse_by(self.metric, 1.0, good) > limit
+
+    def cell(self) -> str:
+        if math.isnan(self.low):
+            return f"{100 * (self.ratio - 1):+.1f}%"
+        return f"{100 * (self.ratio - 1):+.1f}% [{100 * (self.low - 1):+.1f}, {100 * (self.high - 1):+.1f}]"
+
+
+@dataclass
+class RowDelta:
+    key: tuple
+    base_row: ResultRow  # of the first round, for its labels
+    deltas: dict[str, Delta]  # metrics that apply to the row
+
+    @property
+    def regressed(self) -> list[Delta]:
+        return [d for d in self.deltas.values() if d.regressed]
+
+    @property
+    def decided(self) -> bool:
+        return all(d.decided for d in self.deltas.values() if d.gated)
+
+
+@dataclass
+class ABResult:
+    rows: list[RowDelta]
+    rounds: int
+    metrics: list[str]
+    gated: list[str]
+    threshold: float
+    confidence: float
+    only_base: list[tuple]
+    only_change: list[tuple]
+
+    @property
+    def regressions(self) -> list[RowDelta]:
+        return [r for r in self.rows if r.regressed]
+
+    @property
+    def decided(self) -> bool:
+        return all(r.decided for r in self.rows)
+
+
+Round = tuple[dict[tuple, ResultRow], dict[tuple, ResultRow]]  # (base rows, change rows) by row key
+
+
+def _applies(value: float) -> bool:
+    return value is not None and not math.isnan(value) and value > 0
+
+
+def analyse(
+    rounds: list[Round],
+    metrics: list[str] = AB_METRICS,
+    gated: list[str] = DEFAULT_GATED,
+    threshold: float = DEFAULT_THRESHOLD,
+    confidence: float = stats.DEFAULT_CONFIDENCE,
+) -> ABResult:
+    """Per row present on both sides in every round, each metric's ratio and interval."""
+    if not rounds:
+        raise InputError("no rounds to compare")
+    first_base, first_change = rounds[0]
+    common = [k for k in first_base if all(k in b and k in c for b, c in rounds)]
+    if not common:
+        raise InputError("the base and the working tree have no rows in common: did the preset's cases change?")
+    applicable: list[tuple[tuple, str, list[float], list[float]]] = []
+    for key in common:
+        for m in metrics:
+            base = [getattr(b[key], m) for b, _ in rounds]
+            change = [getattr(c[key], m) for _, c in rounds]
+            if all(map(_applies, base + change)):
+                applicable.append((key, m, base, change))
+    # Bonferroni: with k gated figures each judged at 1 - (1 - confidence) / k, the chance
+    # that noise alone fails the job stays below 1 - confidence however many rows the preset has.
+    n_gated = max(sum(1 for _, m, _, _ in applicable if m in gated), 1)
+    each = 1.0 - (1.0 - confidence) / n_gated
+    deltas: dict[tuple, dict[str, Delta]] = {key: {} for key in common}
+    for key, m, base, change in applicable:
+        deltas[key][m] = Delta(m, base, change, m in gated, threshold, each)
+    rows = [RowDelta(key, first_base[key], deltas[key]) for key in common]
+    return ABResult(
+        rows,
+        len(rounds),
+        list(metrics),
+        list(gated),
+        threshold,
+        confidence,
+        [k for k in first_base if k not in first_change],
+        [k for k in first_change if k not in first_base],
+    )
+
+
+# ---------------------------------------------------------------- printing
+
+
+def _status(row: RowDelta) -> str:
+    bad = row.regressed
+    if not bad:
+        return "ok"
+    return "REGRESSION " + ", ".join(f"{METRIC_SHORT[d.metric]} {100 * (d.ratio - 1):+.1f}%" for d in bad)
+
+
+def render_table(result: ABResult) -> str:
+    """A markdown table: a row per case, the change in each metric with its interval."""
+    varying = [f for i, f in enumerate(("model", "backend")) if len({r.key[i] for r in result.rows}) > 1]
+    columns: list[tuple[str, Callable[[RowDelta], str], bool]] = [
+        (f, lambda r, f=f: getattr(r.base_row, f), False) for f in varying
+    ]
+    columns += [
+        ("strategy", lambda r: _strategy_label(r.base_row), False),
+        ("test", lambda r: r.base_row.test, False),
+        ("concurrency", lambda r: str(r.base_row.concurrency), True),
+    ]
+    if "throughput" in result.metrics:
+        for side, i in ((BASE, 0), (CHANGE, 1)):
+            columns.append((f"throughput/s {side}", lambda r, i=i: _mean_cell(r, "throughput", i), True))
+    for m in result.metrics:
+        label = METRIC_LABELS[m].removesuffix("/s").removesuffix(" ms") + ("" if m in result.gated else " (not gated)")
+        columns.append((label, lambda r, m=m: r.deltas[m].cell() if m in r.deltas else "-", True))
+    columns.append(("status", _status, False))
+    return md_table(columns, result.rows)
+
+
+def _mean_cell(row: RowDelta, metric: str, side: int) -> str:
+    d = row.deltas.get(metric)
+    if d is None:
+        return "-"
+    return _fmt(stats.mean_std(d.change if side else d.base)[0], 2)
+
+
+def verdict(result: ABResult) -> str:
+    what = f"{result.threshold:g}%"
+    gated = ", ".join(METRIC_SHORT[m] for m in result.gated)
+    n = len(result.regressions)
+    if n:
+        return f"{n} of {len(result.rows)} row(s) regressed beyond {what} ({gated}; {result.rounds} rounds)"
+    return f"no regression beyond {what} in {len(result.rows)} row(s) ({gated}; {result.rounds} rounds)"
+
+
+def render_summary(result: ABResult, base: Side, change: Side, preset: list[str], seconds: float, note: str = "") -> str:
+    """Markdown for a CI job summary or a pull-request comment."""
+    icon = ":x:" if result.regressions else ":white_check_mark:"
+    conf = f"{100 * result.confidence:g}%"
+    lines = [
+        "## prefillbench: change vs base",
+        "",
+        f"{icon} **{verdict(result)}**",
+        "",
+        f"Change `{change.label}` against base `{base.label}`, the same preset run by each, "
+        f"interleaved over {result.rounds} rounds on one machine ({seconds / 60:.1f} min in all). "
+        f"Each cell is the change's difference from the base (geometric mean of the rounds' ratios) "
+        f"with its {conf} interval; a row regressed where a gated metric is more than {result.threshold:g}% worse "
+        f"and the interval excludes no change.",
+        "",
+        render_table(result).rstrip("\n"),
+        "",
+        f"Preset: `prefillbench run {' '.join(preset)}`",
+    ]
+    if note:
+        lines += ["", note]
+    for who, keys in (("base", result.only_base), ("change", result.only_change)):
+        if keys:
+            lines += ["", f"{len(keys)} row(s) only in the {who}, not compared: {', '.join(_key_label(k) for k in keys)}"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the job
+
+
+@dataclass
+class ABOptions:
+    base_ref: str
+    preset: list[str] = field(default_factory=lambda: list(DEFAULT_PRESET))
+    repo: Path = Path(".")
+    metrics: list[str] = field(default_factory=lambda: list(AB_METRICS))
+    gated: list[str] = field(default_factory=lambda: list(DEFAULT_GATED))
+    threshold: float = DEFAULT_THRESHOLD
+    confidence: float = stats.DEFAULT_CONFIDENCE
+    min_rounds: int = DEFAULT_MIN_ROUNDS
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    max_seconds: float = DEFAULT_MAX_SECONDS
+    out: Path | None = None  # keep every round's exports here
+    summary: Path | None = None
+
+    def validate(self) -> None:
+        if self.min_rounds < 2:
+            raise InputError(f"--min-rounds must be at least 2 (an interval needs two rounds), got {self.min_rounds}")
+        if self.max_rounds < self.min_rounds:
+            raise InputError(f"--max-rounds ({self.max_rounds}) is below --min-rounds ({self.min_rounds})")
+        if not 0 < self.confidence < 1:
+            raise InputError(f"--confidence must lie between 0 and 100%, got {100 * self.confidence:g}%")
+        unknown = [m for m in self.gated if m not in self.metrics]
+        if unknown:
+            raise InputError(f"--gate {unknown[0]} is not among the compared metrics ({', '.join(self.metrics)})")
+        for flag in ("--export", "--export-requests", "-o", "--output", "--relative-to", "--verify"):
+            if flag in self.preset:
+                raise InputError(f"the preset may not set {flag}: the A/B job sets its own output")
+
+
+def _log(text: str) -> None:
+    print(f"prefillbench: {text}", file=sys.stderr, flush=True)
+
+
+def run_rounds(options: ABOptions, base: Side, change: Side, folder: Path) -> tuple[ABResult, float, str]:
+    """Interleaved rounds until the verdict is clear or the rounds or the time run out."""
+    start = time.perf_counter()
+    rounds: list[Round] = []
+    sides = {BASE: base, CHANGE: change}
+    note = ""
+    for i in range(options.max_rounds):
+        rows: dict[str, dict[tuple, ResultRow]] = {}
+        took = {}
+        for name in turn_order(i):
+            export = folder / f"{name}-{i + 1}.csv"
+            took[name] = run_side(sides[name], options.preset, export)
+            rows[name] = side_rows(sides[name], export)
+        rounds.append((rows[BASE], rows[CHANGE]))
+        elapsed = time.perf_counter() - start
+        _log(f"round {i + 1}: base {took[BASE]:.1f} s, change {took[CHANGE]:.1f} s ({elapsed:.0f} s in all)")
+        if len(rounds) < options.min_rounds:
+            continue
+        result = analyse(rounds, options.metrics, options.gated, options.threshold, options.confidence)
+        if result.decided:
+            break
+        if elapsed + elapsed / len(rounds) > options.max_seconds and len(rounds) < options.max_rounds:
+            note = (f"Stopped after {len(rounds)} rounds: another would overrun the {options.max_seconds:g} s budget "
+                    f"while some intervals still straddle the threshold.")
+            break
+    result = analyse(rounds, options.metrics, options.gated, options.threshold, options.confidence)
+    return result, time.perf_counter() - start, note
+
+
+def run_ab(options: ABOptions) -> int:
+    options.validate()
+    change = change_side(options.repo)
+    keep = options.out
+    folder = keep or Path(tempfile.mkdtemp(prefix="prefillbench-ab-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with base_checkout(change.root, options.base_ref) as base:
+            _log(f"A/B: change {change.label} ({change.root}) against base {base.label}, "
+                 f"{options.min_rounds}-{options.max_rounds} interleaved rounds")
+            result, seconds, note = run_rounds(options, base, change, folder)
+    finally:
+        if keep is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    sys.stdout.write(render_table(result))
+    sys.stdout.flush()
+    if note:
+        _log(note)
+    if options.summary is not None:
+        write_atomic(options.summary, render_summary(result, base, change, options.preset, seconds, note))
+    for who, keys in (("base", result.only_base), ("working tree", result.only_change)):
+        if keys:
+            _log(f"{len(keys)} row(s) only in the {who}, not compared: {_key_label(keys[0])}{' ...' if len(keys) > 1 else ''}")
+    _log(f"{verdict(result)}, {seconds:.0f} s")
+    return 1 if result.regressions else 0
+
+
+# ---------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prefillbench ab", description=__doc__.split("\n\n")[0],
+                                epilog=f"After --, the `prefillbench run` options both sides run (default: {' '.join(DEFAULT_PRESET)}).")
+    p.add_argument("base", metavar="BASE", help="the git ref to measure the working tree against (e.g. main, HEAD~1, a SHA)")
+    p.add_argument("--repo", type=Path, default=Path("."), help="the checkout whose working tree is the change (default: .)")
+    p.add_argument("--metric", type=metric_list, action="append", metavar="NAME[,NAME]",
+                   help=f"metrics to compare (default: {','.join(AB_METRICS)})")
+    p.add_argument("--gate", type=metric_list, action="append", metavar="NAME[,NAME]",
+                   help=f"metrics whose regression fails the job (default: {','.join(DEFAULT_GATED)})")
+    p.add_argument("--threshold", type=percent, default=DEFAULT_THRESHOLD, metavar="PCT",
+                   help=f"a regression is worse than this percentage, with an interval that excludes 1 (default: {DEFAULT_THRESHOLD:g})")
+    p.add_argument("--confidence", type=percent, default=100 * stats.DEFAULT_CONFIDENCE, metavar="PCT",
+                   help=f"confidence of the intervals (default: {100 * stats.DEFAULT_CONFIDENCE:g})")
+    p.add_argument("--min-rounds", type=int, default=DEFAULT_MIN_ROUNDS, help=f"rounds always run (default: {DEFAULT_MIN_ROUNDS})")
+    p.add_argument("--max-rounds", type=int, default=DEFAULT_MAX_ROUNDS,
+                   help=f"rounds at most, while some gated interval straddles the threshold (default: {DEFAULT_MAX_ROUNDS})")
+    p.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS,
+                   help=f"start no round past --min-rounds that would end after this (default: {DEFAULT_MAX_SECONDS:g})")
+    p.add_argument("--out", type=Path, help="keep each round's exports in this folder")
+    p.add_argument("--summary", type=Path, metavar="FILE.md", help="write a markdown summary for a CI job page or PR comment")
+    return p
+
+
+def options_from_args(args: argparse.Namespace, preset: list[str]) -> ABOptions:
+    metrics = list(dict.fromkeys(m for ms in args.metric for m in ms)) if args.metric else list(AB_METRICS)
+    gated = list(dict.fromkeys(m for ms in args.gate for m in ms)) if args.gate else [m for m in DEFAULT_GATED if m in metrics]
+    return ABOptions(
+        base_ref=args.base,
+        preset=preset or list(DEFAULT_PRESET),
+        repo=args.repo,
+        metrics=metrics,
+        gated=gated,
+        threshold=args.threshold,
+        confidence=args.confidence / 100.0,
+        min_rounds=args.min_rounds,
+        max_rounds=args.max_rounds,
+        max_seconds=args.max_seconds,
+        out=args.out,
+        summary=args.summary,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:cut])
+    try:
+        return run_ab(options_from_args(args, argv[cut + 1:]))
+    except (InputError, SideFailed) as e:
+        print(f"prefillbench: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("prefillbench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
