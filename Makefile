@@ -16,6 +16,11 @@ BENCH_CI_ARGS ?= --backend auto -p 0 -n 0 --pg 512,16 -c 1,4 -s sequential,padde
 BENCH_CI_BASELINE ?= results/baseline-ci.csv
 BENCH_CI_OUT ?= results/bench-ci.csv
 BENCH_CI_GATE ?= --relative-to sequential --metric throughput --threshold 20
+# With BASE=<git ref>: the working tree against that commit, measured here, in one job (see the README).
+# Empty BENCH_AB_ARGS: prefillbench ab's own preset.
+BENCH_AB_ARGS ?=
+BENCH_AB_OPTS ?=
+BENCH_AB_OUT ?= results/bench-ab
 
 .PHONY: install run test clean bench-ci bench-ci-baseline
 
@@ -35,10 +40,15 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 bench-ci: $(STAMP)
+ifneq ($(strip $(BASE)),)
+	$(PY) -m prefillbench.abtest $(BASE) --out $(BENCH_AB_OUT) --summary $(BENCH_AB_OUT)/summary.md \
+		$(BENCH_AB_OPTS) -- $(BENCH_AB_ARGS)
+else
 	$(PY) -m prefillbench run $(BENCH_CI_ARGS) --no-progress --no-results-file \
 		--export $(BENCH_CI_OUT) --export-requests $(BENCH_CI_OUT:.csv=.requests.jsonl)
 	-$(PY) -m prefillbench plot $(BENCH_CI_OUT) --out $(BENCH_CI_OUT:.csv=-plots) >/dev/null
 	$(PY) -m prefillbench compare $(BENCH_CI_BASELINE) $(BENCH_CI_OUT) $(BENCH_CI_GATE)
+endif
 
 # Refresh the baseline: run on the machine the gate runs on, review, commit results/baseline-ci.csv.
 bench-ci-baseline: $(STAMP)

@@ -48,15 +48,17 @@ from .compare import HIGHER, METRIC_LABELS, METRIC_SHORT, METRICS, InputError, _
 from .metrics import ResultRow
 from .reports import _fmt, _strategy_label, md_table, write_atomic
 
-# Small on purpose: each side runs it once per round. pp128+tg16 has prefills
-# meeting decodes (so TTFT and TBT both apply) and takes ~10 s a run on a quiet 2-core CPU.
-DEFAULT_PRESET = ["--backend", "auto", "-p", "0", "-n", "0", "--pg", "128,16", "-c", "1,4",
-                  "-s", "sequential,padded,chunked", "--chunk-size", "64", "-r", "2", "--interleave"]
+# Small on purpose: each side runs it once per round, and short runs keep a round's two runs
+# close in time. One thread: llama.cpp's threads spin-wait on each other, and with as many
+# threads as cores any other process on the runner can slow a run several-fold (measured 7x
+# on a shared 2-core machine), noise no pairing can cancel. About 15 s a run on a quiet 2-core CPU.
+DEFAULT_PRESET = ["--backend", "auto", "-t", "1", "-p", "0", "-n", "0", "--pg", "64,16", "-c", "4",
+                  "-s", "sequential,padded,chunked", "--chunk-size", "32", "-r", "1", "--interleave"]
 AB_METRICS = ["throughput", "ttft_p50_ms", "ttft_p99_ms", "tbt_p50_ms", "tbt_p99_ms"]
 DEFAULT_GATED = ["throughput", "ttft_p50_ms", "tbt_p50_ms"]
 DEFAULT_THRESHOLD = 10.0  # percent
-DEFAULT_MIN_ROUNDS = 4
-DEFAULT_MAX_ROUNDS = 10
+DEFAULT_MIN_ROUNDS = 5
+DEFAULT_MAX_ROUNDS = 12
 DEFAULT_MAX_SECONDS = 480.0
 BASE, CHANGE = "base", "change"
 
