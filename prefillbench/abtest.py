@@ -61,6 +61,7 @@ DEFAULT_MIN_ROUNDS = 5
 DEFAULT_MAX_ROUNDS = 12
 DEFAULT_MAX_SECONDS = 480.0
 BASE, CHANGE = "base", "change"
+ALL_ROWS = ("all rows",)  # the key of the rows' geometric mean
 
 # `python -c` puts the current folder first on sys.path, ahead of PYTHONPATH: a run started
 # from the change's checkout would import the change's prefillbench as the base. Drop it.
@@ -228,8 +229,15 @@ class Delta:
 @dataclass
 class RowDelta:
     key: tuple
-    base_row: ResultRow  # of the first round, for its labels
+    base_row: ResultRow | None  # of the first round, for its labels; None for ALL_ROWS
     deltas: dict[str, Delta]  # metrics that apply to the row
+
+    def label(self, field_name: str) -> str:
+        if self.base_row is None:
+            return "all rows (geometric mean)" if field_name == "strategy" else ""
+        if field_name == "strategy":
+            return _strategy_label(self.base_row)
+        return str(getattr(self.base_row, field_name))
 
     @property
     def regressed(self) -> list[Delta]:
@@ -267,6 +275,10 @@ def _applies(value: float) -> bool:
     return value is not None and not math.isnan(value) and value > 0
 
 
+def _geomean(values: list[float]) -> float:
+    return math.exp(math.fsum(map(math.log, values)) / len(values))
+
+
 def analyse(
     rounds: list[Round],
     metrics: list[str] = AB_METRICS,
@@ -274,28 +286,39 @@ def analyse(
     threshold: float = DEFAULT_THRESHOLD,
     confidence: float = stats.DEFAULT_CONFIDENCE,
 ) -> ABResult:
-    """Per row present on both sides in every round, each metric's ratio and interval."""
+    """Per row present on both sides in every round, each metric's ratio and interval;
+    with several rows, also their geometric mean ("all rows")."""
     if not rounds:
         raise InputError("no rounds to compare")
     first_base, first_change = rounds[0]
     common = [k for k in first_base if all(k in b and k in c for b, c in rounds)]
     if not common:
         raise InputError("the base and the working tree have no rows in common: did the preset's cases change?")
-    applicable: list[tuple[tuple, str, list[float], list[float]]] = []
+    # metric -> (row key -> (base values, change values) over the rounds), where the metric applies
+    series: dict[str, dict[tuple, tuple[list[float], list[float]]]] = {m: {} for m in metrics}
     for key in common:
         for m in metrics:
             base = [getattr(b[key], m) for b, _ in rounds]
             change = [getattr(c[key], m) for _, c in rounds]
             if all(map(_applies, base + change)):
-                applicable.append((key, m, base, change))
-    # Bonferroni: with k gated figures each judged at 1 - (1 - confidence) / k, the chance
-    # that noise alone fails the job stays below 1 - confidence however many rows the preset has.
-    n_gated = max(sum(1 for _, m, _, _ in applicable if m in gated), 1)
-    each = 1.0 - (1.0 - confidence) / n_gated
-    deltas: dict[tuple, dict[str, Delta]] = {key: {} for key in common}
-    for key, m, base, change in applicable:
-        deltas[key][m] = Delta(m, base, change, m in gated, threshold, each)
-    rows = [RowDelta(key, first_base[key], deltas[key]) for key in common]
+                series[m][key] = (base, change)
+    if len(common) > 1:
+        # A change that slows every case a little shows most clearly across all of them:
+        # the rows' noise is independent, so their geometric mean is steadier than any one row.
+        for m in metrics:
+            if len(series[m]) == len(common):
+                base = [_geomean([series[m][k][0][i] for k in common]) for i in range(len(rounds))]
+                change = [_geomean([series[m][k][1][i] for k in common]) for i in range(len(rounds))]
+                series[m][ALL_ROWS] = (base, change)
+    keys = common + ([ALL_ROWS] if any(ALL_ROWS in by_key for by_key in series.values()) else [])
+    # Bonferroni over the rows: with k rows each judged at 1 - (1 - confidence) / k, the chance
+    # that noise alone fails some row stays below 1 - confidence however many rows the preset has.
+    # A row's metrics come from the same runs and move together, so they share its level.
+    each = 1.0 - (1.0 - confidence) / len(keys)
+    rows = []
+    for key in keys:
+        deltas = {m: Delta(m, *series[m][key], m in gated, threshold, each) for m in metrics if key in series[m]}
+        rows.append(RowDelta(key, first_base.get(key), deltas))
     return ABResult(
         rows,
         len(rounds),
@@ -320,15 +343,11 @@ def _status(row: RowDelta) -> str:
 
 def render_table(result: ABResult) -> str:
     """A markdown table: a row per case, the change in each metric with its interval."""
-    varying = [f for i, f in enumerate(("model", "backend")) if len({r.key[i] for r in result.rows}) > 1]
+    varying = [f for i, f in enumerate(("model", "backend")) if len({r.key[i] for r in result.rows if r.base_row}) > 1]
     columns: list[tuple[str, Callable[[RowDelta], str], bool]] = [
-        (f, lambda r, f=f: getattr(r.base_row, f), False) for f in varying
+        (f, lambda r, f=f: r.label(f), False) for f in varying + ["strategy", "test"]
     ]
-    columns += [
-        ("strategy", lambda r: _strategy_label(r.base_row), False),
-        ("test", lambda r: r.base_row.test, False),
-        ("concurrency", lambda r: str(r.base_row.concurrency), True),
-    ]
+    columns.append(("concurrency", lambda r: r.label("concurrency"), True))
     if "throughput" in result.metrics:
         for side, i in ((BASE, 0), (CHANGE, 1)):
             columns.append((f"throughput/s {side}", lambda r, i=i: _mean_cell(r, "throughput", i), True))
@@ -350,9 +369,10 @@ def verdict(result: ABResult) -> str:
     what = f"{result.threshold:g}%"
     gated = ", ".join(METRIC_SHORT[m] for m in result.gated)
     n = len(result.regressions)
+    rows = f"{len(result.rows)} row(s)" + (" with their mean" if any(r.key == ALL_ROWS for r in result.rows) else "")
     if n:
-        return f"{n} of {len(result.rows)} row(s) regressed beyond {what} ({gated}; {result.rounds} rounds)"
-    return f"no regression beyond {what} in {len(result.rows)} row(s) ({gated}; {result.rounds} rounds)"
+        return f"{n} of {rows} regressed beyond {what} ({gated}; {result.rounds} rounds)"
+    return f"no regression beyond {what} in {rows} ({gated}; {result.rounds} rounds)"
 
 
 def render_summary(result: ABResult, base: Side, change: Side, preset: list[str], seconds: float, note: str = "") -> str:
@@ -364,11 +384,12 @@ def render_summary(result: ABResult, base: Side, change: Side, preset: list[str]
         "",
         f"{icon} **{verdict(result)}**",
         "",
-        f"Change `{change.label}` against base `{base.label}`, the same preset run by each, "
+        f"Change `{change.label}` against base `{base.label}`: the same preset run by each, "
         f"interleaved over {result.rounds} rounds on one machine ({seconds / 60:.1f} min in all). "
-        f"Each cell is the change's difference from the base (geometric mean of the rounds' ratios) "
-        f"with its {conf} interval; a row regressed where a gated metric is more than {result.threshold:g}% worse "
-        f"and the interval excludes no change.",
+        f"A cell is the change's difference from the base (the geometric mean of the rounds' change/base ratios) "
+        f"and its interval, {conf} for all {len(result.rows)} rows together (Bonferroni); "
+        f"\"all rows\" is the rows' geometric mean, round by round. A row regressed where a gated metric "
+        f"is more than {result.threshold:g}% worse and its interval excludes no change.",
         "",
         render_table(result).rstrip("\n"),
         "",

@@ -46,7 +46,8 @@ def rounds_of(slowdown: float, noise: float, n: int = 6, seed: int = 0, strategi
 
 def test_a_change_twenty_percent_slower_regresses_on_every_gated_metric():
     result = abtest.analyse(rounds_of(1.2, noise=0.02))
-    assert len(result.rows) == 2 and len(result.regressions) == 2
+    assert [r.label("strategy") for r in result.rows] == ["sequential", "chunked", "all rows (geometric mean)"]
+    assert len(result.regressions) == 3
     for r in result.rows:
         assert sorted(d.metric for d in r.regressed) == sorted(abtest.DEFAULT_GATED)
         tput = r.deltas["throughput"]
@@ -105,12 +106,23 @@ def test_metrics_that_do_not_apply_are_left_out():
     assert "tbt_p50_ms" not in deltas and "tbt_p99_ms" not in deltas and "throughput" in deltas
 
 
-def test_intervals_widen_with_the_number_of_gated_figures():
-    """Bonferroni: a job gating more rows judges each at a higher confidence."""
-    few = abtest.analyse(rounds_of(1.1, noise=0.05, strategies=("sequential",)))
+def test_intervals_widen_with_the_number_of_rows():
+    """Bonferroni over the rows (and their mean): a job gating more rows judges each at a higher confidence."""
+    one = abtest.analyse(rounds_of(1.1, noise=0.05, strategies=("sequential",)))
     many = abtest.analyse(rounds_of(1.1, noise=0.05, strategies=("sequential", "padded", "chunked", "x", "y", "z")))
-    assert few.rows[0].deltas["throughput"].confidence == pytest.approx(1 - 0.05 / 3)
-    assert many.rows[0].deltas["throughput"].confidence == pytest.approx(1 - 0.05 / 18)
+    assert len(one.rows) == 1 and one.rows[0].deltas["throughput"].confidence == pytest.approx(0.95)
+    assert len(many.rows) == 7 and many.rows[0].deltas["throughput"].confidence == pytest.approx(1 - 0.05 / 7)
+
+
+def test_the_mean_of_the_rows_catches_a_slowdown_too_noisy_for_any_one_row():
+    rounds = rounds_of(1.2, noise=0.1, n=6, seed=3, strategies=("sequential", "padded", "chunked", "x"))
+    result = abtest.analyse(rounds)
+    mean = result.rows[-1]
+    assert mean.key == abtest.ALL_ROWS and mean.label("strategy") == "all rows (geometric mean)"
+    assert [r.key for r in result.regressions] == [abtest.ALL_ROWS]
+    # its values are the rows' geometric means, round by round
+    first = [b for b, _ in rounds][0]
+    assert mean.deltas["throughput"].base[0] == pytest.approx(math.prod(r.throughput for r in first.values()) ** (1 / 4))
 
 
 def test_rows_on_one_side_only_are_listed_not_compared():
@@ -119,7 +131,7 @@ def test_rows_on_one_side_only_are_listed_not_compared():
     for _, change in rounds:
         change[abtest.row_key(extra)] = extra
     result = abtest.analyse(rounds)
-    assert len(result.rows) == 2 and result.only_change == [abtest.row_key(extra)]
+    assert len(result.rows) == 3 and result.only_change == [abtest.row_key(extra)]
 
 
 def test_rounds_alternate_which_side_goes_first():
@@ -194,8 +206,8 @@ def test_a_change_that_slows_every_step_fails_the_job(repo, tiny_model, capsys, 
     code, out, err = ab(capsys, slow, "base", "--min-rounds", "3", "--max-rounds", "6", "--summary", str(summary),
                         "--out", str(tmp_path / "exports"), model=tiny_model)
     assert code == 1, out + err
-    assert out.count("REGRESSION") == 2  # both rows
-    assert "2 of 2 row(s) regressed beyond 10%" in err
+    assert out.count("REGRESSION") == 3  # both rows and their mean
+    assert "3 of 3 row(s) with their mean regressed beyond 10%" in err
     text = summary.read_text()
     assert ":x:" in text and "REGRESSION" in text and "| strategy" in text
     assert sorted(p.name for p in (tmp_path / "exports").glob("*-1.csv")) == ["base-1.csv", "change-1.csv"]
@@ -207,7 +219,7 @@ def test_two_identical_refs_pass_on_repeated_runs(repo, tiny_model, capsys):
     for _ in range(2):
         code, out, err = ab(capsys, repo, "HEAD", "--min-rounds", "4", "--max-rounds", "4", model=tiny_model)
         assert code == 0, out + err
-        assert "REGRESSION" not in out and "no regression beyond 10% in 2 row(s)" in err
+        assert "REGRESSION" not in out and "no regression beyond 10% in 3 row(s) with their mean" in err
 
 
 def test_a_base_that_cannot_run_exits_2(repo, tmp_path, capsys):
