@@ -311,13 +311,18 @@ def analyse(
                 change = [_geomean([series[m][k][1][i] for k in common]) for i in range(len(rounds))]
                 series[m][ALL_ROWS] = (base, change)
     keys = common + ([ALL_ROWS] if any(ALL_ROWS in by_key for by_key in series.values()) else [])
-    # Bonferroni over the rows: with k rows each judged at 1 - (1 - confidence) / k, the chance
-    # that noise alone fails some row stays below 1 - confidence however many rows the preset has.
-    # A row's metrics come from the same runs and move together, so they share its level.
-    each = 1.0 - (1.0 - confidence) / len(keys)
+    # Bonferroni: the chance that noise alone fails the job stays below 1 - confidence however
+    # many rows the preset has. The rows' mean, the figure a change that slows everything moves
+    # most clearly, gets half of that chance; the rows share the other half. A row's metrics
+    # come from the same runs and move together, so they share their row's level.
+    alpha = 1.0 - confidence
+    has_mean = any(ALL_ROWS in by_key for by_key in series.values())
+    level = {key: 1.0 - (alpha / 2 / len(common) if has_mean else alpha / len(common)) for key in common}
+    if has_mean:
+        level[ALL_ROWS] = 1.0 - alpha / 2
     rows = []
-    for key in keys:
-        deltas = {m: Delta(m, *series[m][key], m in gated, threshold, each) for m in metrics if key in series[m]}
+    for key in common + ([ALL_ROWS] if has_mean else []):
+        deltas = {m: Delta(m, *series[m][key], m in gated, threshold, level[key]) for m in metrics if key in series[m]}
         rows.append(RowDelta(key, first_base.get(key), deltas))
     return ABResult(
         rows,
@@ -387,8 +392,8 @@ def render_summary(result: ABResult, base: Side, change: Side, preset: list[str]
         f"Change `{change.label}` against base `{base.label}`: the same preset run by each, "
         f"interleaved over {result.rounds} rounds on one machine ({seconds / 60:.1f} min in all). "
         f"A cell is the change's difference from the base (the geometric mean of the rounds' change/base ratios) "
-        f"and its interval, {conf} for all {len(result.rows)} rows together (Bonferroni); "
-        f"\"all rows\" is the rows' geometric mean, round by round. A row regressed where a gated metric "
+        f"and its interval, {conf} for the table as a whole (Bonferroni: half of the {100 - 100 * result.confidence:g}% "
+        f"to \"all rows\", the rows' geometric mean round by round, half shared by the rows). A row regressed where a gated metric "
         f"is more than {result.threshold:g}% worse and its interval excludes no change.",
         "",
         render_table(result).rstrip("\n"),

@@ -107,11 +107,12 @@ def test_metrics_that_do_not_apply_are_left_out():
 
 
 def test_intervals_widen_with_the_number_of_rows():
-    """Bonferroni over the rows (and their mean): a job gating more rows judges each at a higher confidence."""
+    """Bonferroni: half the error rate to the rows' mean, half shared by the rows."""
     one = abtest.analyse(rounds_of(1.1, noise=0.05, strategies=("sequential",)))
     many = abtest.analyse(rounds_of(1.1, noise=0.05, strategies=("sequential", "padded", "chunked", "x", "y", "z")))
     assert len(one.rows) == 1 and one.rows[0].deltas["throughput"].confidence == pytest.approx(0.95)
-    assert len(many.rows) == 7 and many.rows[0].deltas["throughput"].confidence == pytest.approx(1 - 0.05 / 7)
+    assert len(many.rows) == 7 and many.rows[0].deltas["throughput"].confidence == pytest.approx(1 - 0.025 / 6)
+    assert many.rows[-1].key == abtest.ALL_ROWS and many.rows[-1].deltas["throughput"].confidence == pytest.approx(0.975)
 
 
 def test_the_mean_of_the_rows_catches_a_slowdown_too_noisy_for_any_one_row():
