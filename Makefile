@@ -41,7 +41,7 @@ test: $(STAMP)
 
 bench-ci: $(STAMP)
 ifneq ($(strip $(BASE)),)
-	$(PY) -m prefillbench.abtest $(BASE) --out $(BENCH_AB_OUT) --summary $(BENCH_AB_OUT)/summary.md \
+	$(PY) -m prefillbench ab $(BASE) --out $(BENCH_AB_OUT) --summary $(BENCH_AB_OUT)/summary.md \
 		$(BENCH_AB_OPTS) -- $(BENCH_AB_ARGS)
 else
 	$(PY) -m prefillbench run $(BENCH_CI_ARGS) --no-progress --no-results-file \

@@ -30,7 +30,6 @@ working tree) could not run; the reason is one line on stderr.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shutil
@@ -44,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import stats
-from .compare import HIGHER, METRIC_LABELS, METRIC_SHORT, METRICS, InputError, _key_label, load_results, metric_list, percent, row_key, worse_by
+from .compare import HIGHER, METRIC_LABELS, METRIC_SHORT, METRICS, InputError, _key_label, load_results, row_key, worse_by
 from .metrics import ResultRow
 from .reports import _fmt, _strategy_label, md_table, write_atomic
 
@@ -68,7 +67,7 @@ ALL_ROWS = ("all rows",)  # the key of the rows' geometric mean
 _LAUNCH = "import runpy, sys; sys.path[:] = [p for p in sys.path if p]; runpy.run_module('prefillbench', run_name='__main__', alter_sys=True)"
 
 
-class SideFailed(Exception):
+class SideFailed(RuntimeError):
     """One side's benchmark run failed: exit 2, naming the side."""
 
 
@@ -499,66 +498,3 @@ def run_ab(options: ABOptions) -> int:
             _log(f"{len(keys)} row(s) only in the {who}, not compared: {_key_label(keys[0])}{' ...' if len(keys) > 1 else ''}")
     _log(f"{verdict(result)}, {seconds:.0f} s")
     return 1 if result.regressions else 0
-
-
-# ---------------------------------------------------------------- command line
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prefillbench ab", description=__doc__.split("\n\n")[0],
-                                epilog=f"After --, the `prefillbench run` options both sides run (default: {' '.join(DEFAULT_PRESET)}).")
-    p.add_argument("base", metavar="BASE", help="the git ref to measure the working tree against (e.g. main, HEAD~1, a SHA)")
-    p.add_argument("--repo", type=Path, default=Path("."), help="the checkout whose working tree is the change (default: .)")
-    p.add_argument("--metric", type=metric_list, action="append", metavar="NAME[,NAME]",
-                   help=f"metrics to compare (default: {','.join(AB_METRICS)})")
-    p.add_argument("--gate", type=metric_list, action="append", metavar="NAME[,NAME]",
-                   help=f"metrics whose regression fails the job (default: {','.join(DEFAULT_GATED)})")
-    p.add_argument("--threshold", type=percent, default=DEFAULT_THRESHOLD, metavar="PCT",
-                   help=f"a regression is worse than this percentage, with an interval that excludes 1 (default: {DEFAULT_THRESHOLD:g})")
-    p.add_argument("--confidence", type=percent, default=100 * stats.DEFAULT_CONFIDENCE, metavar="PCT",
-                   help=f"confidence of the intervals (default: {100 * stats.DEFAULT_CONFIDENCE:g})")
-    p.add_argument("--min-rounds", type=int, default=DEFAULT_MIN_ROUNDS, help=f"rounds always run (default: {DEFAULT_MIN_ROUNDS})")
-    p.add_argument("--max-rounds", type=int, default=DEFAULT_MAX_ROUNDS,
-                   help=f"rounds at most, while some gated interval straddles the threshold (default: {DEFAULT_MAX_ROUNDS})")
-    p.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS,
-                   help=f"start no round past --min-rounds that would end after this (default: {DEFAULT_MAX_SECONDS:g})")
-    p.add_argument("--out", type=Path, help="keep each round's exports in this folder")
-    p.add_argument("--summary", type=Path, metavar="FILE.md", help="write a markdown summary for a CI job page or PR comment")
-    return p
-
-
-def options_from_args(args: argparse.Namespace, preset: list[str]) -> ABOptions:
-    metrics = list(dict.fromkeys(m for ms in args.metric for m in ms)) if args.metric else list(AB_METRICS)
-    gated = list(dict.fromkeys(m for ms in args.gate for m in ms)) if args.gate else [m for m in DEFAULT_GATED if m in metrics]
-    return ABOptions(
-        base_ref=args.base,
-        preset=preset or list(DEFAULT_PRESET),
-        repo=args.repo,
-        metrics=metrics,
-        gated=gated,
-        threshold=args.threshold,
-        confidence=args.confidence / 100.0,
-        min_rounds=args.min_rounds,
-        max_rounds=args.max_rounds,
-        max_seconds=args.max_seconds,
-        out=args.out,
-        summary=args.summary,
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
-    args = build_parser().parse_args(argv[:cut])
-    try:
-        return run_ab(options_from_args(args, argv[cut + 1:]))
-    except (InputError, SideFailed) as e:
-        print(f"prefillbench: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("prefillbench: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,7 @@ import typer
 
 from strategies import STRATEGIES
 
-from . import __version__, compare, interleave, plots, reports, traces
+from . import __version__, abtest, compare, interleave, plots, reports, traces
 from .backends import BACKEND_CHOICES, load_backend
 from .backends.base import BackendError
 from .bench import BenchConfig, CaseResult, run_case, verify
@@ -287,6 +287,46 @@ def plot_command(
     out: Annotated[str, typer.Option(metavar="DIR", help="where the PNG files go")] = plots.DEFAULT_OUT,
 ) -> int:
     return plots.cmd_plot(SimpleNamespace(**locals()))
+
+
+def _metrics_if_given(texts: list[str] | None) -> list[str] | None:
+    return metric_list(texts) if texts else None
+
+
+@command("ab", help="the working tree against a base commit, both measured here in one job; exit 1 on a regression")
+def ab_command(
+    base: Annotated[str, typer.Argument(
+        metavar="BASE", show_default=False, help="the git ref to measure the working tree against (main, HEAD~1, a SHA)")],
+    run_args: Annotated[Optional[list[str]], typer.Argument(
+        metavar="[-- RUN_ARGS...]", show_default=False,
+        help=f"the `prefillbench run` options both sides run (default: {' '.join(abtest.DEFAULT_PRESET)})")] = None,
+    repo: Annotated[Path, typer.Option(metavar="DIR", help="the checkout whose working tree is the change")] = Path("."),
+    metric: Annotated[Optional[list[str]], typer.Option(
+        "--metric", callback=_metrics_if_given, metavar="NAME[,NAME]",
+        help=f"metrics to compare, repeatable (default: {','.join(abtest.AB_METRICS)})")] = None,
+    gate: Annotated[Optional[list[str]], typer.Option(
+        "--gate", callback=_metrics_if_given, metavar="NAME[,NAME]",
+        help=f"metrics whose regression fails the job (default: {','.join(abtest.DEFAULT_GATED)})")] = None,
+    threshold: Annotated[float, typer.Option(
+        parser=percent, metavar="PCT", help="a regression is worse than this, with an interval that excludes no change")] = abtest.DEFAULT_THRESHOLD,
+    confidence: Annotated[float, typer.Option(
+        parser=percent, metavar="PCT", help="confidence of the table's intervals as a whole")] = 100 * abtest.stats.DEFAULT_CONFIDENCE,
+    min_rounds: Annotated[int, typer.Option(help="rounds (one run of each side) always run")] = abtest.DEFAULT_MIN_ROUNDS,
+    max_rounds: Annotated[int, typer.Option(help="rounds at most, while a gated interval straddles the threshold")] = abtest.DEFAULT_MAX_ROUNDS,
+    max_seconds: Annotated[float, typer.Option(help="start no round past --min-rounds that would end after this")] = abtest.DEFAULT_MAX_SECONDS,
+    out: Annotated[Optional[Path], typer.Option(metavar="DIR", help="keep every round's exports here")] = None,
+    summary: Annotated[Optional[Path], typer.Option(metavar="FILE.md", help="write a markdown summary for a CI job page or PR comment")] = None,
+) -> int:
+    metrics = metric or list(abtest.AB_METRICS)
+    options = abtest.ABOptions(
+        base_ref=base, preset=list(run_args or abtest.DEFAULT_PRESET), repo=repo, metrics=metrics,
+        gated=gate or [m for m in abtest.DEFAULT_GATED if m in metrics], threshold=threshold, confidence=confidence / 100,
+        min_rounds=min_rounds, max_rounds=max_rounds, max_seconds=max_seconds, out=out, summary=summary,
+    )
+    try:
+        return abtest.run_ab(options)
+    except abtest.SideFailed as e:
+        return fail(e)
 
 
 command("calibrate", help="fit the sim's attainable fractions and step overhead to a real backend")(calibrate)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import prefillbench
-from prefillbench import abtest
+from prefillbench import abtest, cli
 from prefillbench.metrics import ResultRow
 
 # ---------------------------------------------------------------- statistics on made-up rounds
@@ -195,7 +195,7 @@ def repo(tmp_path_factory):
 
 def ab(capsys, repo: Path, base: str, *options: str, preset=PRESET, model: str | None = None) -> tuple[int, str, str]:
     run_args = list(preset) + (["-m", model] if model else [])
-    code = abtest.main([base, "--repo", str(repo), *options, "--", *run_args])
+    code = cli.main(["ab", base, "--repo", str(repo), *options, "--", *run_args])
     out, err = capsys.readouterr()
     return code, out, err
 
