@@ -21,11 +21,12 @@ import typer
 from strategies import STRATEGIES
 
 from . import __version__, abtest, compare, interleave, plots, reports, traces
-from .backends import BACKEND_CHOICES, load_backend
+from .backends import BACKEND_CHOICES, backend_class, choose_backend, load_backend
 from .backends.base import BackendError
 from .bench import BenchConfig, CaseResult, run_case, verify
 from .meta import run_metadata
-from .sim.cli import Calibration, PipelineStages, SimGpu, SimModel, TensorParallel, Trace, calibrate, sim_options
+from .calibrate import calibrate_command
+from .sim.cli import Calibration, PipelineStages, SimGpu, SimModel, TensorParallel, Trace, sim_options
 from .workloads import make_tests
 
 MODEL_PANEL, TESTS_PANEL, OUTPUT_PANEL = "model and backend", "tests", "output"
@@ -54,6 +55,15 @@ def int_list(texts: list[str] | None) -> list[int] | None:
         values = []
     if not values:
         raise typer.BadParameter(f"expected a comma-separated list of integers, got {','.join(texts)!r}")
+    return values
+
+
+def lengths(texts: list[str] | None) -> list[int] | None:
+    """-p and -n: token counts, where 0 skips that kind of test (llama-bench's rule) and below 0 is a mistake."""
+    values = int_list(texts)
+    for v in values or []:
+        if v < 0:
+            raise typer.BadParameter(f"a length cannot be negative, got {v}")
     return values
 
 
@@ -123,10 +133,10 @@ FlashAttn = Annotated[Optional[Literal["on", "off", "auto"]], _option(
 
 # tests
 NPrompt = Annotated[Optional[list[str]], _option(
-    "-p", "--n-prompt", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
+    "-p", "--n-prompt", panel=TESTS_PANEL, callback=lengths, metavar="N[,N]",
     help="prompt lengths for pp tests (default: 512)")]
 NGen = Annotated[Optional[list[str]], _option(
-    "-n", "--n-gen", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
+    "-n", "--n-gen", panel=TESTS_PANEL, callback=lengths, metavar="N[,N]",
     help="generation lengths for tg tests (default: 128)")]
 PromptGen = Annotated[Optional[list[str]], _option(
     "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
@@ -150,7 +160,8 @@ Interleave = Annotated[bool, _flag(
     help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")]
 
 # output
-Output = Annotated[Literal[reports.FORMATS], _option("-o", "--output", panel=OUTPUT_PANEL, help="format on stdout")]
+Output = Annotated[Literal[reports.OUTPUT_FORMATS], _option(
+    "-o", "--output", panel=OUTPUT_PANEL, help="format on stdout: md table, grid (a terminal table), csv, json, jsonl")]
 Export = Annotated[Optional[str], _option(
     "--export", panel=OUTPUT_PANEL, metavar="FILE",
     help="also write every field and the run metadata here (.csv, .json, .jsonl, .md); "
@@ -274,7 +285,7 @@ def compare_command(
         metavar="STRATEGY", help="compare each row's ratio to this strategy's row of the same file (e.g. sequential)")] = None,
     noisy_cv: Annotated[float, typer.Option(
         parser=percent, metavar="PCT", help="mark rows whose CV across repetitions exceeds this")] = 100 * compare.DEFAULT_NOISY_CV,
-    output: Annotated[Literal["md", "csv", "json", "jsonl"], typer.Option("-o", "--output", help="format on stdout")] = "md",
+    output: Annotated[Literal[reports.OUTPUT_FORMATS], typer.Option("-o", "--output", help="format on stdout")] = "md",
 ) -> int:
     return compare.cmd_compare(SimpleNamespace(**locals()))
 
@@ -329,7 +340,7 @@ def ab_command(
         return fail(e)
 
 
-command("calibrate", help="fit the sim's attainable fractions and step overhead to a real backend")(calibrate)
+command("calibrate", help="fit the sim's attainable fractions and step overhead to a real backend")(calibrate_command)
 
 
 # ---------------------------------------------------------------- run
@@ -384,6 +395,7 @@ def cmd_run(args: Any) -> int:
     for path in (args.export, trace_path, results_path):
         if path:
             reports.check_writable(path)
+    check_sequence_limit(choose_backend(args.backend, args.model, args.tp), config)
     options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch),
                                  ("flash_attn", args.flash_attn)) if v is not None}
     options.update(sim_options(args))
@@ -443,6 +455,14 @@ def cmd_run(args: Any) -> int:
         n = sum(len(r.runs[0].requests) for r in results)
         print(f"verify: all strategies produced the same greedy tokens ({n} requests)", file=sys.stderr)
     return 0
+
+
+def check_sequence_limit(backend_name: str, config: BenchConfig) -> None:
+    """Refuse a -c the backend cannot hold, before loading a model to find out."""
+    limit = backend_class(backend_name).sequence_limit
+    most = max(config.concurrency)
+    if limit is not None and most > limit:
+        raise UsageError(f"-c {most}: the {backend_name} backend runs at most {limit} sequences at once")
 
 
 def write_outputs(export: str | None, trace_path: str | Path | None, results_path: Path | None,

@@ -494,15 +494,15 @@ def render_comparison(cmp: Comparison, fmt: str = "md") -> str:
             ("speedup" if len(cmp.metrics) == 1 else f"{METRIC_SHORT[m]} speedup", lambda e, m=m: _num(e.speedup[m], 2), True),
         ]
     columns.append(("status", _status, False))
-    return md_table(columns, cmp.entries)
+    return md_table(columns, cmp.entries, fmt)
 
 
 def render_relative(fmt: str, rows: list[ResultRow], meta: dict[str, Any], strategy: str, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
     """`run --relative-to`: every row with its ratios to the reference strategy's row."""
-    from .reports import MD_COLUMNS, _fmt, cv_cell, md_table
+    from .reports import MD_COLUMNS, TABLE_FORMATS, _fmt, cv_cell, md_table
 
     rels = relative_rows(rows, strategy, RUN_RATIO_METRICS)
-    if fmt != "md":
+    if fmt not in TABLE_FORMATS:
         records = [{**rel.row.as_dict(), **{f"{m}_vs_{strategy}": rel.ratios[m] for m in RUN_RATIO_METRICS}, **meta} for rel in rels]
         if fmt == "json":
             return json.dumps({"metadata": meta, "relative_to": strategy, "results": [{k: v for k, v in r.items() if k not in meta} for r in records]}, indent=2) + "\n"
@@ -521,7 +521,7 @@ def render_relative(fmt: str, rows: list[ResultRow], meta: dict[str, Any], strat
         columns.append((METRIC_LABELS[m], lambda rel, m=m, d=d: _fmt(getattr(rel.row, m), d), True))
         columns.append((f"/{strategy}", lambda rel, m=m: _num(rel.ratios[m], 3), True))
     columns.append(("CV", lambda rel: cv_cell(rel.row, noisy_cv), True))
-    return md_table(columns, rels)
+    return md_table(columns, rels, fmt)
 
 
 # ---------------------------------------------------------------- command line

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tabulate import tabulate
+
 from .metrics import ResultRow
 from .stats import DEFAULT_NOISY_CV
 
@@ -81,26 +83,30 @@ def cv_cell(row: ResultRow, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
     return f"{100 * cv:.1f}%" + (" noisy" if row.noisy(noisy_cv) else "")
 
 
-def md_table(columns: list[tuple[str, Callable[[Any], str], bool]], items: list[Any]) -> str:
-    """A markdown table, aligned for reading in a terminal."""
-    cells = [[cell(r) for _, cell, _ in columns] for r in items]
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _, _) in enumerate(columns)]
-
-    def line(values: list[str]) -> str:
-        parts = [v.rjust(w) if right else v.ljust(w) for v, w, (_, _, right) in zip(values, widths, columns)]
-        return "| " + " | ".join(parts) + " |"
-
-    rule = "| " + " | ".join(("-" * (w - 1) + ":") if right else "-" * w for w, (_, _, right) in zip(widths, columns)) + " |"
-    return "\n".join([line([h for h, _, _ in columns]), rule] + [line(c) for c in cells]) + "\n"
+#: Table formats for the terminal, by -o name: tabulate's table format for each.
+TABLE_FORMATS = {"md": "pipe", "grid": "rounded_outline"}
+#: What -o accepts: the tables and the machine-readable formats.
+OUTPUT_FORMATS = (*TABLE_FORMATS, *FORMATS[1:])
 
 
-def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV) -> str:
+def md_table(columns: list[tuple[str, Callable[[Any], str], bool]], items: list[Any], fmt: str = "md") -> str:
+    """A table (markdown by default) aligned for reading in a terminal: numbers right, names left."""
+    return tabulate(
+        [[cell(r) for _, cell, _ in columns] for r in items],
+        headers=[h for h, _, _ in columns],
+        tablefmt=TABLE_FORMATS[fmt],
+        colalign=["right" if right else "left" for _, _, right in columns],
+        disable_numparse=True,  # the cells are formatted already ("12.5±0.3", "-")
+    ) + "\n"
+
+
+def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV, fmt: str = "md") -> str:
     columns = OPEN_LOOP_MD_COLUMNS if any(r.arrival not in ("closed", "") for r in rows) else MD_COLUMNS
     slos = sorted({r.slo for r in rows if r.slo})
     if slos:
         columns = columns + [(f"goodput req/s (met {' | '.join(slos)})", goodput_cell, True)]
     columns = columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
-    return md_table(columns, rows)
+    return md_table(columns, rows, fmt)
 
 
 def _records(rows: list[ResultRow], meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -132,8 +138,8 @@ PRINTERS: dict[str, Callable[[list[ResultRow], dict[str, Any]], str]] = {
 
 
 def render(fmt: str, rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV) -> str:
-    if fmt == "md":
-        return render_md(rows, meta, noisy_cv)
+    if fmt in TABLE_FORMATS:
+        return render_md(rows, meta, noisy_cv, fmt)
     return PRINTERS[fmt](rows, meta)
 
 

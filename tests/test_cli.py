@@ -221,6 +221,8 @@ def test_llama_bench_short_forms_parse(monkeypatch):
         (["run", "-o", "xml"], "'-o' / '--output'"),
         (["run", "--backend", "tpu"], "'--backend'"),
         (["run", "--noisy-cv", "-1"], "a percentage of at least 0"),
+        (["run", "-p", "-5"], "a length cannot be negative, got -5"),
+        (["run", "-n", "4,-1"], "a length cannot be negative, got -1"),
         (["run", "-r"], "requires an argument"),
         (["compare", "a.csv"], "Missing argument 'CURRENT'"),
         (["compare", "a.csv", "b.csv", "--metric", "speed"], "unknown metric 'speed'"),
@@ -290,3 +292,41 @@ def test_exported_files_get_the_umask_permissions(capsys, tmp_path):
         os.umask(old)
     for name in ("out.json", "out.requests.jsonl"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+
+
+def test_concurrency_above_the_backend_limit_is_refused_before_loading(capsys, monkeypatch):
+    from prefillbench.backends.gguf_backend import GGUFBackend
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the backend was loaded")
+
+    monkeypatch.setattr(cli, "load_backend", must_not_load)
+    limit = GGUFBackend.sequence_limit
+    assert cli.main(["run", "--backend", "gguf", "-c", f"1,{limit + 1}", "--no-results-file"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"-c {limit + 1}: the gguf backend runs at most {limit} sequences" in err
+
+
+def test_a_hub_id_without_network_fails_fast_in_one_line(capsys, monkeypatch):
+    import time
+
+    from prefillbench import models
+
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=models.HUB_PROBE_TIMEOUT_S: False)
+    t0 = time.perf_counter()
+    code, _, err = run_cli(capsys, "-m", "nobody-here/no-such-model-xyz", "-p", "8", "-n", "0", "--no-results-file")
+    assert code == 2 and err.strip().splitlines()[-1].startswith("prefillbench: error: nobody-here/no-such-model-xyz")
+    assert "hub cannot be reached" in err and "Traceback" not in err and "retry" not in err.lower()
+    assert time.perf_counter() - t0 < 30  # transformers' own retries take ~40 s
+
+
+def test_a_cached_hub_model_loads_offline_when_the_hub_is_out_of_reach(monkeypatch):
+    import huggingface_hub
+
+    from prefillbench import models
+
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=models.HUB_PROBE_TIMEOUT_S: False)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: f"/cache/{repo}/{name}")
+    assert models.hub_load_options("org/cached-model") == {"local_files_only": True}
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=models.HUB_PROBE_TIMEOUT_S: True)
+    assert models.hub_load_options("org/cached-model") == {}

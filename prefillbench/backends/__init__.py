@@ -26,6 +26,30 @@ def resolve_backend_name(name: str) -> str:
     return "gguf"
 
 
+def choose_backend(name: str, model: str | None, tp: int = 1) -> str:
+    """The backend that `--backend name` runs for this model: auto resolved, never llama.cpp where it cannot."""
+    if name == "auto" and ((model and not model.endswith(".gguf")) or tp > 1):
+        return "torch"  # llama.cpp runs .gguf files only and has no tensor parallelism
+    return resolve_backend_name(name)
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class of a resolved backend name, for what it says before anything loads (e.g. its sequence_limit)."""
+    if name == "sim":
+        from .sim_backend import SimBackend
+
+        return SimBackend
+    if name == "torch":
+        from .torch_backend import TorchBackend
+
+        return TorchBackend
+    if name == "gguf":
+        from .gguf_backend import GGUFBackend
+
+        return GGUFBackend
+    raise BackendError(f"unknown backend {name!r}; choose from {', '.join(BACKEND_CHOICES)}")
+
+
 def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: str = "float32",
                  threads: int | None = None, **options: Any) -> Backend:
     from prefillbench.models import default_model_path
@@ -33,9 +57,7 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
     from .distributed import check_launch
 
     tp, pp = options.get("tp") or 1, options.get("pp") or 1
-    if name == "auto" and ((model and not model.endswith(".gguf")) or tp > 1):
-        name = "torch"  # llama.cpp runs .gguf files only and has no tensor parallelism
-    name = resolve_backend_name(name)
+    name = choose_backend(name, model, tp)
     check_launch(tp, name)
     if pp > 1 and name != "sim":
         raise BackendError(f"--pp {pp} runs on the sim only (--backend sim); see the README's \"Past one machine\"")
@@ -62,4 +84,5 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
     raise BackendError(f"unknown backend {name!r}; choose from {', '.join(BACKEND_CHOICES)}")
 
 
-__all__ = ["Backend", "BackendError", "SlotTable", "BACKEND_CHOICES", "load_backend", "resolve_backend_name"]
+__all__ = ["Backend", "BackendError", "SlotTable", "BACKEND_CHOICES", "backend_class", "choose_backend", "load_backend",
+           "resolve_backend_name"]

@@ -4,13 +4,12 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from prefillbench.errors import BackendError
 from prefillbench.step import Step, StepResult
 
-
-class BackendError(RuntimeError):
-    """A problem the user can fix (bad model, too small a context, ...): one line, no traceback."""
+__all__ = ["Backend", "BackendError", "Launched", "SlotTable", "check_cache_room"]
 
 
 @dataclass
@@ -32,6 +31,9 @@ class Backend(ABC):
     vocab_size: int = 0
     #: What weights actually run, e.g. "float32 (dequantized from GGUF)".
     weights: str = ""
+    #: The most sequences the backend can hold at once, whatever the memory; None: no fixed limit.
+    #: A class attribute, so the CLI can refuse a larger -c before loading anything.
+    sequence_limit: ClassVar[int | None] = None
 
     @abstractmethod
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:

@@ -138,6 +138,7 @@ def _weights_label(desc: str) -> str:
 
 class GGUFBackend(Backend):
     name = "gguf"
+    sequence_limit = 256  # llama.cpp's LLAMA_MAX_SEQ: n_seq_max above it fails at context creation
 
     def __init__(self, model_ptr, path: Path, *, threads: int, n_gpu_layers: int, n_ubatch: int | None,
                  n_ctx_limit: int | None, kv_type: str, flash_attn: str, kv_unified: bool) -> None:

@@ -22,6 +22,9 @@ from .base import Backend, BackendError, Launched
 
 class SimBackend(Backend):
     name = "sim"
+    # A serving engine's batch cap (vLLM's max_num_seqs is 256 to 1024): past it the KV cache clamps anyway,
+    # and a larger -c only means more requests, not more in flight.
+    sequence_limit = 1024
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,

@@ -175,6 +175,10 @@ def load_model(model: str, dtype: torch.dtype, device: str, tp: int = 1):
         raise BackendError(f"{model} is neither a checkpoint folder nor a .gguf file")
     else:
         source = model
+        if not path.exists():
+            from prefillbench.models import hub_load_options
+
+            kwargs.update(hub_load_options(model))
     try:
         # transformers' GGUF loader draws its own tqdm bar; stderr belongs to our progress bar.
         with contextlib.redirect_stderr(io.StringIO()):

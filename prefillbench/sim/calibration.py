@@ -1,4 +1,6 @@
-"""`prefillbench calibrate`: fit the sim's attainable fractions and per-step overhead to a real backend.
+"""The sim's calibration: fit its attainable fractions and per-step overhead to step times measured on a backend.
+
+prefillbench/calibrate.py (the `calibrate` command) loads the real backend and calls these.
 
 A sweep of synthetic steps (prefill chunks of several sizes and offsets, decode
 batches at several contexts, mixed chunk + decode steps) runs on any Backend:
@@ -10,11 +12,9 @@ overhead for the least squares of log(predicted / measured) step time.
 """
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import json
 import math
-import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import numpy as np
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 
 from .cost import Batch, CostModel
-from .specs import GPUSpec, ModelSpec, SimConfigError, load_gpu_spec, load_model_spec, model_from_config
+from .specs import GPUSpec, ModelSpec, SimConfigError, model_from_config
 
 FITTED_KEYS = ("compute_fraction", "memory_fraction", "step_overhead_s")
 
@@ -310,78 +310,3 @@ def model_spec_of(backend, dtype_bytes: float | None = None) -> ModelSpec:
     if dtype_bytes:
         spec = replace(spec, dtype_bytes=dtype_bytes, weight_bytes=dtype_bytes)
     return spec
-
-
-# ---- real vs sim on a closed-loop run -----------------------------------------------------------------
-def compare_run(backend, cal: dict[str, Any], n_prompt: int, n_gen: int, concurrency: int, requests: int,
-                chunk: int = 64) -> dict[str, Any]:
-    """Sequential and chunked on the real backend and on the calibrated sim: throughputs and step errors."""
-    from strategies import make_strategy
-
-    from prefillbench import engine
-    from prefillbench.backends.sim_backend import SimBackend
-    from prefillbench.workloads import TestSpec, make_requests
-
-    model, gpu = calibration_specs(cal)
-    sim = SimBackend(model, gpu)
-    test = TestSpec(n_prompt, n_gen)
-    reqs = make_requests(test, requests, backend.vocab_size, seed=3)
-    out: dict[str, Any] = {"test": test.name, "concurrency": concurrency, "chunk": chunk}
-    step_errors = []
-    for name in ("sequential", "chunked"):
-        strategy = make_strategy(name, chunk)
-        engine.run(backend, strategy, reqs[:1], 1)  # warm-up
-        real = engine.run(backend, strategy, reqs, concurrency)
-        simulated = engine.run(sim, strategy, reqs, concurrency)
-        out[f"real_{name}"] = len(reqs) * test.tokens_per_request / real.wall
-        out[f"sim_{name}"] = len(reqs) * test.tokens_per_request / simulated.wall
-        for r, s in zip(real.steps, simulated.steps):
-            step_errors.append(s.seconds / r.seconds - 1)
-    out["real_ratio"] = out["real_chunked"] / out["real_sequential"]
-    out["sim_ratio"] = out["sim_chunked"] / out["sim_sequential"]
-    out["ratio_error"] = out["sim_ratio"] / out["real_ratio"] - 1
-    out["median_abs_step_error"] = float(np.median(np.abs(step_errors)))
-    return out
-
-
-def calibrate_cli(args) -> int:
-    from prefillbench.backends import load_backend
-
-    backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads)
-    if args.sim_model:
-        model = load_model_spec(args.sim_model)
-    elif args.backend == "gguf":
-        from prefillbench.models import default_model_path
-
-        model = load_model_spec(args.model or default_model_path())  # shapes from the GGUF metadata
-    else:
-        model = model_spec_of(backend)
-    nominal = load_gpu_spec(args.sim_gpu or ("CPU" if backend.device == "CPU" else "a100-sxm"))
-    print(f"prefillbench: calibrating the sim against {backend.model_name} on {backend.label} "
-          f"(nominal spec {nominal.name})", file=sys.stderr)
-
-    def progress(i, n, p):
-        print(f"\r  sweep {i}/{n}: {p.label:<32}", end="", file=sys.stderr, flush=True)
-
-    cal = calibrate(backend, model, nominal, quick=args.quick, repeats=args.repeats, progress=progress)
-    print(file=sys.stderr)
-    if args.check:
-        cal["check"] = compare_run(backend, cal, *args.check_run)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(cal, indent=2) + "\n")
-    if args.errors:
-        with open(args.errors, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["point", "measured_ms", "predicted_ms", "error"])
-            w.writeheader()
-            w.writerows(cal["steps"])
-    f = cal["fitted"]
-    print(f"compute fraction {f['compute_fraction']:.4g}, memory fraction {f['memory_fraction']:.4g}, "
-          f"step overhead {f['step_overhead_s'] * 1e3:.3f} ms")
-    print(f"per-step error over {len(cal['steps'])} steps: median {cal['median_abs_error']:.1%}, "
-          f"p90 {cal['p90_abs_error']:.1%}")
-    if args.check:
-        c = cal["check"]
-        print(f"{c['test']} c={c['concurrency']}: chunked/sequential throughput real {c['real_ratio']:.3f}, "
-              f"sim {c['sim_ratio']:.3f} ({c['ratio_error']:+.1%}); median step error {c['median_abs_step_error']:.1%}")
-    print(f"wrote {args.output}")
-    return 0

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from prefillbench.backends.base import BackendError
+from prefillbench.errors import BackendError
 
 GiB = 1 << 30
 
