@@ -23,6 +23,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from .metrics import ResultRow
 from .stats import DEFAULT_NOISY_CV
 
@@ -76,6 +78,7 @@ KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size
 _INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions"}
 _OPTIONAL_FLOATS = {"rate", "burstiness"}  # None where they do not apply
 _TEXT_FIELDS = {"arrival", "slo"}
+_KEY_TEXT = {"model", "backend", "strategy", "test"}
 _ALL_FIELDS = {f.name: f for f in fields(ResultRow)}
 # Columns every export has had since the first version; the statistics came later.
 REQUIRED = [f.name for f in fields(ResultRow) if f.default is MISSING]
@@ -99,53 +102,8 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _parse_value(name: str, value: Any, where: str) -> Any:
-    if name in _OPTIONAL_FLOATS:
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null", "nan")):
-            return None
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise InputError(f"{where}: {name} is not a number: {_one_line(value)!r}") from None
-    if name in _TEXT_FIELDS:
-        return "" if value is None else str(value)
-    if name == "chunk_size":
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-            return None
-        try:
-            return int(float(value))
-        except (TypeError, ValueError):
-            raise InputError(f"{where}: chunk_size is not a number: {_one_line(value)!r}") from None
-    if name in ("model", "backend", "strategy", "test"):
-        if value is None or (isinstance(value, str) and not value.strip()):
-            raise InputError(f"{where}: empty {name}")
-        return str(value)
-    if name in _INT_FIELDS:
-        try:
-            return int(float(value))
-        except (TypeError, ValueError):
-            raise InputError(f"{where}: {name} is not an integer: {_one_line(value)!r}") from None
-    if value is None or value == "":
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: {name} is not a number: {_one_line(value)!r}") from None
-
-
-def row_from_record(record: Any, where: str) -> ResultRow:
-    if not isinstance(record, dict):
-        raise InputError(f"{where}: not a prefillbench results file (a record is not an object)")
-    if "token_times" in record:
-        raise InputError(f"{where}: this is a per-request trace (--export-requests), not a results export")
-    missing = [c for c in REQUIRED if c not in record]
-    if missing:
-        raise InputError(f"{where}: not a prefillbench results file (missing {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''})")
-    values = {name: _parse_value(name, record[name], where) for name in _ALL_FIELDS if name in record}
-    return ResultRow(**values)
-
-
-def _read_text(path: str) -> str:
+def read_text(path: str) -> str:
+    """A file's text, or InputError with a one-line reason (missing, a folder, binary, empty)."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{path}: no such file")
@@ -162,65 +120,15 @@ def _read_text(path: str) -> str:
     return text
 
 
-def _sniff(path: str, text: str) -> str:
+def export_format(path: str) -> str:
+    """csv, json or jsonl, by the file's name (the names `run --export` writes)."""
     suffix = Path(path).suffix.lower()
-    if suffix in (".csv",):
-        return "csv"
-    if suffix in (".json",):
-        return "json"
-    if suffix in (".jsonl", ".ndjson"):
-        return "jsonl"
     if suffix in (".md", ".markdown"):
         raise InputError(f"{path}: a markdown table cannot be read back; export .csv or .json")
-    head = text.lstrip()
-    if head.startswith("{") and "\n{" in head.strip():
-        return "jsonl"
-    return "json" if head.startswith(("{", "[")) else "csv"
-
-
-def _json_error(path: str, e: json.JSONDecodeError, line: int | None = None) -> InputError:
-    where = f"{path} line {line}" if line else f"{path} line {e.lineno}"
-    return InputError(f"{where}: truncated or malformed JSON ({e.msg})")
-
-
-def _load_csv(path: str, text: str) -> Results:
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    header = reader.fieldnames or []
-    missing = [c for c in REQUIRED if c not in header]
-    if missing:
-        raise InputError(
-            f"{path}: not a prefillbench results file (missing columns {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''})"
-        )
-    rows, meta = [], {}
-    try:
-        for record in reader:
-            where = f"{path} line {reader.line_num}"
-            if None in record:
-                raise InputError(f"{where}: malformed row (more fields than the header)")
-            absent = [k for k, v in record.items() if v is None]
-            if absent:
-                raise InputError(f"{where}: truncated row ({len(header) - len(absent)} of {len(header)} fields)")
-            rows.append(row_from_record(record, where))
-            if not meta:
-                meta = {k: v for k, v in record.items() if k not in _ALL_FIELDS}
-    except csv.Error as e:
-        raise InputError(f"{path} line {reader.line_num}: malformed CSV ({e})") from None
-    return Results(path, rows, meta)
-
-
-def _load_json(path: str, text: str) -> Results:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise _json_error(path, e) from None
-    if isinstance(doc, dict) and isinstance(doc.get("results"), list):
-        records, meta = doc["results"], doc.get("metadata") or {}
-    elif isinstance(doc, list):
-        records, meta = doc, {}
-    else:
-        raise InputError(f"{path}: not a prefillbench results file (no \"results\" list)")
-    rows = [row_from_record(r, f"{path} result {i + 1}") for i, r in enumerate(records)]
-    return Results(path, rows, meta if isinstance(meta, dict) else {})
+    fmt = {".csv": "csv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl"}.get(suffix)
+    if fmt is None:
+        raise InputError(f"{path}: cannot tell the format from the name; use .csv, .json or .jsonl")
+    return fmt
 
 
 def json_lines(path: str, text: str):
@@ -230,26 +138,104 @@ def json_lines(path: str, text: str):
             try:
                 yield n, json.loads(line)
             except json.JSONDecodeError as e:
-                raise _json_error(path, e, n) from None
+                raise InputError(f"{path} line {n}: truncated or malformed JSON ({e.msg})") from None
 
 
-def _load_jsonl(path: str, text: str) -> Results:
-    rows, meta = [], {}
-    for n, record in json_lines(path, text):
-        rows.append(row_from_record(record, f"{path} line {n}"))
-        if not meta and isinstance(record, dict):
-            meta = {k: v for k, v in record.items() if k not in _ALL_FIELDS}
-    return Results(path, rows, meta)
+def read_frame(path: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """An export's records as read (CSV cells as text, typed later) and its metadata."""
+    text = read_text(path)
+    fmt = export_format(path)
+    if fmt == "csv":
+        try:
+            frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+        except pd.errors.ParserError as e:
+            raise InputError(f"{path}: malformed CSV ({_one_line(e)})") from None
+        # pandas pads a short row with blanks; a row cut off mid-write must not pass for one with empty cells.
+        widths = [len(r) for r in csv.reader(io.StringIO(text)) if r]
+        short = next((n for n, w in enumerate(widths[1:], 2) if w < widths[0]), None)
+        if short is not None:
+            raise InputError(f"{path} line {short}: truncated row ({widths[short - 1]} of {widths[0]} fields)")
+        meta = {k: v for k, v in frame.iloc[0].items() if k not in _ALL_FIELDS} if len(frame) else {}
+        return frame, meta
+    if fmt == "jsonl":
+        records: Any = [record for _, record in json_lines(path, text)]
+        meta: Any = records[0] if records and isinstance(records[0], dict) else {}
+    else:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path} line {e.lineno}: truncated or malformed JSON ({e.msg})") from None
+        if isinstance(doc, dict) and isinstance(doc.get("results"), list):
+            records, meta = doc["results"], doc.get("metadata") or {}
+        elif isinstance(doc, list):
+            records, meta = doc, {}
+        else:
+            raise InputError(f"{path}: not a prefillbench results file (no \"results\" list)")
+    if not all(isinstance(r, dict) for r in records):
+        raise InputError(f"{path}: not a prefillbench results file (a record is not an object)")
+    meta = {k: v for k, v in meta.items() if k not in _ALL_FIELDS} if isinstance(meta, dict) else {}
+    return pd.DataFrame.from_records(records), meta
+
+
+def _blank(column: pd.Series) -> pd.Series:
+    return column.isna() | column.astype(str).str.strip().str.lower().isin(["", "none", "null", "nan"])
+
+
+def typed_rows(frame: pd.DataFrame, path: str) -> pd.DataFrame:
+    """The ResultRow columns of an export, typed; InputError naming the first cell that does not parse."""
+    if "token_times" in frame.columns:
+        raise InputError(f"{path}: this is a per-request trace (--export-requests), not a results export")
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise InputError(f"{path}: not a prefillbench results file (missing columns "
+                         f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''})")
+    out = pd.DataFrame(index=frame.index)
+    for name in [c for c in _ALL_FIELDS if c in frame.columns]:
+        column, blank = frame[name], _blank(frame[name])
+        if name in _TEXT_FIELDS:
+            out[name] = column.where(column.notna(), "").astype(str)
+        elif name in _KEY_TEXT:
+            if blank.any():
+                raise InputError(f"{path} row {_first(blank)}: empty {name}")
+            out[name] = column.astype(str)
+        else:
+            numbers = pd.to_numeric(column.where(~blank), errors="coerce")
+            bad = (~blank & numbers.isna()) | (blank if name in _INT_FIELDS else False)
+            if bad.any():
+                kind = "an integer" if name in _INT_FIELDS else "a number"
+                raise InputError(f"{path} row {_first(bad)}: {name} is not {kind}: {_one_line(column[bad].iloc[0])!r}")
+            out[name] = numbers
+    return out
+
+
+def _first(mask: pd.Series) -> int:
+    return int(mask.to_numpy().argmax()) + 1
+
+
+def _row(record: dict[str, Any]) -> ResultRow:
+    """A typed record as a ResultRow: ints where the field is one, None where an optional one is absent."""
+    values = {}
+    for name, value in record.items():
+        absent = value is None or (isinstance(value, float) and math.isnan(value))
+        if name in _INT_FIELDS:
+            value = int(value)
+        elif name == "chunk_size":
+            value = None if absent else int(value)
+        elif name in _OPTIONAL_FLOATS:
+            value = None if absent else float(value)
+        elif name not in _TEXT_FIELDS and name not in _KEY_TEXT:
+            value = float(value)
+        values[name] = value
+    return ResultRow(**values)
 
 
 def load_results(path: str) -> Results:
     """Rows of a CSV, JSON or JSONL export; InputError with a one-line reason otherwise."""
-    text = _read_text(path)
-    fmt = _sniff(path, text)
-    results = {"csv": _load_csv, "json": _load_json, "jsonl": _load_jsonl}[fmt](path, text)
-    if not results.rows:
+    frame, meta = read_frame(path)
+    rows = typed_rows(frame, path)
+    if rows.empty:
         raise InputError(f"{path}: no result rows")
-    return results
+    return Results(path, [_row(r) for r in rows.to_dict("records")], meta)
 
 
 # ---------------------------------------------------------------- ratios

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .compare import InputError, Results, _read_text, _sniff, load_results
+from .compare import InputError, Results, load_results, read_text
 from .metrics import ResultRow
 from .traces import Trace, is_trace_record, load_traces, parse_traces
 
@@ -275,7 +275,7 @@ def save(chart: Chart, out_dir: str | Path) -> Path:
 def _is_trace_file(path: str, text: str) -> bool:
     import json
 
-    if _sniff(path, text) != "jsonl" and not path.endswith(".requests.jsonl"):
+    if Path(path).suffix.lower() not in (".jsonl", ".ndjson"):
         return False
     first = next((line for line in text.splitlines() if line.strip()), "")
     try:
@@ -296,7 +296,7 @@ def load_inputs(paths: list[str]) -> tuple[list[Results], list[tuple[str, list[T
     traces: list[tuple[str, list[Trace]]] = []
     seen: set[Path] = set()
     for path in paths:
-        text = _read_text(path)
+        text = read_text(path)
         seen.add(Path(path).resolve())
         if _is_trace_file(path, text):
             traces.append((path, parse_traces(path, text)))

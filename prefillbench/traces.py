@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .compare import InputError, _read_text, json_lines
+from .compare import InputError, json_lines, read_text
 
 TRACE_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "token_times")
 
@@ -128,4 +128,4 @@ def parse_traces(path: str, text: str) -> list[Trace]:
 
 
 def load_traces(path: str) -> list[Trace]:
-    return parse_traces(path, _read_text(path))
+    return parse_traces(path, read_text(path))
