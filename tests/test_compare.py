@@ -279,3 +279,18 @@ def test_older_exports_without_statistics_still_load(tmp_path):
     (tmp_path / "old.csv").write_text(old)
     rows = compare.load_results(str(tmp_path / "old.csv")).rows
     assert len(rows) == 3 and math.isnan(rows[0].ts_cv) and rows[2].chunk_size == 128
+
+
+FIXTURE = __import__("pathlib").Path(__file__).parent / "fixtures" / "baseline-ci-v0.1.csv"
+
+
+def test_a_csv_written_by_the_previous_version_still_loads_and_compares(tmp_path, capsys):
+    # results/baseline-ci.csv as `make bench-ci-baseline` wrote it before the pandas loader (no serving columns).
+    old = compare.load_results(str(FIXTURE))
+    assert len(old.rows) == 6 and {r.strategy for r in old.rows} == {"sequential", "padded", "chunked"}
+    assert all(r.arrival == "closed" and r.rate is None and math.isnan(r.goodput_rps) for r in old.rows)
+    assert old.meta["backend_name"] == "gguf"
+    code, out, err = run_cli(capsys, str(FIXTURE), str(FIXTURE), "--relative-to", "sequential")
+    assert code == 0 and "row(s) within 10%" in err
+    current = write(tmp_path, "now.json", old.rows)  # the current writer, read back beside the old file
+    assert run_cli(capsys, str(FIXTURE), current)[0] == 0
