@@ -8,6 +8,7 @@ import torch
 from prefillbench import engine, generate
 from prefillbench.backends.base import BackendError
 from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.step import DecodeToken, PrefillChunk, Step
 from prefillbench.workloads import Request
 from strategies import STRATEGIES, make_strategy
 from tiny_models import ARCHITECTURES, MORE_ARCHITECTURES, reference_logits, tiny_model
@@ -98,3 +99,47 @@ def test_other_architectures_match_plain_forward(arch):
     for req, rec in zip(requests, record.requests):
         expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
         torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)
+
+
+def _step_logits(backend, step: Step) -> dict[int, torch.Tensor]:
+    result = backend.execute(step, return_logits=True)
+    assert set(result.next_tokens) == set(step.emitting_seq_ids)
+    return {seq: torch.tensor(row) for seq, row in result.logits.items()}
+
+
+def test_ragged_multi_chunk_steps_match_plain_forward(pair):
+    """Several chunks of different lengths and offsets, with and without decodes, in one step.
+
+    Decodes come in an order that is not their slots' order and skip a slot, so
+    attention reads more than one run of slots, some queries out of order.
+    """
+    backend, reference = pair
+    rng = np.random.default_rng(11)
+    prompts = {seq: [int(t) for t in rng.integers(0, 512, size=n)] for seq, n in {0: 9, 1: 12, 2: 7, 3: 10}.items()}
+    backend.prepare(4, 40, 64)
+    tokens = {seq: list(p) for seq, p in prompts.items()}  # each sequence's tokens so far, generated included
+    expected_at: dict[int, list[tuple[int, torch.Tensor]]] = {seq: [] for seq in prompts}
+
+    def chunk(seq: int, start: int, end: int) -> PrefillChunk:
+        return PrefillChunk(seq, tuple(prompts[seq][start:end]), start, end == len(prompts[seq]))
+
+    def decode(seq: int) -> DecodeToken:
+        return DecodeToken(seq, tokens[seq][-1], len(tokens[seq]) - 1)
+
+    def run(step: Step) -> None:
+        for seq, logits in _step_logits(backend, step).items():
+            expected_at[seq].append((len(tokens[seq]), logits))
+            tokens[seq].append(int(logits.argmax()))
+
+    run(Step(prefills=(chunk(0, 0, 5), chunk(1, 0, 3), chunk(2, 0, 7))))  # ragged, all from position 0
+    run(Step(prefills=(chunk(0, 5, 9), chunk(1, 3, 10), chunk(3, 0, 4)), decodes=(decode(2),)))  # offsets > 0
+    run(Step(prefills=(chunk(1, 10, 12), chunk(3, 4, 10)), decodes=(decode(2), decode(0))))  # decodes out of slot order
+    run(Step(decodes=(decode(3), decode(0), decode(2))))  # slots 3, 0, 2: two runs, a gap at slot 1
+    run(Step(decodes=tuple(decode(s) for s in (1, 3, 2, 0))))
+    for seq, got in expected_at.items():
+        assert len(got) >= 2
+        full = reference_logits(reference, tokens[seq][:-1])
+        for position, logits in got:
+            torch.testing.assert_close(logits, full[position - 1], atol=2e-4, rtol=1e-4)
+    for seq in prompts:
+        backend.release(seq)

@@ -7,6 +7,8 @@ from typing import Any
 from .base import Backend, BackendError, SlotTable
 
 BACKEND_CHOICES = ("auto", "torch", "gguf", "sim")
+#: Options the torch backend takes (see TorchBackend.__init__); others belong to other backends.
+TORCH_OPTIONS = ("tune_linear", "cuda_graphs", "compile")
 
 
 def cuda_available() -> bool:
@@ -76,7 +78,8 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
     if name == "torch":
         from .torch_backend import TorchBackend
 
-        return TorchBackend.load(model, device=device, dtype=dtype, threads=threads, tp=tp)
+        torch_options = {k: v for k, v in options.items() if k in TORCH_OPTIONS}
+        return TorchBackend.load(model, device=device, dtype=dtype, threads=threads, tp=tp, **torch_options)
     if name == "gguf":
         from .gguf_backend import GGUFBackend
 

@@ -21,42 +21,54 @@ from prefillbench.step import PackedStep, Step, StepResult, pack
 
 from .base import Backend, BackendError, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
+from .torch_linear import LinearKernels
 
 ATTENTION_NAME = "prefillbench"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
-class ChunkGroup:
-    """Prefill chunks of equal start and length, attended in one batched call.
+class ChunkSpan:
+    """One prefill chunk of a packed step: its rows, where its K/V go, what it attends to."""
 
-    A group of one chunk indexes with slices, so nothing is gathered or copied.
+    slot: int
+    start: int  # first position
+    row: int  # first packed row
+    length: int  # tokens, pads included
+    mask: torch.Tensor | None  # additive [length, start + length]; None when start == 0 (plain causal)
+
+
+@dataclass
+class DecodeRun:
+    """Decodes whose sequences sit in consecutive cache slots, attended in one call.
+
+    The slots' K/V are read through a slice of the cache, in place. Queries go to
+    the run's slots in order (`scatter` None), or, in the static layout of a CUDA
+    graph, to the slot positions that `scatter` names.
     """
 
-    rows: slice | torch.Tensor  # packed token indices: a slice, or [n_chunks, length]
-    slots: slice | torch.Tensor  # cache slot(s)
-    start: int
-    length: int
-    mask: torch.Tensor | None  # None when start == 0: plain causal
+    rows: slice | torch.Tensor  # decode indices (0 .. m-1) in this run
+    slots: slice  # cache slots read
+    kv_len: int
+    mask: torch.Tensor  # additive [n_slots_in_run, 1, 1, kv_len]: 0 where attended, -inf elsewhere
+    scatter: torch.Tensor | None = None
 
 
 @dataclass
 class StepLayout:
-    """Where each token of a packed step lives; built once, used by every layer."""
+    """Where each token of a packed step lives; built once per step, used by every layer."""
 
-    spans: list[tuple[int, int, int, int]]  # (slot, first position, first packed row, length) per chunk
-    groups: list[ChunkGroup]
-    decode_from: int  # decodes occupy packed indices [decode_from, T)
-    decode_slots: torch.Tensor
-    decode_positions: torch.Tensor
-    decode_mask: torch.Tensor | None  # [m, 1, 1, kv_len], True where attended
-    decode_kv_len: int
+    chunks: list[ChunkSpan]
+    decode_from: int  # decodes occupy packed rows [decode_from, T)
+    decode_slots: torch.Tensor  # [m] cache slot of each decode
+    decode_positions: torch.Tensor  # [m]
+    decode_runs: list[DecodeRun]
     cache: "KVCache"
     calls: int = 0
 
     @property
     def single_chunk(self) -> bool:
-        return len(self.spans) == 1 and self.decode_mask is None
+        return len(self.chunks) == 1 and not self.decode_runs
 
 
 class KVCache:
@@ -72,21 +84,65 @@ class KVCache:
         return self.n_slots >= n_slots and self.max_len >= max_len
 
 
-def _causal_offset_mask(start: int, length: int, device) -> torch.Tensor:
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where attended, -inf elsewhere: SDPA adds it, so it is converted once per step, not per layer."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+def causal_offset_mask(start: int, length: int, dtype: torch.dtype, device) -> torch.Tensor:
     # SDPA's is_causal aligns to the upper left, which is wrong for a chunk at
     # offset start > 0: query i may see keys 0 .. start + i.
     q = torch.arange(length, device=device).unsqueeze(1)
     k = torch.arange(start + length, device=device).unsqueeze(0)
-    return k <= q + start
+    return additive_mask(k <= q + start, dtype)
 
 
-def _rows_of(t: torch.Tensor, rows: slice | torch.Tensor) -> torch.Tensor:
-    """[heads, T, D] -> [chunks, heads, length, D] for a group's rows."""
-    return t[:, rows].unsqueeze(0) if isinstance(rows, slice) else t[:, rows].transpose(0, 1)
+def decode_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """[n, 1, 1, kv_len]: a decode at position p attends to positions 0 .. p."""
+    allowed = torch.arange(kv_len, device=positions.device).unsqueeze(0) <= positions.unsqueeze(1)
+    return additive_mask(allowed, dtype).view(len(positions), 1, 1, kv_len)
+
+
+def decode_runs(slots: list[int], positions: torch.Tensor, dtype: torch.dtype) -> list[DecodeRun]:
+    """Split decodes into runs of consecutive cache slots (usually one or two)."""
+    order = sorted(range(len(slots)), key=slots.__getitem__)
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and slots[i] == slots[runs[-1][-1]] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    out = []
+    for members in runs:
+        in_order = members == list(range(members[0], members[0] + len(members)))
+        index = torch.tensor(members, device=positions.device)
+        rows = slice(members[0], members[0] + len(members)) if in_order else index
+        run_positions = positions[rows]
+        kv_len = int(run_positions.max()) + 1
+        first = slots[members[0]]
+        out.append(DecodeRun(rows, slice(first, first + len(members)), kv_len, decode_mask(run_positions, kv_len, dtype)))
+    return out
+
+
+def _attend_decodes(q: torch.Tensor, run: DecodeRun, k_cache, v_cache, scaling) -> torch.Tensor:
+    """Attention of one run's decode queries [n, heads, D] over their own slots' caches, read in place."""
+    kv = (k_cache[run.slots, :, : run.kv_len], v_cache[run.slots, :, : run.kv_len])
+    if run.scatter is None:
+        queries = q.unsqueeze(2)
+    else:
+        queries = q.new_zeros((kv[0].shape[0], q.shape[1], 1, q.shape[2]))
+        queries[run.scatter] = q.unsqueeze(2)
+    o = F.scaled_dot_product_attention(queries, *kv, attn_mask=run.mask, scale=scaling, enable_gqa=True).squeeze(2)
+    return o if run.scatter is None else o[run.scatter]
 
 
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pb_layout: StepLayout | None = None, **kwargs):
-    """Attention over a packed step; registered with transformers' AttentionInterface."""
+    """Attention over a packed step; registered with transformers' AttentionInterface.
+
+    Each chunk attends with one SDPA call over a view of its own slot's cache;
+    each run of decodes in consecutive slots with one call over a slice of the
+    cache. Nothing is gathered: the cost follows the K/V actually read.
+    """
     if pb_layout is None:
         raise RuntimeError("prefillbench attention called without a step layout")
     layout = pb_layout
@@ -94,39 +150,29 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     k_cache = layout.cache.keys[module.layer_idx]
     v_cache = layout.cache.values[module.layer_idx]
     q, k, v = query[0], key[0], value[0]  # [heads, T, D]
-    for slot, pos, row, n in layout.spans:
-        k_cache[slot, :, pos : pos + n] = k[:, row : row + n]
-        v_cache[slot, :, pos : pos + n] = v[:, row : row + n]
-    if layout.decode_mask is not None:
+    for c in layout.chunks:
+        k_cache[c.slot, :, c.start : c.start + c.length] = k[:, c.row : c.row + c.length]
+        v_cache[c.slot, :, c.start : c.start + c.length] = v[:, c.row : c.row + c.length]
+    if layout.decode_runs:
         k_cache[layout.decode_slots, :, layout.decode_positions] = k[:, layout.decode_from :].transpose(0, 1)
         v_cache[layout.decode_slots, :, layout.decode_positions] = v[:, layout.decode_from :].transpose(0, 1)
 
-    outputs = []
-    for g in layout.groups:
-        if g.start == 0:
-            # A chunk from position 0 attends only to itself: its fresh K/V, no cache read.
-            kg, vg = _rows_of(k, g.rows), _rows_of(v, g.rows)
-        else:
-            kv_len = g.start + g.length
-            kg, vg = k_cache[g.slots, :, :kv_len], v_cache[g.slots, :, :kv_len]
-            if isinstance(g.slots, int):
-                kg, vg = kg.unsqueeze(0), vg.unsqueeze(0)
+    out = None if layout.single_chunk else q.new_empty((q.shape[1], q.shape[0], q.shape[2]))  # [T, heads, D]
+    for c in layout.chunks:
+        rows = slice(c.row, c.row + c.length)
+        kv_len = c.start + c.length
         o = F.scaled_dot_product_attention(
-            _rows_of(q, g.rows), kg, vg, attn_mask=g.mask, is_causal=g.mask is None, scale=scaling, enable_gqa=True
-        )
-        outputs.append((g.rows, o.transpose(1, 2)))  # [chunks, length, heads, D]
-    if layout.single_chunk:
-        return outputs[0][1], None
-
-    out = torch.empty_like(q.transpose(0, 1))  # [T, heads, D]
-    for rows, o in outputs:
-        out[rows] = o[0] if isinstance(rows, slice) else o
-    if layout.decode_mask is not None:
-        qd = q[:, layout.decode_from :].transpose(0, 1).unsqueeze(2)  # [m, heads, 1, D]
-        kd = k_cache[layout.decode_slots, :, : layout.decode_kv_len]
-        vd = v_cache[layout.decode_slots, :, : layout.decode_kv_len]
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=layout.decode_mask, scale=scaling, enable_gqa=True)
-        out[layout.decode_from :] = o.squeeze(2)
+            q[None, :, rows], k_cache[c.slot, None, :, :kv_len], v_cache[c.slot, None, :, :kv_len],
+            attn_mask=c.mask, is_causal=c.mask is None, scale=scaling, enable_gqa=True,
+        )[0].transpose(0, 1)  # [length, heads, D]
+        if out is None:
+            return o.unsqueeze(0), None
+        out[rows] = o
+    if layout.decode_runs:
+        q_dec = q[:, layout.decode_from :].transpose(0, 1)  # [m, heads, D]
+        out_dec = out[layout.decode_from :]
+        for run in layout.decode_runs:
+            out_dec[run.rows] = _attend_decodes(q_dec[run.rows], run, k_cache, v_cache, scaling)
     return out.unsqueeze(0), None
 
 
@@ -193,7 +239,7 @@ class TorchBackend(Backend):
     name = "torch"
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
-                 parallel: TensorParallel | None = None) -> None:
+                 parallel: TensorParallel | None = None, *, tune_linear: bool = True) -> None:
         _register_attention()
         config = model.config
         if getattr(config, "is_encoder_decoder", False):
@@ -223,10 +269,15 @@ class TorchBackend(Backend):
         self.vocab_size = text.vocab_size
         self.cache: KVCache | None = None
         self.slots = SlotTable(0)
+        # Sharded layers keep transformers' own forward (its hooks do the all-reduces).
+        self.linear_kernels = LinearKernels(tune=tune_linear and parallel is None)
+        if self.linear_kernels.tune:
+            self.linear_kernels.install(model, transposed_for={self.lm_head})
 
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
-             tp: int = 1) -> "TorchBackend":
+             tp: int = 1, **options: Any) -> "TorchBackend":
+        """`options`: `tune_linear` (default True), see TorchBackend.__init__."""
         if dtype not in DTYPES:
             raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
         if threads is not None:
@@ -243,7 +294,7 @@ class TorchBackend(Backend):
         lm = load_model(model, DTYPES[dtype], dev, tp)
         name = Path(model).name.removesuffix(".gguf") if Path(model).exists() else model
         weights = f"{dtype} (dequantized from GGUF by transformers)" if model.endswith(".gguf") else dtype
-        return cls(lm, name, dev, weights, parallel)
+        return cls(lm, name, dev, weights, parallel, **options)
 
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
         if self.cache is None or not self.cache.fits(max_sequences, max_seq_len):
@@ -266,40 +317,21 @@ class TorchBackend(Backend):
         return self.parallel.clock()
 
     def _layout(self, step: Step, packed: PackedStep) -> StepLayout:
-        dev = self.torch_device
+        dev, dtype = self.torch_device, self.dtype
         check_cache_room(step, self.cache.max_len)
-        spans = []
-        # Chunks of one shape (all of a padded batch) share one batched attention call.
-        by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for chunk, offset in zip(step.prefills, packed.chunk_offsets):
+        chunks = []
+        for chunk, row in zip(step.prefills, packed.chunk_offsets):
             n = len(chunk.tokens) + chunk.pad
-            slot = self.slots.slot(chunk.seq_id)
-            spans.append((slot, chunk.start, offset, n))
-            by_shape.setdefault((chunk.start, n), []).append((offset, slot))
-        groups = []
-        for (start, n), members in by_shape.items():
-            if len(members) == 1:
-                offset, slot = members[0]
-                rows, slots = slice(offset, offset + n), slot
-            else:
-                rows = torch.tensor([list(range(o, o + n)) for o, _ in members], device=dev)
-                slots = torch.tensor([slot for _, slot in members], device=dev)
-            groups.append(ChunkGroup(rows, slots, start, n, None if start == 0 else _causal_offset_mask(start, n, dev)))
-        dec_pos = packed.positions[packed.decode_from :]
-        dec_slots = [self.slots.slot(d.seq_id) for d in step.decodes]
-        kv_len = int(dec_pos.max()) + 1 if len(dec_pos) else 0
-        decode_mask = None
-        positions = torch.from_numpy(dec_pos).to(dev)
-        if len(dec_pos):
-            decode_mask = (torch.arange(kv_len, device=dev).unsqueeze(0) <= positions.unsqueeze(1)).view(len(dec_pos), 1, 1, kv_len)
+            mask = None if chunk.start == 0 else causal_offset_mask(chunk.start, n, dtype, dev)
+            chunks.append(ChunkSpan(self.slots.slot(chunk.seq_id), chunk.start, row, n, mask))
+        slots = [self.slots.slot(d.seq_id) for d in step.decodes]
+        positions = torch.from_numpy(packed.positions[packed.decode_from :]).to(dev)
         return StepLayout(
-            spans=spans,
-            groups=groups,
+            chunks=chunks,
             decode_from=packed.decode_from,
-            decode_slots=torch.tensor(dec_slots, device=dev, dtype=torch.long),
+            decode_slots=torch.tensor(slots, device=dev, dtype=torch.long),
             decode_positions=positions,
-            decode_mask=decode_mask,
-            decode_kv_len=kv_len,
+            decode_runs=decode_runs(slots, positions, dtype) if slots else [],
             cache=self.cache,
         )
 
@@ -321,10 +353,12 @@ class TorchBackend(Backend):
                 f"architecture {self.model.config.model_type!r} bypassed the packed attention "
                 f"({layout.calls} of {self.n_layers} layers used it)"
             )
+        seq_ids = packed.emitting
+        if not seq_ids:  # a chunk in mid-prompt: no token, no LM head
+            return StepResult({})
         # The LM head runs only where a next token is needed.
         logits = self.lm_head(hidden[0, torch.from_numpy(packed.logit_rows).to(dev)]).float()
         next_ids = logits.argmax(dim=-1).tolist()
-        seq_ids = packed.emitting
         result = StepResult(dict(zip(seq_ids, next_ids)))
         if return_logits:
             result.logits = dict(zip(seq_ids, logits.cpu().numpy()))

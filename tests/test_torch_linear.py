@@ -1,0 +1,39 @@
+"""The row-count-dependent linear kernels compute what F.linear computes, and the tuner routes every layer."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prefillbench.backends.torch_linear import KERNELS, LinearKernels, TunedWeight, row_bucket
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 17])
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_every_kernel_computes_x_times_weight_transposed(name, rows, bias):
+    torch.manual_seed(0)
+    w, b, x = torch.randn(48, 32), torch.randn(48) if bias else None, torch.randn(rows, 32)
+    out = KERNELS[name](x, TunedWeight(w, b, w.t().contiguous()))
+    assert out.shape == (rows, 48) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_tuner_routes_every_linear_and_remembers_one_choice_per_shape_and_bucket():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32, bias=False), nn.Linear(32, 100, bias=False))
+    kernels = LinearKernels()
+    assert kernels.install(model, transposed_for={model[3]}) == 3
+    for rows in (1, 2, 5, 40, 100):
+        x = torch.randn(1, rows, 32)
+        with torch.inference_mode():
+            got = model(x)
+            h = torch.relu(F.linear(x, model[0].weight, model[0].bias))
+            expected = F.linear(F.linear(h, model[2].weight), model[3].weight)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    chosen = kernels.summary()
+    # Three shapes, four tuned buckets (100 rows goes straight to F.linear); only the head may use its transposed copy.
+    assert len(chosen) == 12 and set(chosen.values()) <= set(KERNELS)
+    assert all(name != "transposed_weight" for key, name in chosen.items() if "+T" not in key)
+    assert [row_bucket(n) for n in (1, 16, 17, 33, 64)] == [1, 16, 32, 64, 64]
