@@ -11,7 +11,7 @@ from prefillbench.backends.torch_backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 from prefillbench.workloads import Request
 from strategies import STRATEGIES, make_strategy
-from tiny_models import ARCHITECTURES, MORE_ARCHITECTURES, reference_logits, tiny_model
+from tiny_models import ARCHITECTURES, MORE_ARCHITECTURES, TEST_DEVICE, reference_logits, tiny_model
 
 PROMPT_LENGTHS = (13, 7, 24, 1)  # different lengths in one run, one a single token
 N_GEN = 5
@@ -20,7 +20,7 @@ N_GEN = 5
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def pair(request):
     model, reference = tiny_model(request.param)
-    return TorchBackend(model, f"tiny-{request.param}"), reference
+    return TorchBackend(model, f"tiny-{request.param}", TEST_DEVICE), reference
 
 
 def _requests(n: int, seed: int = 1) -> list[Request]:
@@ -93,7 +93,7 @@ def test_context_overflow_is_a_clear_error(pair):
 @pytest.mark.parametrize("arch", MORE_ARCHITECTURES)
 def test_other_architectures_match_plain_forward(arch):
     model, reference = tiny_model(arch)
-    backend = TorchBackend(model, f"tiny-{arch}")
+    backend = TorchBackend(model, f"tiny-{arch}", TEST_DEVICE)
     requests = _requests(4, seed=7)
     record = engine.run(backend, make_strategy("chunked", 5), requests, 3, keep_logits=True)
     for req, rec in zip(requests, record.requests):
@@ -143,3 +143,22 @@ def test_ragged_multi_chunk_steps_match_plain_forward(pair):
             torch.testing.assert_close(logits, full[position - 1], atol=2e-4, rtol=1e-4)
     for seq in prompts:
         backend.release(seq)
+
+
+def test_static_decode_layout_of_cuda_graphs_matches_plain_forward(pair):
+    """The graphs' layout (every slot, every position, padded batch sizes), run eagerly: same logits.
+
+    On a CUDA machine the backend captures it (gpu_check.sh runs this file there); here it runs uncaptured.
+    """
+    backend, reference = pair
+    backend.prepare(4, 64, 64)
+    backend.decode_graphs = backend.make_decode_graphs(capture=TEST_DEVICE == "cuda")
+    assert backend.decode_graphs is not None, backend.graphs_note
+    assert backend.decode_graphs.sizes == [1, 2, 4]
+    requests = _requests(4, seed=9)
+    record = engine.run(backend, make_strategy("chunked", 5), requests, 3, keep_logits=True)  # 3 decodes replay size 4
+    backend.decode_graphs = None
+    assert any(s.decode_contexts and not s.prefill_chunks for s in record.steps)
+    for req, rec in zip(requests, record.requests):
+        expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
+        torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
+
+#: Where the torch tests run: cpu, or cuda on a GPU machine (benchmarks/gpu_check.sh sets it).
+TEST_DEVICE = os.environ.get("PREFILLBENCH_TEST_DEVICE", "cpu")
 
 ARCHITECTURES = ("llama", "qwen2")
 #: Also checked, more briefly: other families that share the decoder-only layout.
@@ -40,7 +44,7 @@ def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
     torch.manual_seed(seed)
     config = tiny_config(arch, **overrides)
     config._attn_implementation = "sdpa"
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval().to(TEST_DEVICE)
     reference = copy.deepcopy(model)
     return model, reference
 
@@ -48,4 +52,4 @@ def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
 @torch.inference_mode()
 def reference_logits(reference, tokens: list[int]) -> torch.Tensor:
     """Logits of a plain transformers forward over the whole sequence: [len, vocab]."""
-    return reference(input_ids=torch.tensor([tokens])).logits[0].float()
+    return reference(input_ids=torch.tensor([tokens], device=reference.device)).logits[0].float().cpu()

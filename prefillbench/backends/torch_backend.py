@@ -21,6 +21,7 @@ from prefillbench.step import PackedStep, Step, StepResult, pack
 
 from .base import Backend, BackendError, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
+from .torch_graphs import DecodeGraphs
 from .torch_linear import LinearKernels
 
 ATTENTION_NAME = "prefillbench"
@@ -72,13 +73,17 @@ class StepLayout:
 
 
 class KVCache:
-    """One K and one V tensor per layer: [slots, kv_heads, max_len, head_dim]."""
+    """One K and one V tensor per layer: [slots + 1, kv_heads, max_len, head_dim].
+
+    The last slot is scratch: the padding rows of a CUDA-graph decode write there.
+    """
 
     def __init__(self, n_layers: int, n_slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device) -> None:
-        shape = (n_slots, kv_heads, max_len, head_dim)
+        shape = (n_slots + 1, kv_heads, max_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.n_slots, self.max_len = n_slots, max_len
+        self.scratch_slot = n_slots
 
     def fits(self, n_slots: int, max_len: int) -> bool:
         return self.n_slots >= n_slots and self.max_len >= max_len
@@ -122,6 +127,20 @@ def decode_runs(slots: list[int], positions: torch.Tensor, dtype: torch.dtype) -
         first = slots[members[0]]
         out.append(DecodeRun(rows, slice(first, first + len(members)), kv_len, decode_mask(run_positions, kv_len, dtype)))
     return out
+
+
+def static_decode_layout(cache: KVCache, positions: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> StepLayout:
+    """A decode-only layout of fixed shapes, built from tensors alone (no host sync), for a CUDA graph.
+
+    One run over every slot and every cache position: each decode's query goes
+    to its own slot, which attends up to its position; other slots attend to
+    position 0 only, so that no row is all -inf, and their outputs are dropped.
+    """
+    n_rows = cache.n_slots + 1
+    slot_positions = torch.zeros(n_rows, dtype=torch.long, device=positions.device)
+    slot_positions[slots] = positions
+    run = DecodeRun(slice(0, len(slots)), slice(0, n_rows), cache.max_len, decode_mask(slot_positions, cache.max_len, dtype), scatter=slots)
+    return StepLayout(chunks=[], decode_from=0, decode_slots=slots, decode_positions=positions, decode_runs=[run], cache=cache)
 
 
 def _attend_decodes(q: torch.Tensor, run: DecodeRun, k_cache, v_cache, scaling) -> torch.Tensor:
@@ -239,7 +258,9 @@ class TorchBackend(Backend):
     name = "torch"
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
-                 parallel: TensorParallel | None = None, *, tune_linear: bool = True) -> None:
+                 parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True) -> None:
+        """`tune_linear`: time the linear-layer kernels per row count (torch_linear); `cuda_graphs`:
+        replay decode-only steps from CUDA graphs on a CUDA device (torch_graphs)."""
         _register_attention()
         config = model.config
         if getattr(config, "is_encoder_decoder", False):
@@ -269,6 +290,9 @@ class TorchBackend(Backend):
         self.vocab_size = text.vocab_size
         self.cache: KVCache | None = None
         self.slots = SlotTable(0)
+        self.use_cuda_graphs = cuda_graphs and self.torch_device.type == "cuda" and parallel is None
+        self.decode_graphs: DecodeGraphs | None = None
+        self.graphs_note = "on" if self.use_cuda_graphs else "off"
         # Sharded layers keep transformers' own forward (its hooks do the all-reduces).
         self.linear_kernels = LinearKernels(tune=tune_linear and parallel is None)
         if self.linear_kernels.tune:
@@ -277,7 +301,7 @@ class TorchBackend(Backend):
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
              tp: int = 1, **options: Any) -> "TorchBackend":
-        """`options`: `tune_linear` (default True), see TorchBackend.__init__."""
+        """`options`: `tune_linear`, `cuda_graphs` (both default True), see TorchBackend.__init__."""
         if dtype not in DTYPES:
             raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
         if threads is not None:
@@ -299,8 +323,26 @@ class TorchBackend(Backend):
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
         if self.cache is None or not self.cache.fits(max_sequences, max_seq_len):
             self.cache = None  # free the old one before allocating
+            self.decode_graphs = None  # captured over the old cache's addresses
             self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, max_seq_len, self.head_dim, self.dtype, self.torch_device)
+            if self.use_cuda_graphs:
+                self.decode_graphs = self.make_decode_graphs(capture=True)
         self.slots = SlotTable(self.cache.n_slots)
+
+    def make_decode_graphs(self, capture: bool) -> DecodeGraphs | None:
+        """Graphs for decode-only steps of up to the cache's slots; None (eager) if capture fails."""
+        try:
+            graphs = DecodeGraphs(self._static_decode, self.cache.n_slots, self.cache.scratch_slot, self.torch_device, capture)
+        except Exception as e:  # noqa: BLE001: any capture failure leaves the eager path, which is always right
+            self.graphs_note = f"off: capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            return None
+        self.graphs_note = f"on, batch sizes {','.join(map(str, graphs.sizes))}"
+        return graphs
+
+    def _static_decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        layout = static_decode_layout(self.cache, positions, slots, self.dtype)
+        hidden = self.decoder(input_ids=tokens[None], position_ids=positions[None], use_cache=False, pb_layout=layout).last_hidden_state
+        return self.lm_head(hidden[0])
 
     def release(self, seq_id: int) -> None:
         self.slots.release(seq_id)
@@ -339,6 +381,10 @@ class TorchBackend(Backend):
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if self.cache is None:
             raise BackendError("prepare() must be called before execute()")
+        if self.decode_graphs is not None and self.decode_graphs.fits(step):
+            check_cache_room(step, self.cache.max_len)
+            logits = self.decode_graphs.run(step, [self.slots.slot(d.seq_id) for d in step.decodes])
+            return self._result(step.emitting_seq_ids, logits, return_logits)
         packed = pack(step)
         layout = self._layout(step, packed)
         dev = self.torch_device
@@ -357,9 +403,12 @@ class TorchBackend(Backend):
         if not seq_ids:  # a chunk in mid-prompt: no token, no LM head
             return StepResult({})
         # The LM head runs only where a next token is needed.
-        logits = self.lm_head(hidden[0, torch.from_numpy(packed.logit_rows).to(dev)]).float()
-        next_ids = logits.argmax(dim=-1).tolist()
-        result = StepResult(dict(zip(seq_ids, next_ids)))
+        return self._result(seq_ids, self.lm_head(hidden[0, torch.from_numpy(packed.logit_rows).to(dev)]), return_logits)
+
+    @staticmethod
+    def _result(seq_ids, logits: torch.Tensor, return_logits: bool) -> StepResult:
+        logits = logits.float()
+        result = StepResult(dict(zip(seq_ids, logits.argmax(dim=-1).tolist())))
         if return_logits:
             result.logits = dict(zip(seq_ids, logits.cpu().numpy()))
         return result
@@ -369,6 +418,9 @@ class TorchBackend(Backend):
                 "threads": torch.get_num_threads()}
         if self.torch_device.type == "cuda":
             meta["gpu"] = torch.cuda.get_device_name(self.torch_device)
+            meta["cuda_graphs"] = self.graphs_note
+        if self.linear_kernels.choice:
+            meta["linear_kernels"] = ", ".join(f"{k} {v}" for k, v in self.linear_kernels.summary().items())
         if self.parallel:
             meta.update(self.parallel.metadata())
         return meta

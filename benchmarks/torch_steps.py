@@ -1,0 +1,283 @@
+"""Every kind of torch-backend step against the device's own limits, measured in one process.
+
+Prints, for one model, dtype and device:
+- the device's GEMM peak (best of a few large matmuls) and copy bandwidth;
+- pp512 t/s and its ratio to the GEMM roofline (the step's FLOPs at the GEMM peak);
+- decode-only steps at 1, 4, 16 sequences and their ratio to the weight-read limit
+  (every weight byte read once at the copy bandwidth);
+- a chunk step alone, with k decodes added, and the k decodes alone: what the
+  piggybacked decodes cost, next to the floor their arithmetic sets;
+- a packed step of 4 ragged prompts against their 4 sequential steps;
+- plain transformers (SDPA, its own cache) beside the backend where it can run the same step.
+
+All contenders are timed interleaved, rep by rep, so a busy machine slows them alike;
+medians, with the spread (max/min - 1) over reps.
+
+    python benchmarks/torch_steps.py [--model PATH | --config llama-1b] [--dtype bfloat16] [--device cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from prefillbench.backends.torch_backend import DTYPES, TorchBackend
+from prefillbench.models import default_model_path
+from prefillbench.step import DecodeToken, PrefillChunk, Step
+
+#: Random-weight models built from a config, for devices with no model on disk (GPU checks).
+CONFIGS = {
+    # Llama-3.2-1B's shapes.
+    "llama-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                     tie_word_embeddings=True, rope_theta=500000.0),
+    # Llama-3.1-8B's shapes.
+    "llama-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                     tie_word_embeddings=False, rope_theta=500000.0),
+    # SmolLM2-135M's shapes (the default model), for a quick run without its file.
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192,
+                         tie_word_embeddings=True),
+}
+
+
+def build_from_config(name: str, dtype: torch.dtype, device: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(CONFIGS[name])
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+class Clock:
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+
+@dataclass
+class Timing:
+    seconds: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def spread(self) -> float:
+        return max(self.seconds) / min(self.seconds) - 1
+
+
+def time_interleaved(contenders: dict[str, Callable[[], object]], reps: int, clock: Clock) -> dict[str, Timing]:
+    for fn in contenders.values():
+        clock(fn)  # warm-up: allocations, kernel choices, graph captures
+    out = {name: Timing([]) for name in contenders}
+    for _ in range(reps):
+        for name, fn in contenders.items():
+            out[name].seconds.append(clock(fn))
+    return out
+
+
+def gemm_peak(dtype: torch.dtype, device: torch.device, clock: Clock, reps: int) -> float:
+    """FLOP/s: the best of a few large square matmuls."""
+    sizes = (4096, 8192) if device.type == "cuda" else (1024, 2048)
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+        t = min(time_interleaved({"mm": lambda: torch.mm(a, b)}, reps, clock)["mm"].seconds)
+        best = max(best, 2 * n**3 / t)
+    return best
+
+
+def copy_bandwidth(device: torch.device, clock: Clock, reps: int) -> float:
+    """Bytes/s moved (read + write) by a large tensor copy, far larger than any cache."""
+    n = (1 << 30) if device.type == "cuda" else (256 << 20)
+    src = torch.ones(n // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    t = min(time_interleaved({"copy": lambda: dst.copy_(src)}, reps, clock)["copy"].seconds)
+    return 2 * n / t
+
+
+def matmul_params(model) -> tuple[int, int]:
+    """(weights of all linear layers but the LM head, LM head weights): what a token multiplies by."""
+    head = model.get_output_embeddings()
+    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
+    return body, head.weight.numel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="a checkpoint folder or .gguf file (default: the shipped SmolLM2)")
+    parser.add_argument("--config", choices=sorted(CONFIGS), help="a random-weight model of these shapes instead")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--prompt", type=int, default=512, help="prefill length (pp)")
+    parser.add_argument("--context", type=int, default=1024, help="context each decode attends to")
+    parser.add_argument("--decodes", default="1,4,16", help="decode-only batch sizes")
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("-k", type=int, default=3, help="decodes piggybacked on the chunk")
+    parser.add_argument("--ragged", default="100,200,300,400", help="prompt lengths of the packed ragged step")
+    parser.add_argument("--no-transformers", action="store_true", help="skip the plain transformers figures")
+    parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--no-tune-linear", action="store_true")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
+    dtype = DTYPES[args.dtype]
+    options = dict(tune_linear=not args.no_tune_linear)
+    if device == "cuda":
+        options["cuda_graphs"] = not args.no_cuda_graphs
+    if args.config:
+        backend = TorchBackend(build_from_config(args.config, dtype, device), f"{args.config} (random weights)", device, **options)
+    else:
+        backend = TorchBackend.load(args.model or default_model_path(), device=device, dtype=args.dtype, **options)
+    dev = backend.torch_device
+    clock = Clock(dev)
+    sizes = [int(s) for s in args.decodes.split(",")]
+    ragged = [int(s) for s in args.ragged.split(",")]
+    n_slots = max(max(sizes), args.k + 1, len(ragged))
+    max_len = max(args.context + args.chunk, args.prompt, max(ragged)) + 8
+    rng = np.random.default_rng(0)
+
+    def prompt(n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in rng.integers(0, backend.vocab_size, n))
+
+    backend.prepare(n_slots, max_len, max_len * n_slots)
+    # Decodes attend to `context` positions; what the cache holds there does not change a step's cost.
+    for s in range(n_slots):
+        backend.slots.slot(s)
+
+    def decodes(n: int, first: int = 0) -> tuple[DecodeToken, ...]:
+        return tuple(DecodeToken(first + i, 1, args.context) for i in range(n))
+
+    def run(step: Step) -> Callable[[], object]:
+        return lambda: backend.execute(step)
+
+    chunk = PrefillChunk(0, prompt(args.chunk), args.context, is_last=False)
+    pp = PrefillChunk(0, prompt(args.prompt), 0, is_last=True)
+    ragged_chunks = [PrefillChunk(i, prompt(n), 0, is_last=True) for i, n in enumerate(ragged)]
+    ours: dict[str, Callable[[], object]] = {f"pp{args.prompt}": run(Step(prefills=(pp,)))}
+    ours.update({f"decode x{n}": run(Step(decodes=decodes(n))) for n in sizes})
+    ours["chunk"] = run(Step(prefills=(chunk,)))
+    ours[f"chunk + {args.k} decodes"] = run(Step(prefills=(chunk,), decodes=decodes(args.k, first=1)))
+    ours[f"{args.k} decodes"] = run(Step(decodes=decodes(args.k, first=1)))
+    ours["packed ragged"] = run(Step(prefills=tuple(ragged_chunks)))
+    ours["ragged one by one"] = lambda: [backend.execute(Step(prefills=(c,))) for c in ragged_chunks]
+    longest = max(ragged)
+    ours["padded ragged"] = run(Step(prefills=tuple(PrefillChunk(c.seq_id, c.tokens, 0, True, longest - len(c.tokens)) for c in ragged_chunks)))
+
+    contenders = dict(ours)
+    if not args.no_transformers:
+        contenders.update({f"transformers {k}": v for k, v in transformers_contenders(backend, args, sizes, prompt).items()})
+
+    peak = gemm_peak(dtype, dev, clock, args.reps)
+    bandwidth = copy_bandwidth(dev, clock, args.reps)
+    times = time_interleaved(contenders, args.reps, clock)
+    peak_after = gemm_peak(dtype, dev, clock, args.reps)  # the machine may have changed while we ran
+
+    body, head = matmul_params(backend.model)
+    cfg = backend.model.config.get_text_config()
+    width = backend.head_dim * cfg.num_attention_heads
+    elt = torch.finfo(dtype).bits // 8
+    weight_bytes = (body + head) * elt
+    pp_flops = 2 * args.prompt * body + 2 * head + 2 * backend.n_layers * width * args.prompt**2  # causal attention: QK and PV, half each
+    print(f"# {backend.model_name}, {args.dtype} on {backend.label}, {torch.get_num_threads()} threads, torch {torch.__version__}, {args.reps} interleaved reps")
+    print(f"GEMM peak {peak / 1e9:.1f} GFLOP/s (again after the run: {peak_after / 1e9:.1f}); copy bandwidth {bandwidth / 1e9:.1f} GB/s; "
+          f"weights read per decode step {weight_bytes / 1e6:.0f} MB -> weight-read limit {weight_bytes / bandwidth * 1e3:.2f} ms")
+    print()
+    print("| step | backend ms | t/s | vs limit | transformers ms | t/s | spread (backend) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+    def row(name: str, tokens: int, limit_s: float | None) -> None:
+        t = times[name].median
+        other = times.get(f"transformers {name}")
+        vs = f"{limit_s / t:.2f}" if limit_s else "-"
+        theirs = f"{other.median * 1e3:.1f} | {tokens / other.median:.1f}" if other else "- | -"
+        print(f"| {name} | {t * 1e3:.1f} | {tokens / t:.1f} | {vs} | {theirs} | {times[name].spread:.0%} |")
+
+    row(f"pp{args.prompt}", args.prompt, pp_flops / peak)
+    for n in sizes:
+        row(f"decode x{n}", n, weight_bytes / bandwidth)
+    row("chunk", args.chunk, None)
+    row(f"chunk + {args.k} decodes", args.chunk + args.k, None)
+    row(f"{args.k} decodes", args.k, weight_bytes / bandwidth)
+    for name in ("packed ragged", "ragged one by one", "padded ragged"):
+        row(name, sum(ragged), None)
+    t_chunk, t_mixed, t_dec = (times[n].median for n in ("chunk", f"chunk + {args.k} decodes", f"{args.k} decodes"))
+    marginal = t_mixed - t_chunk
+    floor_arith = 2 * args.k * body / peak
+    floor_head = head * elt / bandwidth
+    print()
+    print(f"pp{args.prompt}: {times[f'pp{args.prompt}'].median / (pp_flops / peak):.2f}x the GEMM roofline time "
+          f"(roofline {pp_flops / peak * 1e3:.0f} ms; ratio roofline/measured {pp_flops / peak / times[f'pp{args.prompt}'].median:.2f})")
+    print(f"piggyback: (chunk + {args.k} decodes) - chunk = {marginal * 1e3:.1f} ms = {marginal / t_dec:.2f} x ({args.k} decodes alone, {t_dec * 1e3:.1f} ms)")
+    print(f"  its floor: {args.k} rows of arithmetic at the GEMM peak {floor_arith * 1e3:.1f} ms + one LM-head weight read "
+          f"{floor_head * 1e3:.1f} ms (the chunk alone emits no token) = {(floor_arith + floor_head) * 1e3:.1f} ms "
+          f"= {(floor_arith + floor_head) / t_dec:.2f} x the decodes alone")
+    print(f"packed ragged step ({'+'.join(map(str, ragged))}): {times['packed ragged'].median / times['ragged one by one'].median:.2f}x "
+          f"the time of the {len(ragged)} prompts one step each; padded to {longest}: {times['padded ragged'].median / times['packed ragged'].median:.2f}x packed")
+    if backend.linear_kernels.choice:
+        print("linear kernels chosen:", ", ".join(f"{k} {v}" for k, v in backend.linear_kernels.summary().items()))
+
+
+def transformers_contenders(backend: TorchBackend, args, sizes: list[int], prompt) -> dict[str, Callable[[], object]]:
+    """The stock model as transformers runs it (SDPA, DynamicCache), on the steps it can express."""
+    from transformers import DynamicCache
+
+    model, dev = backend.model, backend.torch_device
+    cfg = model.config.get_text_config()
+    kv_shape = lambda b: (b, backend.kv_heads, args.context, backend.head_dim)  # noqa: E731
+
+    def stock(fn: Callable[[], object]) -> Callable[[], object]:
+        @torch.inference_mode()
+        def call():
+            model.config._attn_implementation = "sdpa"
+            linears = [(m, m.__dict__.pop("forward")) for m in model.modules() if "forward" in m.__dict__]
+            try:
+                return fn()
+            finally:
+                for m, f in linears:
+                    m.forward = f
+                model.config._attn_implementation = "prefillbench"
+        return call
+
+    ids = torch.tensor([prompt(args.prompt)], device=dev)
+    out = {f"pp{args.prompt}": stock(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1))}
+    for b in sizes:
+        cache = DynamicCache(config=cfg)
+        for layer in range(backend.n_layers):
+            cache.update(torch.zeros(kv_shape(b), dtype=backend.dtype, device=dev),
+                         torch.zeros(kv_shape(b), dtype=backend.dtype, device=dev), layer)
+        tokens = torch.ones((b, 1), dtype=torch.long, device=dev)
+        positions = torch.full((b, 1), args.context, device=dev)
+
+        def decode(cache=cache, tokens=tokens, positions=positions):
+            model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True)
+            cache.crop(-1)  # back to `context` positions for the next rep
+
+        out[f"decode x{b}"] = stock(decode)
+    return out
+
+
+if __name__ == "__main__":
+    main()
