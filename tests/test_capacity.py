@@ -1,0 +1,98 @@
+"""The capacity search: bracket then bisect, against probes and a backend whose capacity is known by construction."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from prefillbench.backends.sim_backend import SimBackend
+from prefillbench.capacity import (
+    MAX_BRACKET_STEPS, CapacityConfig, Criteria, Probe, find_capacity, relative_capacities, search,
+)
+from prefillbench.metrics import ResultRow
+from prefillbench.workloads import TestSpec
+from fake_backend import FakeBackend
+
+
+def threshold_probe(capacity: float, log: list[float]):
+    def probe(rate: float) -> Probe:
+        log.append(rate)
+        return Probe(rate, rate <= capacity, None)
+    return probe
+
+
+@pytest.mark.parametrize("true, start", [(3.7, 1.0), (3.7, 100.0), (0.02, 1.0), (1.0, 1.0)])
+def test_search_brackets_then_bisects_to_the_precision(true, start):
+    log: list[float] = []
+    result = search(threshold_probe(true, log), start, precision=0.02)
+    assert true / 1.02 <= result.capacity <= true
+    assert len(result.probes) == len(log) == len(set(log))  # no rate probed twice
+    passed = [p.rate for p in result.probes if p.passed]
+    failed = [p.rate for p in result.probes if not p.passed]
+    assert max(passed) == result.capacity and min(failed) > true
+    assert min(failed) - result.capacity <= 0.02 * result.capacity
+
+
+def test_search_reports_zero_when_nothing_passes_and_stops_when_everything_does():
+    never = search(threshold_probe(-1, []), 1.0)
+    assert never.capacity == 0.0 and len(never.probes) == MAX_BRACKET_STEPS + 1
+    always = search(threshold_probe(math.inf, []), 1.0)
+    assert always.capacity == 2.0 ** MAX_BRACKET_STEPS
+
+
+def _row(**kw) -> ResultRow:
+    base = dict(model="m", backend="b", strategy="s", test="t", n_prompt=1, n_gen=1, concurrency=0, chunk_size=None,
+                requests=1, repetitions=1, ts_mean=1.0, ts_std=0.0, ms_per_token=1.0, throughput=1.0, ttft_p50_ms=1.0,
+                ttft_p99_ms=1.0, tbt_p50_ms=1.0, tbt_p99_ms=100.0, sched_delay_p50_ms=10.0)
+    base.update(kw)
+    return ResultRow(**base)
+
+
+def test_criteria_are_p99_tbt_and_median_scheduling_delay():
+    c = Criteria(tbt_p99_ms=100, sched_delay_p50_ms=50)
+    assert c.met(_row())
+    assert not c.met(_row(tbt_p99_ms=100.5))
+    assert not c.met(_row(sched_delay_p50_ms=51))
+    assert c.met(_row(tbt_p99_ms=math.nan))  # one-token requests: no gap to miss
+    with pytest.raises(ValueError):
+        Criteria(tbt_p99_ms=0)
+
+
+def test_capacity_of_a_backend_that_serves_ten_requests_per_second():
+    # One-token requests, one per 0.1 s step: the backend serves 10 req/s. Nearly even arrivals (gamma,
+    # burstiness 10^4) leave no queue below that rate; above it the queue, and the delay, grow with every request.
+    backend = FakeBackend(seconds_per_token=0.0, seconds_per_step=0.1)
+    config = CapacityConfig(TestSpec(1, 0), ["sequential"], [], Criteria(tbt_p99_ms=1000, sched_delay_p50_ms=50),
+                            requests=200, arrival="gamma", burstiness=1e4, precision=0.02, start_rate=3.0)
+    config.validate()
+    (case,) = config.cases()
+    starts = []
+    result = find_capacity(backend, case, config, on_probe_start=lambda c, n, rate: starts.append((n, rate)))
+    assert 10 / 1.03 <= result.capacity <= 10.05
+    assert [n for n, _ in starts] == list(range(1, len(result.search.probes) + 1))
+    assert [r for _, r in starts][:3] == [3.0, 6.0, 12.0]  # bracketing by doubling
+    row = result.row
+    assert row.capacity_rps == result.capacity and row.rate is None and row.arrival == "gamma"
+    assert row.sched_delay_p50_ms <= 50
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(requests=1), "at least 2"), (dict(arrival="closed"), "poisson or gamma"), (dict(precision=1.5), "precision"),
+    (dict(start_rate=0), "rate above 0"), (dict(strategies=["fifo"]), "unknown strategy"),
+])
+def test_bad_capacity_settings_are_refused(kwargs, message):
+    base = dict(test=TestSpec(8, 4), strategies=["sequential"], chunk_sizes=[64], criteria=Criteria(100))
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        CapacityConfig(**base).validate()
+
+
+def test_on_the_sim_chunked_prefill_has_more_capacity_than_sequential_under_a_strict_tbt_slo():
+    backend = SimBackend.load("mistral-7b", "a100")
+    config = CapacityConfig(TestSpec(1024, 128, spread=0.9), ["sequential", "chunked"], [512], Criteria(100),
+                            requests=60, precision=0.1)
+    results = [find_capacity(backend, case, config) for case in config.cases()]
+    sequential, chunked = results
+    assert sequential.row.tbt_p99_ms <= 100 and chunked.row.tbt_p99_ms <= 100
+    assert relative_capacities(results, "sequential") == [1.0, pytest.approx(chunked.capacity / sequential.capacity)]
+    assert chunked.capacity > 1.5 * sequential.capacity
