@@ -6,7 +6,10 @@ Charts, one per file, named for what they show:
 - chunk_sweep_<test>_c<N>.png: throughput and TBT p99 against chunk size (when a run swept
   --chunk-size), with the other strategies as flat reference lines;
 - ttft_cdf_<test>_c<N>.png and tbt_cdf_<test>_c<N>.png: the distribution of time to first
-  token and of time between tokens, one line per strategy, from the per-request trace.
+  token and of time between tokens, one line per strategy, from the per-request trace;
+- latency_vs_load_<test>.png: P99 TBT and P99 TTFT against the offered request rate (a
+  `run --arrival poisson --rate ...` sweep), one line per strategy, with the SLO as a dashed line;
+- capacity_<test>.png: the capacity each strategy reached (`prefillbench capacity`), as bars.
 
 The functions build `Chart`s (the series, as data) first and draw them second,
 so tests check the series, and that the drawn lines carry them, not pixels.
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import InputError, Results, load_results, read_text
-from .metrics import ResultRow
+from .metrics import SLO, ResultRow
 from .traces import Trace, is_trace_record, load_traces, parse_traces
 
 DEFAULT_OUT = "results/plots"
@@ -36,7 +39,7 @@ class Series:
     x: list[float]
     y: list[float]
     err: list[float] | None = None  # half-width of the 95% CI, where known
-    style: str = "line"  # line | reference (flat) | step (CDF)
+    style: str = "line"  # line | reference (flat) | step (CDF) | bar
 
 
 @dataclass
@@ -116,9 +119,15 @@ def _finite(v: float) -> bool:
     return v is not None and not math.isnan(v)
 
 
+def _closed_loop(results: list[Results]) -> list[Results]:
+    """Only the closed-loop rows: concurrency and chunk size are their axes; open-loop rows have a rate."""
+    return [Results(r.path, [row for row in r.rows if row.rate is None and not _finite(row.capacity_rps)], r.meta)
+            for r in results]
+
+
 def throughput_charts(results: list[Results]) -> list[Chart]:
     """Per test: throughput against concurrency, a line per strategy (and chunk size)."""
-    sources = _sources(results)
+    sources = _sources(_closed_loop(results))
     tests = sorted({r.test for s in sources for r in s.rows}, key=_test_order)
     charts = []
     for test in tests:
@@ -145,7 +154,7 @@ def throughput_charts(results: list[Results]) -> list[Chart]:
 
 def chunk_sweep_charts(results: list[Results]) -> list[Chart]:
     """Per test and concurrency swept over two or more chunk sizes: throughput and TBT p99 against chunk size."""
-    sources = _sources(results)
+    sources = _sources(_closed_loop(results))
     cases = sorted({(r.test, r.concurrency) for s in sources for r in s.rows}, key=lambda k: (_test_order(k[0]), k[1]))
     charts = []
     for test, conc in cases:
@@ -178,6 +187,59 @@ def chunk_sweep_charts(results: list[Results]) -> list[Chart]:
     return charts
 
 
+def _slo_ms(rows: list[ResultRow], key: str) -> float | None:
+    """The rows' SLO for `key` (ttft, tbt), if they share one."""
+    values = {getattr(SLO.parse(r.slo), f"{key}_ms") for r in rows if r.slo}
+    return values.pop() if len(values) == 1 else None
+
+
+def load_charts(results: list[Results]) -> list[Chart]:
+    """Per test of an open-loop rate sweep: P99 TBT and P99 TTFT against the offered rate, with the SLO line."""
+    sources = _sources(results)
+    swept = [r for s in sources for r in s.rows if r.rate is not None]
+    charts = []
+    for test in sorted({r.test for r in swept}, key=_test_order):
+        rows = [r for r in swept if r.test == test]
+        rates = sorted({r.rate for r in rows})
+        if len(rates) < 2:
+            continue
+        panels = []
+        for metric, key, title in (("tbt_p99_ms", "tbt", "P99 TBT"), ("ttft_p99_ms", "ttft", "P99 TTFT")):
+            panel = Panel(title, "offered load (requests/s)", f"{title} (ms)")
+            for src in sources:
+                lines: dict[str, list[ResultRow]] = defaultdict(list)
+                for r in src.rows:
+                    if r.test == test and r.rate is not None:
+                        cap = f" c<={r.concurrency}" if r.concurrency else ""
+                        lines[strategy_label(r.strategy, r.chunk_size) + cap].append(r)
+                for label, rs in lines.items():
+                    rs.sort(key=lambda r: r.rate)
+                    panel.series.append(Series(_label(src.prefix, label), [r.rate for r in rs], [getattr(r, metric) for r in rs]))
+            slo = _slo_ms(rows, key)
+            if slo is not None:
+                panel.series.append(Series(f"SLO {slo:g} ms", [rates[0], rates[-1]], [slo, slo], style="reference"))
+            panel.xlog = rates[-1] / rates[0] > 20
+            panels.append(panel)
+        charts.append(Chart(f"latency_vs_load_{_slug(test)}", f"Latency vs offered load, {test}{_subject(rows)}", panels))
+    return charts
+
+
+def capacity_charts(results: list[Results]) -> list[Chart]:
+    """Per test of a `capacity` export: each strategy's capacity as a bar."""
+    sources = _sources(results)
+    found = [(src, r) for src in sources for r in src.rows if _finite(r.capacity_rps)]
+    charts = []
+    for test in sorted({r.test for _, r in found}, key=_test_order):
+        rows = [(src, r) for src, r in found if r.test == test]
+        panel = Panel("capacity", "", "capacity (requests/s)")
+        for src, r in rows:
+            panel.series.append(Series(_label(src.prefix, strategy_label(r.strategy, r.chunk_size)), [0], [r.capacity_rps], style="bar"))
+        slo = _slo_ms([r for _, r in rows], "tbt")
+        title = f"Capacity, {test}" + (f", P99 TBT <= {slo:g} ms" if slo is not None else "")
+        charts.append(Chart(f"capacity_{_slug(test)}", title + _subject([r for _, r in rows]), [panel]))
+    return charts
+
+
 def cdf(values: list[float]) -> tuple[list[float], list[float]]:
     """Sorted values and the fraction of values at or below each."""
     xs = sorted(values)
@@ -186,15 +248,16 @@ def cdf(values: list[float]) -> tuple[list[float], list[float]]:
 
 
 def cdf_charts(trace_sets: list[tuple[str, list[Trace]]]) -> list[Chart]:
-    """Per test and concurrency: TTFT and TBT CDFs, a line per strategy."""
+    """Per test, concurrency and arrival rate: TTFT and TBT CDFs, a line per strategy."""
     prefixed = [(Path(path).stem.removesuffix(".requests") if len(trace_sets) > 1 else "", t) for path, traces in trace_sets for t in traces]
-    cases = sorted({(t.test, t.concurrency) for _, t in prefixed}, key=lambda k: (_test_order(k[0]), k[1]))
+    cases = sorted({(t.test, t.concurrency, t.rate) for _, t in prefixed},
+                   key=lambda k: (_test_order(k[0]), k[1], k[2] or 0.0))
     combos = {(t.model, t.backend) for _, t in prefixed}
     charts = []
-    for test, conc in cases:
+    for test, conc, rate in cases:
         groups: dict[str, list[Trace]] = defaultdict(list)
         for prefix, t in prefixed:
-            if t.test == test and t.concurrency == conc:
+            if t.test == test and t.concurrency == conc and t.rate == rate:
                 label = strategy_label(t.strategy, t.chunk_size)
                 if len(combos) > 1:
                     label = f"{t.model} {t.backend} {label}"
@@ -211,9 +274,12 @@ def cdf_charts(trace_sets: list[tuple[str, list[Trace]]]) -> list[Chart]:
             xs = [x for s in panel.series for x in s.x]
             panel.xlog = bool(xs) and min(xs) > 0 and max(xs) / min(xs) > 100
         subject = _subject(members)
-        charts.append(Chart(f"ttft_cdf_{_slug(test)}_c{conc}", f"TTFT distribution, {test}, concurrency {conc}{subject}", [ttft]))
+        name, where = f"{_slug(test)}_c{conc}", f"{test}, concurrency {conc}"
+        if rate is not None:  # an open loop: one chart per rate
+            name, where = f"{name}_r{rate:g}", f"{where if conc else test}, {rate:g} req/s"
+        charts.append(Chart(f"ttft_cdf_{name}", f"TTFT distribution, {where}{subject}", [ttft]))
         if tbt.series:
-            charts.append(Chart(f"tbt_cdf_{_slug(test)}_c{conc}", f"TBT distribution, {test}, concurrency {conc}{subject}", [tbt]))
+            charts.append(Chart(f"tbt_cdf_{name}", f"TBT distribution, {where}{subject}", [tbt]))
     return charts
 
 
@@ -224,6 +290,16 @@ def draw(chart: Chart):
     fig = Figure(figsize=(6.4 * len(chart.panels), 4.8), layout="constrained")
     axes = fig.subplots(1, len(chart.panels), squeeze=False)[0]
     for ax, panel in zip(axes, chart.panels):
+        bars = [s for s in panel.series if s.style == "bar"]
+        if bars:
+            positions = range(len(bars))
+            ax.bar(positions, [s.y[0] for s in bars], color=[f"C{i}" for i in positions])
+            ax.set_xticks(list(positions), [s.label for s in bars], rotation=20, ha="right")
+            for i, s in enumerate(bars):
+                ax.annotate(f"{s.y[0]:.3g}", (i, s.y[0]), ha="center", va="bottom", fontsize="small")
+            ax.set_ylabel(panel.ylabel)
+            ax.grid(True, axis="y", alpha=0.3)
+            continue
         for s in panel.series:
             if s.style == "step":
                 ax.step(s.x, s.y, where="post", label=s.label)
@@ -315,6 +391,8 @@ def make_charts(results: list[Results], traces: list[tuple[str, list[Trace]]]) -
     if results:
         charts += throughput_charts(results)
         charts += chunk_sweep_charts(results)
+        charts += load_charts(results)
+        charts += capacity_charts(results)
     if traces:
         charts += cdf_charts(traces)
     return charts

@@ -85,6 +85,7 @@ class Trace:
     chunk_size: int | None
     arrival: float
     token_times: list[float]
+    rate: float | None = None  # the open loop's requests/s; None: closed loop
 
     @property
     def ttft_ms(self) -> float:
@@ -109,9 +110,11 @@ def _trace(record: Any, where: str) -> Trace:
     try:
         times = [float(t) for t in record["token_times"]]
         chunk = record["chunk_size"]
+        rate = record.get("rate")
         trace = Trace(
             str(record["model"]), str(record["backend"]), str(record["strategy"]), str(record["test"]),
             int(record["concurrency"]), None if chunk in (None, "") else int(chunk), float(record["arrival"]), times,
+            None if rate in (None, "") else float(rate),
         )
     except (TypeError, ValueError):
         raise InputError(f"{where}: malformed per-request record") from None
