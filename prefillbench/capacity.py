@@ -26,6 +26,7 @@ from . import engine
 from .backends.base import Backend
 from .bench import BenchConfig, Case, warm_up
 from .metrics import SLO, Load, ResultRow, summarize
+from .reports import _fmt, _strategy_label, md_table
 from .workloads import ArrivalSpec, TestSpec, make_requests
 
 #: Sarathi-Serve's bound on the median scheduling delay.
@@ -172,7 +173,8 @@ class CapacityResult:
     def row(self) -> ResultRow:
         """The row measured at the capacity, with capacity_rps set and no fixed rate (the rate is what was searched),
         so that `compare` joins the rows of two capacity runs whatever rates they found."""
-        return replace(self.search.at_capacity.row, capacity_rps=self.capacity, rate=None)
+        return replace(self.search.at_capacity.row, capacity_rps=self.capacity, rate=None,
+                       capacity_probes=len(self.search.probes))
 
 
 def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float,
@@ -218,3 +220,25 @@ def relative_capacities(results: list[CapacityResult], baseline: str) -> list[fl
     refs = [r.capacity for r in results if r.case.strategy == baseline]
     ref = refs[0] if len(refs) == 1 else math.nan
     return [r.capacity / ref if ref and not math.isnan(ref) else math.nan for r in results]
+
+
+def render_md(results: list[CapacityResult], relative_to: str | None = None) -> str:
+    """One row per strategy: its capacity, the latencies measured there, and its ratio to the baseline."""
+    ratios = relative_capacities(results, relative_to) if relative_to else [math.nan] * len(results)
+    items = list(zip([r.row for r in results], ratios))
+    columns = [
+        ("model", lambda i: i[0].model, False),
+        ("backend", lambda i: i[0].backend, False),
+        ("strategy", lambda i: _strategy_label(i[0]), False),
+        ("test", lambda i: i[0].test, False),
+        ("capacity req/s", lambda i: _fmt(i[0].capacity_rps, 3) if i[0].capacity_rps else "0 (none passed)", True),
+    ]
+    if relative_to:
+        columns.append((f"vs {relative_to}", lambda i: "-" if math.isnan(i[1]) else f"{i[1]:.2f}x", True))
+    columns += [
+        ("P99 TBT ms", lambda i: _fmt(i[0].tbt_p99_ms, 1), True),
+        ("P99 TTFT ms", lambda i: _fmt(i[0].ttft_p99_ms, 0), True),
+        ("median sched delay ms", lambda i: _fmt(i[0].sched_delay_p50_ms, 1), True),
+        ("probes", lambda i: str(i[0].capacity_probes), True),
+    ]
+    return md_table(columns, items)

@@ -75,7 +75,7 @@ METRIC_LABELS = {
 METRIC_SHORT = {m: label.removesuffix(" ms").removesuffix("/s") for m, label in METRIC_LABELS.items()}
 KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "rate")
 
-_INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions"}
+_INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions", "capacity_probes"}
 _OPTIONAL_FLOATS = {"rate", "burstiness"}  # None where they do not apply
 _TEXT_FIELDS = {"arrival", "slo"}
 _KEY_TEXT = {"model", "backend", "strategy", "test"}

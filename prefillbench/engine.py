@@ -121,13 +121,20 @@ def run(
             f"the model's context is {backend.context_length}"
         )
     # Backends with a bounded KV cache (the sim) cap the sequences in flight: the strategies only see those.
-    allowed = backend.max_concurrency(max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
-    if allowed is not None:
-        if allowed < 1:
+    # Fewer sequences need smaller steps, which leave more room for cache: find the most that fit with their steps.
+    def fits(n: int) -> bool:
+        allowed = backend.max_concurrency(max_seq_len, strategy.max_step_tokens(longest_prompt, n))
+        return allowed is None or allowed >= n
+
+    if not fits(cap):
+        lo, hi = 0, cap
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        if lo < 1:
             raise BackendError(f"not one sequence of {max_seq_len} tokens fits in {backend.label}'s KV cache")
-        if allowed < cap:
-            backend.note_clamp(cap, allowed)
-            cap = allowed
+        backend.note_clamp(cap, lo)
+        cap = lo
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
     depth = max(1, backend.max_steps_in_flight)
 

@@ -75,6 +75,7 @@ class ResultRow:
     goodput_rps: float = math.nan  # requests per second that met every SLO
     slo_met: float = math.nan  # their share of the requests
     capacity_rps: float = math.nan  # `capacity`: the highest rate that met the capacity criteria
+    capacity_probes: int = 0  # `capacity`: the runs its search took
 
     @classmethod
     def columns(cls) -> list[str]:

@@ -13,3 +13,6 @@ class Sequential(Strategy):
         if waiting:
             return Step(prefills=(prefill_chunk(waiting[0]),))
         return Step(decodes=decode_tokens(running))
+
+    def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:
+        return max(prompt_len, concurrency)  # one whole prompt, or every decode
