@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from strategies import make_strategy
 
@@ -27,12 +28,17 @@ from .backends.base import Backend
 from .bench import BenchConfig, Case, warm_up
 from .metrics import SLO, Load, ResultRow, summarize
 from .reports import _fmt, _strategy_label, md_table
-from .workloads import ArrivalSpec, TestSpec, make_requests
+from .workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
 
 #: Sarathi-Serve's bound on the median scheduling delay.
 DEFAULT_MAX_SCHED_DELAY_MS = 2000.0
 DEFAULT_PRECISION = 0.05
 DEFAULT_START_RATE = 1.0
+#: Requests per probe. Above capacity the queue, and so the scheduling delay, grows for as long as requests
+#: keep arriving: too few requests and a probe ends before the delay passes its bound. The sim runs in
+#: virtual time, so it can afford a long trace; a real backend pays for every probe in wall time.
+DEFAULT_REQUESTS_SIM = 1000
+DEFAULT_REQUESTS = 30
 #: The search gives up bracketing after this many doublings or halvings.
 MAX_BRACKET_STEPS = 20
 
@@ -131,6 +137,7 @@ class CapacityConfig:
     start_rate: float = DEFAULT_START_RATE
     precision: float = DEFAULT_PRECISION
     warmup: bool = True
+    slo: SLO | None = None  # for the rows' goodput; None: the criteria's TBT alone
 
     def validate(self) -> None:
         if self.requests < 2:
@@ -156,8 +163,22 @@ class CapacityConfig:
         return out
 
     @property
-    def slo(self) -> SLO:
-        return SLO(tbt_ms=self.criteria.tbt_p99_ms)
+    def row_slo(self) -> SLO:
+        return self.slo or SLO(tbt_ms=self.criteria.tbt_p99_ms)
+
+    def tokens_per_probe(self) -> int:
+        """Tokens one probe emits, for a progress bar."""
+        return sum(g for _, g in request_lengths(self.test, self.requests, self.seed))
+
+    def settings(self) -> dict[str, Any]:
+        """The search's settings, for the export's metadata."""
+        return {
+            "capacity_tbt_p99_ms": self.criteria.tbt_p99_ms,
+            "capacity_max_sched_delay_ms": self.criteria.sched_delay_p50_ms,
+            "capacity_requests_per_probe": self.requests,
+            "capacity_precision": self.precision,
+            "capacity_start_rate": self.start_rate,
+        }
 
 
 @dataclass
@@ -188,7 +209,7 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
     row = summarize(case.test, [run], model=backend.model_name, backend=backend.label, strategy=case.strategy,
                     concurrency=case.concurrency, chunk_size=case.chunk_size,
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
-                    slo=config.slo)
+                    slo=config.row_slo)
     return Probe(rate, config.criteria.met(row), row)
 
 

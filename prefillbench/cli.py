@@ -20,16 +20,18 @@ import typer
 
 from strategies import STRATEGIES
 
-from . import __version__, abtest, compare, interleave, plots, reports, traces
+from . import __version__, abtest, capacity, compare, interleave, plots, reports, traces
 from .backends import BACKEND_CHOICES, backend_class, choose_backend, load_backend
-from .backends.base import BackendError
-from .bench import BenchConfig, CaseResult, run_case, verify
-from .meta import run_metadata
+from .backends.base import Backend, BackendError
+from .bench import DEFAULT_OPEN_LOOP_REQUESTS, BenchConfig, CaseResult, run_case, verify
 from .calibrate import calibrate_command
+from .meta import run_metadata
+from .metrics import SLO
 from .sim.cli import Calibration, PipelineStages, SimGpu, SimModel, TensorParallel, Trace, sim_options
-from .workloads import make_tests
+from .workloads import ARRIVALS, TestSpec, load_workload, make_tests, workload_test
 
 MODEL_PANEL, TESTS_PANEL, OUTPUT_PANEL = "model and backend", "tests", "output"
+LOAD_PANEL, CAPACITY_PANEL = "arrivals and SLOs (serving)", "capacity search"
 
 
 class UsageError(Exception):
@@ -86,6 +88,27 @@ def pp_tg_pairs(texts: list[str] | None) -> list[tuple[int, int]]:
             raise typer.BadParameter(f"expected PP,TG with both above 0, got {text!r}")
         pairs.append((values[0], values[1]))
     return pairs
+
+
+def float_list(texts: list[str] | None) -> list[float] | None:
+    if not texts:
+        return None
+    try:
+        values = [float(v) for v in _split(texts)]
+    except ValueError:
+        values = []
+    if not values:
+        raise typer.BadParameter(f"expected a comma-separated list of numbers, got {','.join(texts)!r}")
+    return values
+
+
+def slo_spec(text: str | None) -> SLO | None:
+    if text is None or isinstance(text, SLO):
+        return text
+    try:
+        return SLO.parse(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def percent(text: str | float) -> float:
@@ -150,11 +173,35 @@ Strategy = Annotated[Optional[list[str]], _option(
 ChunkSize = Annotated[Optional[list[str]], _option(
     "--chunk-size", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
     help="chunked prefill chunk sizes (default: 256)")]
-Repetitions = Annotated[int, _option("-r", "--repetitions", panel=TESTS_PANEL, help="timed repetitions after a warm-up")]
+Repetitions = Annotated[Optional[int], _option(
+    "-r", "--repetitions", panel=TESTS_PANEL,
+    help="timed repetitions after a warm-up (default: 3 in a closed loop, 1 in an open loop, whose requests already vary)")]
 Requests = Annotated[Optional[int], _option(
-    "--requests", panel=TESTS_PANEL, help="requests per test, closed loop (default: the concurrency)")]
+    "--requests", panel=TESTS_PANEL,
+    help=f"requests per test (default: the concurrency in a closed loop, {DEFAULT_OPEN_LOOP_REQUESTS} in an open loop)")]
 Seed = Annotated[int, _option("--seed", panel=TESTS_PANEL, help="seed of the random prompts")]
 NoWarmup = Annotated[bool, _flag("--no-warmup", TESTS_PANEL, help="skip the untimed warm-up run")]
+LenSpread = Annotated[float, _option(
+    "--len-spread", panel=TESTS_PANEL, metavar="R",
+    help="draw each request's prompt and generation lengths uniformly from [L(1-R), L(1+R)] (vLLM's --random-range-ratio)")]
+Workload = Annotated[Optional[str], _option(
+    "--workload", panel=TESTS_PANEL, metavar="FILE",
+    help="replay a trace instead of -p/-n/--pg: CSV or JSON lines with prompt_len, gen_len and optional arrival_s "
+    "(with arrival_s and no --arrival, its arrival times are replayed)")]
+
+# arrivals and SLOs
+Arrival = Annotated[Optional[str], _option(
+    "--arrival", panel=LOAD_PANEL, metavar="|".join(ARRIVALS),
+    help="closed: c requests in flight, each replaced when it finishes (default); poisson or gamma: requests arrive "
+    "at --rate per second, -c caps those in flight (default: no cap) and the rest queue")]
+Rate = Annotated[Optional[list[str]], _option(
+    "--rate", panel=LOAD_PANEL, callback=float_list, metavar="QPS[,QPS]", help="arrival rates in requests/s, one row each")]
+Burstiness = Annotated[float, _option(
+    "--burstiness", panel=LOAD_PANEL, metavar="B",
+    help="gamma arrivals: shape of the intervals (vLLM's convention: 1 is Poisson, below 1 burstier)")]
+SLOOption = Annotated[Optional[str], _option(
+    "--slo", panel=LOAD_PANEL, callback=slo_spec, metavar="ttft=MS,tpot=MS,tbt=MS,e2e=MS",
+    help="latency objectives (any subset): adds goodput, the requests/s that met them all, and their share")]
 Interleave = Annotated[bool, _flag(
     "--interleave", TESTS_PANEL,
     help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")]
@@ -253,10 +300,16 @@ def run(
     concurrency: Concurrency = None,
     strategy: Strategy = None,
     chunk_size: ChunkSize = None,
-    repetitions: Repetitions = 3,
+    repetitions: Repetitions = None,
     requests: Requests = None,
     seed: Seed = 42,
     no_warmup: NoWarmup = False,
+    len_spread: LenSpread = 0.0,
+    workload: Workload = None,
+    arrival: Arrival = None,
+    rate: Rate = None,
+    burstiness: Burstiness = 1.0,
+    slo: SLOOption = None,
     interleave: Interleave = False,
     output: Output = "md",
     export: Export = None,
@@ -298,6 +351,61 @@ def plot_command(
     out: Annotated[str, typer.Option(metavar="DIR", help="where the PNG files go")] = plots.DEFAULT_OUT,
 ) -> int:
     return plots.cmd_plot(SimpleNamespace(**locals()))
+
+
+@command("capacity", help="search each strategy's capacity: the highest Poisson request rate within a P99 TBT SLO "
+                         "and a median scheduling delay bound (Sarathi-Serve's method)")
+def capacity_command(
+    model: Model = None,
+    backend: BackendName = "auto",
+    device: Device = "auto",
+    dtype: DType = "float32",
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = None,
+    ubatch: UBatch = None,
+    sim_model: SimModel = None,
+    sim_gpu: SimGpu = None,
+    tp: TensorParallel = 1,
+    pp: PipelineStages = 1,
+    calibration: Calibration = None,
+    trace: Trace = None,
+    pg: Annotated[Optional[list[str]], _option(
+        "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
+        help="prompt and generation length of the requests (default: 512,128)")] = None,
+    len_spread: LenSpread = 0.0,
+    workload: Workload = None,
+    strategy: Strategy = None,
+    chunk_size: ChunkSize = None,
+    concurrency: Annotated[int, _option(
+        "-c", "--concurrency", panel=TESTS_PANEL,
+        help="cap on requests in flight; 0: none (a bounded KV cache, as on the sim, still caps them)")] = 0,
+    seed: Seed = 42,
+    no_warmup: NoWarmup = False,
+    slo: Annotated[Optional[str], _option(
+        "--slo", panel=CAPACITY_PANEL, callback=slo_spec, metavar="tbt=MS[,ttft=MS,...]",
+        help="tbt: the P99 TBT a rate must keep to (required); any other objective adds goodput to the rows")] = None,
+    max_sched_delay: Annotated[float, _option(
+        "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
+        help="bound on the median scheduling delay (arrival to first step)")] = capacity.DEFAULT_MAX_SCHED_DELAY_MS,
+    requests: Annotated[Optional[int], _option(
+        "--requests", panel=CAPACITY_PANEL,
+        help=f"requests per probe (default: {capacity.DEFAULT_REQUESTS_SIM} on the sim, {capacity.DEFAULT_REQUESTS} on "
+        "real backends); too few let an overloaded rate pass, since its queue has no time to grow")] = None,
+    precision: Annotated[float, _option(
+        "--precision", panel=CAPACITY_PANEL, parser=percent, metavar="PCT",
+        help="bisect until the bracket is narrower than this share of the capacity")] = 100 * capacity.DEFAULT_PRECISION,
+    start_rate: Annotated[float, _option(
+        "--start-rate", panel=CAPACITY_PANEL, metavar="QPS", help="the first probe's rate; the search doubles or halves from it")]
+    = capacity.DEFAULT_START_RATE,
+    arrival: Annotated[Literal["poisson", "gamma"], _option("--arrival", panel=CAPACITY_PANEL, help="arrival process")] = "poisson",
+    burstiness: Burstiness = 1.0,
+    relative_to: Annotated[Optional[str], _option(
+        "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY", help="show each capacity's ratio to this strategy's")] = None,
+    output: Output = "md",
+    export: Export = None,
+    no_progress: NoProgress = False,
+) -> int:
+    return cmd_capacity(SimpleNamespace(**locals()))
 
 
 def _metrics_if_given(texts: list[str] | None) -> list[str] | None:
@@ -351,21 +459,47 @@ def config_from_args(args: Any) -> BenchConfig:
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise UsageError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
+    tests = tests_from_args(args)
+    arrival = args.arrival or ("trace" if tests and tests[0].workload and tests[0].workload.arrivals else "closed")
+    if arrival not in ARRIVALS + ("trace",):
+        raise UsageError(f"--arrival {arrival}: choose from {', '.join(ARRIVALS)}")
+    open_loop = arrival != "closed"
     config = BenchConfig(
-        tests=make_tests(args.n_prompt or [512], args.n_gen or [128], args.pg or []),
+        tests=tests,
         strategies=list(dict.fromkeys(strategies)),
-        concurrency=args.concurrency or [1, 2, 4],
+        concurrency=args.concurrency or ([0] if open_loop else [1, 2, 4]),
         chunk_sizes=args.chunk_size or [256],
-        repetitions=args.repetitions,
+        repetitions=args.repetitions or (1 if open_loop else 3),
         requests=args.requests,
         seed=args.seed,
         warmup=not args.no_warmup,
+        arrival=arrival,
+        rates=args.rate or [],
+        burstiness=args.burstiness,
+        slo=args.slo,
     )
     try:
         config.validate()
     except ValueError as e:
         raise UsageError(str(e)) from None
     return config
+
+
+def tests_from_args(args: Any) -> list[TestSpec]:
+    """-p/-n/--pg with --len-spread, or the one test a --workload file makes.
+
+    In an open loop, --pg alone means just that test: pp-only and tg-only requests are not what a server sees.
+    """
+    try:
+        if args.workload:
+            if args.n_prompt or args.n_gen or args.pg or args.len_spread:
+                raise UsageError("--workload gives the lengths: drop -p, -n, --pg and --len-spread")
+            return [workload_test(load_workload(args.workload))]
+        defaults = not (args.pg and args.arrival not in (None, "closed"))
+        return make_tests(args.n_prompt or ([512] if defaults else []), args.n_gen or ([128] if defaults else []),
+                          args.pg or [], args.len_spread)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _progress(enabled: bool):
@@ -396,11 +530,7 @@ def cmd_run(args: Any) -> int:
         if path:
             reports.check_writable(path)
     check_sequence_limit(choose_backend(args.backend, args.model, args.tp), config)
-    options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch),
-                                 ("flash_attn", args.flash_attn)) if v is not None}
-    options.update(sim_options(args))
-    backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)
-    print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)
+    backend = _load_backend(args)
     longest = max(t.max_seq_len for t in config.tests)
     if longest > backend.context_length:
         raise UsageError(f"a test needs {longest} positions but the model's context is {backend.context_length}")
@@ -418,6 +548,8 @@ def cmd_run(args: Any) -> int:
                     results.append(result)
             for case in ([] if args.interleave else config.cases()):
                 label = f"{case.test.name} {case.strategy} c={case.concurrency}"
+                if case.rate is not None:
+                    label += f" {case.rate:g} req/s"
                 progress.update(task, description=label)
                 results.append(run_case(backend, case, config, on_token=lambda n: progress.advance(task, n)))
         except KeyboardInterrupt:
@@ -428,7 +560,8 @@ def cmd_run(args: Any) -> int:
     rows = [r.row for r in results]
     write_failure = None
     meta = run_metadata(backend.metadata())
-    meta.update(model_path=args.model or "default", backend_name=backend.name, device=backend.device)
+    meta.update(model_path=args.model or "default", backend_name=backend.name, device=backend.device,
+                **workload_settings(args))
     if rows:
         if args.relative_to:
             sys.stdout.write(compare.render_relative(args.output, rows, meta, args.relative_to, args.noisy_cv / 100))
@@ -463,6 +596,91 @@ def check_sequence_limit(backend_name: str, config: BenchConfig) -> None:
     most = max(config.concurrency)
     if limit is not None and most > limit:
         raise UsageError(f"-c {most}: the {backend_name} backend runs at most {limit} sequences at once")
+
+
+def cmd_capacity(args: Any) -> int:
+    if args.slo is None or args.slo.tbt_ms is None:
+        raise UsageError("capacity needs --slo tbt=MS: the highest rate whose P99 time between tokens stays within it")
+    tests = tests_from_args(SimpleNamespace(n_prompt=None, n_gen=None, pg=args.pg or [(512, 128)], arrival=args.arrival,
+                                            len_spread=args.len_spread, workload=args.workload))
+    if len(tests) != 1:
+        raise UsageError("capacity searches one test: give one --pg or a --workload")
+    strategies = list(dict.fromkeys(args.strategy or list(STRATEGIES)))
+    if args.relative_to and args.relative_to not in strategies:
+        raise UsageError(f"--relative-to {args.relative_to}: not among the strategies searched ({', '.join(strategies)})")
+    if args.export:
+        reports.format_for_path(args.export)
+        reports.check_writable(args.export)
+    loaded = _load_backend(args)
+    config = capacity.CapacityConfig(
+        tests[0], strategies, args.chunk_size or [256],
+        capacity.Criteria(args.slo.tbt_ms, args.max_sched_delay),
+        requests=args.requests or (capacity.DEFAULT_REQUESTS_SIM if loaded.name == "sim" else capacity.DEFAULT_REQUESTS),
+        concurrency=args.concurrency, arrival=args.arrival, burstiness=args.burstiness, seed=args.seed,
+        start_rate=args.start_rate, precision=args.precision / 100, warmup=not args.no_warmup, slo=args.slo,
+    )
+    config.validate()
+    if tests[0].max_seq_len > loaded.context_length:
+        raise UsageError(f"a request needs {tests[0].max_seq_len} positions but the model's context is {loaded.context_length}")
+
+    results: list[capacity.CapacityResult] = []
+    interrupted, failure = False, None
+    progress = _progress(not args.no_progress)
+    with progress:
+        task = progress.add_task("", total=config.requests)
+
+        def started(case, n: int, rate: float) -> None:
+            progress.reset(task, total=config.tokens_per_probe(), description=f"{_case_label(case)} probe {n}: {rate:.3g} req/s")
+
+        def done(case, probe: capacity.Probe) -> None:
+            r = probe.row
+            progress.console.print(
+                f"capacity: {_case_label(case)} at {probe.rate:.3g} req/s: P99 TBT {r.tbt_p99_ms:.1f} ms, median "
+                f"scheduling delay {r.sched_delay_p50_ms:.0f} ms: {'within' if probe.passed else 'over'}", highlight=False, soft_wrap=True)
+
+        try:
+            for case in config.cases():
+                results.append(capacity.find_capacity(loaded, case, config, started, done,
+                                                      lambda n: progress.advance(task, n)))
+        except KeyboardInterrupt:
+            interrupted = True
+        except BackendError as e:
+            failure = e
+    rows = [r.row for r in results]
+    meta = run_metadata(loaded.metadata())
+    meta.update(model_path=args.model or "default", backend_name=loaded.name, device=loaded.device,
+                **workload_settings(args), **config.settings())
+    if rows:
+        text = capacity.render_md(results, args.relative_to) if args.output == "md" else reports.render(args.output, rows, meta)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        if args.export:
+            reports.export(args.export, rows, meta)
+    if interrupted:
+        print(f"prefillbench: interrupted; kept {len(rows)} capacity row(s)", file=sys.stderr)
+        return 130
+    if failure is not None:
+        print(f"prefillbench: error: {failure} (kept {len(rows)} capacity row(s))", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _case_label(case) -> str:
+    return f"{case.strategy} ({case.chunk_size})" if case.chunk_size else case.strategy
+
+
+def _load_backend(args: Any) -> Backend:
+    options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch),
+                                 ("flash_attn", getattr(args, "flash_attn", None))) if v is not None}
+    options.update(sim_options(args))
+    backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)
+    print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)
+    return backend
+
+
+def workload_settings(args: Any) -> dict[str, Any]:
+    """What made the requests, for the export's metadata (arrival, rate and SLO are columns of every row)."""
+    return {"seed": args.seed, "len_spread": args.len_spread, "workload": args.workload or ""}
 
 
 def write_outputs(export: str | None, trace_path: str | Path | None, results_path: Path | None,
