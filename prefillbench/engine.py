@@ -137,6 +137,7 @@ def run(
         cap = lo
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
     depth = max(1, backend.max_steps_in_flight)
+    strategy.reset()
 
     next_id = 0
     live: dict[int, Sequence] = {}
@@ -160,7 +161,7 @@ def run(
                 break
             req = pending.popleft()
             arrival = start + req.arrival_s if open_loop else now
-            live[next_id] = Sequence(next_id, req.prompt, req.n_gen, arrival)
+            live[next_id] = Sequence.admit(next_id, req, arrival)
             next_id += 1
 
     def launch(step: Step) -> None:
@@ -185,8 +186,7 @@ def run(
             busy.discard(d.seq_id)
         for seq_id, token in result.next_tokens.items():
             seq = live[seq_id]
-            seq.generated.append(token)
-            seq.token_times.append(launched.end)
+            seq.append_token(token, launched.end)
             if keep_logits and result.logits is not None:
                 logits.setdefault(seq_id, []).append(result.logits[seq_id])
         if on_token is not None:

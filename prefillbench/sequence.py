@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .workloads import Request
 
 
 @dataclass
@@ -14,6 +18,18 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
     first_scheduled: float | None = None  # start of the first step that carried it
+    forced_tokens: tuple[int, ...] | None = None
+
+    @classmethod
+    def admit(cls, seq_id: int, request: "Request", arrival: float) -> "Sequence":
+        return cls(seq_id, request.prompt, request.n_gen, arrival, forced_tokens=request.forced_tokens)
+
+    def append_token(self, token: int, time: float) -> None:
+        """Record the next token, which is fed back on the next step; a forced token replaces the model's."""
+        if self.forced_tokens is not None:
+            token = self.forced_tokens[len(self.generated)]
+        self.generated.append(token)
+        self.token_times.append(time)
 
     @property
     def prompt_len(self) -> int:

@@ -127,6 +127,8 @@ class Request:
     prompt: tuple[int, ...]
     n_gen: int
     arrival_s: float | None = None  # seconds after the run starts; None: closed loop (arrives when admitted)
+    #: Teacher forcing (for --verify): feed these tokens back instead of the model's own choices.
+    forced_tokens: tuple[int, ...] | None = None
 
 
 def random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tuple[int, ...]:

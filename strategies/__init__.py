@@ -3,10 +3,16 @@ from __future__ import annotations
 
 from .base import Strategy
 from .chunked import Chunked
+from .orca import Orca
+from .packed import Packed
 from .padded import Padded
+from .sarathi_serve import SarathiServe
 from .sequential import Sequential
+from .static import Static
 
-STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Sequential, Padded, Chunked)}
+STRATEGIES: dict[str, type[Strategy]] = {
+    s.name: s for s in (Sequential, Padded, Packed, Chunked, SarathiServe, Orca, Static)
+}
 
 
 def make_strategy(name: str, chunk_size: int = 256) -> Strategy:

@@ -31,6 +31,9 @@ class Strategy(ABC):
         """An upper bound on `Step.n_tokens`, so a backend can size its buffers."""
         return prompt_len * concurrency + concurrency
 
+    def reset(self) -> None:
+        """Forget what an earlier run left behind; the engine calls it as a run starts."""
+
 
 def prefill_chunk(seq: Sequence, max_tokens: int | None = None, pad_to: int | None = None) -> PrefillChunk:
     """The next piece of `seq`'s prompt, at most `max_tokens` long."""
@@ -39,6 +42,12 @@ def prefill_chunk(seq: Sequence, max_tokens: int | None = None, pad_to: int | No
     tokens = seq.prompt[start:end]
     pad = 0 if pad_to is None else pad_to - len(tokens)
     return PrefillChunk(seq.seq_id, tuple(tokens), start, end == len(seq.prompt), pad)
+
+
+def whole_prompts(seqs: Seq[Sequence], pad: bool = False) -> tuple[PrefillChunk, ...]:
+    """The rest of every prompt in `seqs`, in one step; `pad`: padded to the longest (a rectangular batch)."""
+    longest = max((s.prompt_len - s.n_prefilled for s in seqs), default=0) if pad else None
+    return tuple(prefill_chunk(s, pad_to=longest) for s in seqs)
 
 
 def decode_tokens(running: Seq[Sequence]) -> tuple[DecodeToken, ...]:

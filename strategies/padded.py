@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prefillbench.step import Step
 
-from .base import Strategy, decode_tokens, prefill_chunk
+from .base import Strategy, decode_tokens, whole_prompts
 
 
 class Padded(Strategy):
@@ -15,6 +15,5 @@ class Padded(Strategy):
 
     def next_step(self, waiting, running):
         if waiting:
-            longest = max(s.prompt_len - s.n_prefilled for s in waiting)
-            return Step(prefills=tuple(prefill_chunk(s, pad_to=longest) for s in waiting))
+            return Step(prefills=whole_prompts(waiting, pad=True))
         return Step(decodes=decode_tokens(running))

@@ -15,9 +15,10 @@ from prefillbench.backends.gguf_backend import GGUFBackend
 from prefillbench.models import default_model_path
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 from prefillbench.workloads import Request
+from strategies import STRATEGIES as REGISTRY
 from strategies import make_strategy
 
-STRATEGIES = ("sequential", "padded", "chunked")
+STRATEGIES = tuple(REGISTRY)
 # Prompt lengths that no chunk size below divides; more requests than slots, so slots are reused.
 PROMPT_LENS = (5, 17, 30, 9, 23)
 CONCURRENCY = 3

@@ -6,7 +6,10 @@ import pytest
 from prefillbench import engine
 from prefillbench.backends.sim_backend import SimBackend
 from prefillbench.workloads import TestSpec, make_requests
-from strategies import make_strategy
+from strategies import STRATEGIES, make_strategy
+
+# These take every visible sequence into one step, so their micro-batches cannot overlap.
+TAKE_ALL = {"padded", "packed", "orca", "static"}
 
 
 class Recording:
@@ -25,7 +28,7 @@ class Recording:
         return self.inner.max_step_tokens(prompt_len, concurrency)
 
 
-@pytest.mark.parametrize("name", ["sequential", "padded", "chunked"])
+@pytest.mark.parametrize("name", list(STRATEGIES))
 def test_a_sequence_is_never_in_two_micro_batches_at_once(name):
     backend = SimBackend.load("llama-13b", "a100", tp=2, pp=4)
     strategy = Recording(make_strategy(name, 128))
@@ -42,7 +45,7 @@ def test_a_sequence_is_never_in_two_micro_batches_at_once(name):
         for j in overlapping:
             assert not strategy.seq_ids[i] & strategy.seq_ids[j]
     assert in_flight_max <= 4  # never more than pp micro-batches in flight
-    if name != "padded":  # padded takes every waiting prompt at once: its micro-batches cannot overlap
+    if name not in TAKE_ALL:
         assert in_flight_max > 1
     assert len(stats["stage_busy_fraction"]) == 4
 
