@@ -29,10 +29,11 @@ def run_cli(capsys, *argv):
 
 
 BASE = ["-p", "16", "-n", "4", "--pg", "12,3", "-c", "1,2", "-r", "2", "--chunk-size", "5"]
+THREE = ["-s", "sequential,padded,chunked"]
 
 
 def test_markdown_table_has_a_row_per_case(tiny_folder, capsys, tmp_path):
-    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, "--results-dir", str(tmp_path))
+    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, *THREE, "--results-dir", str(tmp_path))
     assert code == 0, err
     lines = out.strip().splitlines()
     header = [h.strip() for h in lines[0].strip("|").split("|")]
@@ -105,7 +106,7 @@ def test_interrupt_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_pat
 
     monkeypatch.setattr(cli, "run_case", interrupt_on_third)
     export = tmp_path / "partial.csv"
-    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, "--export", str(export), "--no-results-file")
+    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, *THREE, "--export", str(export), "--no-results-file")
     assert code == 130
     assert "kept 2 measured row(s)" in err
     assert len(out.strip().splitlines()) == 2 + 2
@@ -127,7 +128,7 @@ def test_a_failing_step_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tm
 
     monkeypatch.setattr(TorchBackend, "execute", fail_late)
     export = tmp_path / "partial.csv"
-    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, "--export", str(export), "--no-results-file")
+    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, *THREE, "--export", str(export), "--no-results-file")
     assert code == 2
     assert "failed: out of KV space" in err and "step" in err and "kept" in err and "Traceback" not in err
     kept = list(csv.DictReader(export.open()))

@@ -7,6 +7,7 @@ from prefillbench import cli, interleave
 from prefillbench.bench import BenchConfig, run_case
 from prefillbench.compare import relative_rows
 from prefillbench.workloads import TestSpec
+from strategies import STRATEGIES
 
 
 class DriftingBackend(FakeBackend):
@@ -65,4 +66,4 @@ def test_cli_flag(capsys, monkeypatch):
                      "--no-results-file", "--relative-to", "sequential"])
     out = capsys.readouterr().out
     assert code == 0
-    assert len(out.strip().splitlines()) == 2 + 3
+    assert len(out.strip().splitlines()) == 2 + len(STRATEGIES)  # every strategy by default

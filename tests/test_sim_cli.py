@@ -8,6 +8,7 @@ from pathlib import Path
 
 
 from prefillbench.cli import main
+from strategies import STRATEGIES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +21,7 @@ def test_run_sim_prints_a_table():
     )
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| llama-13b")]
-    assert len(rows) == 6  # 3 strategies x 2 concurrencies
+    assert len(rows) == len(STRATEGIES) * 2  # every strategy by default, x 2 concurrencies
     assert all("sim A6000" in r for r in rows)
     assert "spec sheets only" in out.stderr
 

@@ -27,6 +27,9 @@ class Recording:
     def max_step_tokens(self, prompt_len, concurrency):
         return self.inner.max_step_tokens(prompt_len, concurrency)
 
+    def reset(self):
+        self.inner.reset()
+
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_a_sequence_is_never_in_two_micro_batches_at_once(name):
