@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from strategies import Strategy, make_strategy
 
 from . import engine
-from .backends.base import Backend
+from .backends.base import Backend, LogitTolerance
 from .engine import RunRecord
 from .metrics import SLO, Load, ResultRow, summarize
 from .workloads import ArrivalSpec, Request, TestSpec, make_requests, request_lengths
@@ -99,6 +101,13 @@ class BenchConfig:
                         for size in sizes:
                             yield Case(test, name, c, size, rate)
 
+    def case_groups(self) -> list[list[Case]]:
+        """The cases of each test, concurrency and rate, in the order `cases()` gives them."""
+        groups: dict[tuple, list[Case]] = {}
+        for case in self.cases():
+            groups.setdefault((case.test, case.concurrency, case.rate), []).append(case)
+        return list(groups.values())
+
     def tokens_to_emit(self) -> int:
         """Tokens the whole benchmark emits, for a progress bar."""
         return sum(
@@ -161,24 +170,72 @@ def run_case(backend: Backend, case: Case, config: BenchConfig, on_token: Callab
     return case_result(backend, case, runs, config)
 
 
-def verify(results: list[CaseResult]) -> list[str]:
-    """Greedy tokens must not depend on the strategy; return a line per disagreement."""
-    groups: dict[tuple, list[CaseResult]] = {}
-    for r in results:
-        groups.setdefault((r.case.test, r.case.concurrency, r.case.rate), []).append(r)
-    problems = []
-    for (test, c, _), members in groups.items():
-        ref = members[0]
-        ref_tokens = [req.tokens for req in ref.runs[0].requests]
-        for other in members[1:]:
-            for i, req in enumerate(other.runs[0].requests):
-                if req.tokens != ref_tokens[i]:
-                    first = next(k for k, (a, b) in enumerate(zip(req.tokens, ref_tokens[i])) if a != b)
-                    problems.append(
-                        f"{test.name} c={c} request {i}: {_label(other.case)} differs from {_label(ref.case)} at generated token {first}"
-                    )
-    return problems
-
-
 def _label(case: Case) -> str:
     return f"{case.strategy}({case.chunk_size})" if case.chunk_size else case.strategy
+
+
+@dataclass(frozen=True)
+class LogitAgreement:
+    """One strategy's logits against the reference strategy's, both fed the reference's tokens."""
+
+    test: str
+    concurrency: int
+    strategy: str
+    reference: str
+    positions: int  # emitted positions compared, all requests
+    max_abs_diff: float  # largest |logit difference| over every position and vocabulary entry
+    confident: int  # positions where the reference's top-1 leads by more than the tolerance's margin
+    top1_agree: int  # of those, positions with the same top-1
+    near_ties: int  # positions with a different top-1 where the reference's lead is within the margin
+    tolerance: LogitTolerance
+
+    @property
+    def top1_flips(self) -> int:
+        return self.confident - self.top1_agree
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.tolerance.max_abs and self.top1_flips == 0
+
+
+def compare_logits(reference: RunRecord, other: RunRecord) -> tuple[np.ndarray, np.ndarray]:
+    """Both runs' logits, one row per emitted position, requests in order."""
+    stack = lambda run: np.concatenate([np.stack(r.logits) for r in run.requests]).astype(np.float32)  # noqa: E731
+    ref, got = stack(reference), stack(other)
+    if ref.shape != got.shape:
+        raise RuntimeError(f"the runs emitted {got.shape[0]} positions, the reference {ref.shape[0]}")
+    return ref, got
+
+
+def logit_agreement(case: Case, ref_case: Case, reference: RunRecord, other: RunRecord, tol: LogitTolerance) -> LogitAgreement:
+    ref, got = compare_logits(reference, other)
+    top2 = np.partition(ref, -2, axis=1)[:, -2:]
+    confident = top2[:, 1] - top2[:, 0] > tol.margin
+    same = got.argmax(axis=1) == ref.argmax(axis=1)
+    return LogitAgreement(
+        case.test.name, case.concurrency, _label(case), _label(ref_case), len(ref),
+        float(np.abs(got - ref).max()) if len(ref) else 0.0,
+        int(confident.sum()), int((same & confident).sum()), int((~same & ~confident).sum()), tol,
+    )
+
+
+def verify_logits(backend: Backend, config: BenchConfig, on_case: Callable[[str], None] | None = None) -> list[LogitAgreement]:
+    """Teacher-forced verification: per test and concurrency, the first strategy runs free, and every
+    other strategy is fed that run's tokens, so all compute logits for the same sequences and only the
+    batching differs. Free-running tokens would diverge for good at the first near tie."""
+    tol = backend.logit_tolerance()
+    if tol is None:
+        raise ValueError(f"--verify compares logits, and the {backend.name} backend computes none")
+    results = []
+    for ref_case, *others in config.case_groups():
+        requests = config.requests_for(ref_case, backend.vocab_size)
+        if on_case is not None:
+            on_case(f"verify {ref_case.test.name} c={ref_case.concurrency}")
+        reference = engine.run(backend, make_strategy(ref_case.strategy, ref_case.chunk_size or 256), requests,
+                               ref_case.concurrency, keep_logits=True)
+        forced = [replace(req, forced_tokens=tuple(rec.tokens)) for req, rec in zip(requests, reference.requests)]
+        for case in others:
+            strategy = make_strategy(case.strategy, case.chunk_size or 256)
+            run = engine.run(backend, strategy, forced, case.concurrency, keep_logits=True)
+            results.append(logit_agreement(case, ref_case, reference, run, tol))
+    return results

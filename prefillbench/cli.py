@@ -23,7 +23,7 @@ from strategies import STRATEGIES
 from . import __version__, abtest, capacity, compare, interleave, plots, reports, traces
 from .backends import BACKEND_CHOICES, backend_class, choose_backend, load_backend
 from .backends.base import Backend, BackendError
-from .bench import DEFAULT_OPEN_LOOP_REQUESTS, BenchConfig, CaseResult, run_case, verify
+from .bench import DEFAULT_OPEN_LOOP_REQUESTS, BenchConfig, CaseResult, run_case, verify_logits
 from .calibrate import calibrate_command
 from .meta import run_metadata
 from .metrics import SLO
@@ -171,8 +171,8 @@ Strategy = Annotated[Optional[list[str]], _option(
     "-s", "--strategy", panel=TESTS_PANEL, callback=str_list, metavar="NAME[,NAME]",
     help=f"strategies (default: {','.join(STRATEGIES)})")]
 ChunkSize = Annotated[Optional[list[str]], _option(
-    "--chunk-size", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
-    help="chunked prefill chunk sizes (default: 256)")]
+    "--chunk-size", "--token-budget", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
+    help="chunked's chunk size and sarathi-serve's token budget per step; one case per value (default: 256)")]
 Repetitions = Annotated[Optional[int], _option(
     "-r", "--repetitions", panel=TESTS_PANEL,
     help="timed repetitions after a warm-up (default: 3 in a closed loop, 1 in an open loop, whose requests already vary)")]
@@ -224,7 +224,10 @@ NoisyCV = Annotated[float, _option(
     help="mark rows whose CV across repetitions exceeds this percentage as noisy")]
 ResultsDir = Annotated[str, _option("--results-dir", panel=OUTPUT_PANEL, help="where each run writes <timestamp>.csv")]
 NoResultsFile = Annotated[bool, _flag("--no-results-file", OUTPUT_PANEL, help="do not write results/<timestamp>.csv")]
-Verify = Annotated[bool, _flag("--verify", OUTPUT_PANEL, help="check that all strategies produce the same greedy tokens")]
+Verify = Annotated[bool, _flag(
+    "--verify", OUTPUT_PANEL,
+    help="after the benchmark, feed every strategy the first strategy's tokens and compare their logits "
+    "(max |Δlogit|, top-1 agreement) within the backend's tolerance; exit 1 on a disagreement")]
 NoProgress = Annotated[bool, _flag("--no-progress", OUTPUT_PANEL, help="no progress bar on stderr")]
 
 
@@ -531,6 +534,8 @@ def cmd_run(args: Any) -> int:
             reports.check_writable(path)
     check_sequence_limit(choose_backend(args.backend, args.model, args.tp), config)
     backend = _load_backend(args)
+    if args.verify and backend.logit_tolerance() is None:
+        raise UsageError(f"--verify compares logits, and the {backend.name} backend computes none")
     longest = max(t.max_seq_len for t in config.tests)
     if longest > backend.context_length:
         raise UsageError(f"a test needs {longest} positions but the model's context is {backend.context_length}")
@@ -580,13 +585,26 @@ def cmd_run(args: Any) -> int:
     if write_failure is not None:
         return 2
     if args.verify:
-        problems = verify(results)
-        for line in problems:
-            print(f"verify: {line}", file=sys.stderr)
-        if problems:
-            return 1
-        n = sum(len(r.runs[0].requests) for r in results)
-        print(f"verify: all strategies produced the same greedy tokens ({n} requests)", file=sys.stderr)
+        return run_verify(backend, config, not args.no_progress)
+    return 0
+
+
+def run_verify(backend: Any, config: BenchConfig, show_progress: bool) -> int:
+    """The teacher-forced logit comparison, reported on stderr: 0 if every strategy agrees, else 1."""
+    progress = _progress(show_progress)
+    with progress:
+        task = progress.add_task("verify")
+        try:
+            agreements = verify_logits(backend, config, on_case=lambda label: progress.update(task, description=label))
+        except BackendError as e:
+            print(f"prefillbench: error: verify: {e}", file=sys.stderr)
+            return 2
+    sys.stderr.write(reports.render_verify(agreements))
+    failed = [a for a in agreements if not a.passed]
+    if failed:
+        print(f"verify: {len(failed)} of {len(agreements)} comparisons disagree beyond tolerance", file=sys.stderr)
+        return 1
+    print(f"verify: all {len(agreements)} comparisons agree within tolerance", file=sys.stderr)
     return 0
 
 

@@ -14,15 +14,7 @@ from collections.abc import Callable, Iterator
 
 from . import engine
 from .backends.base import Backend
-from .bench import BenchConfig, Case, CaseResult, case_result, prepare_case
-
-
-def case_groups(config: BenchConfig) -> list[list[Case]]:
-    """The cases of each test, concurrency and rate, in the order `config.cases()` gives them."""
-    groups: dict[tuple, list[Case]] = {}
-    for case in config.cases():
-        groups.setdefault((case.test, case.concurrency, case.rate), []).append(case)
-    return list(groups.values())
+from .bench import BenchConfig, CaseResult, case_result, prepare_case
 
 
 def turn_order(n_cases: int, repetition: int) -> list[int]:
@@ -38,7 +30,7 @@ def run_interleaved(
     on_group: Callable[[str], None] | None = None,
 ) -> Iterator[CaseResult]:
     """Yield a CaseResult per case, a group (test × concurrency) at a time."""
-    for group in case_groups(config):
+    for group in config.case_groups():
         if on_group is not None:
             on_group(f"{group[0].test.name} c={group[0].concurrency} ({len(group)} interleaved)")
         prepared = []

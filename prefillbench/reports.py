@@ -201,3 +201,27 @@ def write_atomic(path: str | Path, text: str) -> None:
 
 def export(path: str | Path, rows: list[ResultRow], meta: dict[str, Any]) -> None:
     write_atomic(path, render(format_for_path(path), rows, meta))
+
+
+VERIFY_COLUMNS: list[tuple[str, Callable[[Any], str], bool]] = [
+    ("test", lambda a: a.test, False),
+    ("c", lambda a: str(a.concurrency), True),
+    ("strategy", lambda a: a.strategy, False),
+    ("reference", lambda a: a.reference, False),
+    ("positions", lambda a: str(a.positions), True),
+    ("max |Δlogit|", lambda a: f"{a.max_abs_diff:.3g}", True),
+    ("tolerance", lambda a: f"{a.tolerance.max_abs:g}", True),
+    ("top-1 agree", lambda a: f"{a.top1_agree}/{a.confident}", True),
+    ("near-tie flips", lambda a: str(a.near_ties), True),
+    ("verdict", lambda a: "ok" if a.passed else "FAIL", False),
+]
+
+
+def render_verify(agreements: list) -> str:
+    """The teacher-forced comparison (bench.LogitAgreement), one row per strategy, and what it held them to."""
+    if not agreements:
+        return "verify: only one strategy per test and concurrency: nothing to compare\n"
+    tol = agreements[0].tolerance
+    head = (f"verify: teacher-forced logits against the first strategy ({tol.basis}); top-1 must agree where "
+            f"the reference's top-2 margin exceeds {tol.margin:g}\n")
+    return head + md_table(VERIFY_COLUMNS, agreements)

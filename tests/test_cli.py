@@ -71,27 +71,45 @@ def test_csv_on_stdout_and_json_export_carry_every_field(tiny_folder, capsys, tm
     assert len(data["results"]) == 6
 
 
-def test_verify_reports_agreement(tiny_folder, capsys):
-    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, "-r", "1", "--verify", "--no-results-file")
-    assert code == 0
-    assert "all strategies produced the same greedy tokens" in err
+def test_verify_reports_agreement_per_strategy(tiny_folder, capsys):
+    from strategies import STRATEGIES
+
+    # --token-budget is --chunk-size under the name sarathi-serve's paper gives it.
+    code, out, err = run_cli(capsys, "-m", tiny_folder, "-p", "0", "-n", "0", "--pg", "12,3", "-c", "2", "--token-budget", "5",
+                             "-r", "1", "--verify", "--no-results-file")
+    assert code == 0, err
+    rows = [line for line in err.splitlines() if line.startswith("| pp12+tg3")]
+    assert [r.split("|")[3].strip() for r in rows] == [
+        f"{s}(5)" if s in ("chunked", "sarathi-serve") else s for s in list(STRATEGIES)[1:]]
+    assert all(r.split("|")[4].strip() == "sequential" and r.rstrip(" |").endswith("ok") for r in rows)
+    assert f"verify: all {len(STRATEGIES) - 1} comparisons agree within tolerance" in err
+    assert "sarathi-serve (5)" in out
 
 
-def test_verify_reports_a_mismatch(tiny_folder, capsys, monkeypatch):
+def test_verify_fails_a_corrupted_strategy(tiny_folder, capsys, monkeypatch):
     from strategies.padded import Padded
 
     original = Padded.next_step
 
     def corrupt(self, waiting, running):
         step = original(self, waiting, running)
-        # Feed a wrong token to every decode: the greedy continuation changes.
+        # Feed a wrong token to every decode: the logits that follow change.
         from dataclasses import replace
         return replace(step, decodes=tuple(replace(d, token=(d.token + 1) % 512) for d in step.decodes))
 
     monkeypatch.setattr(Padded, "next_step", corrupt)
-    code, out, err = run_cli(capsys, "-m", tiny_folder, "-p", "0", "-n", "6", "-c", "2", "-r", "1", "--verify", "--no-results-file")
+    code, out, err = run_cli(capsys, "-m", tiny_folder, "-p", "0", "-n", "6", "-c", "2", "-r", "1", "-s", "sequential,padded,packed",
+                             "--verify", "--no-results-file")
     assert code == 1
-    assert "verify: tg6 c=2 request 0: padded differs from sequential" in err
+    verdicts = {line.split("|")[3].strip(): line.split("|")[-2].strip() for line in err.splitlines() if line.startswith("| tg6")}
+    assert verdicts == {"padded": "FAIL", "packed": "ok"}
+    assert "verify: 1 of 2 comparisons disagree beyond tolerance" in err
+
+
+def test_verify_needs_logits(capsys):
+    code = cli.main(["run", "--backend", "sim", "-p", "64", "-n", "0", "-c", "1", "--verify", "--no-results-file", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1] == "prefillbench: error: --verify compares logits, and the sim backend computes none"
 
 
 def test_interrupt_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_path):

@@ -30,7 +30,7 @@ def config(**kw) -> BenchConfig:
 
 
 def test_groups_and_abba_order():
-    groups = interleave.case_groups(config())
+    groups = config().case_groups()
     assert [[(c.strategy, c.concurrency) for c in g] for g in groups] == [
         [("sequential", 1), ("padded", 1), ("chunked", 1)], [("sequential", 2), ("padded", 2), ("chunked", 2)]]
     assert [interleave.turn_order(3, r) for r in range(3)] == [[0, 1, 2], [2, 1, 0], [0, 1, 2]]

@@ -9,7 +9,24 @@ from typing import Any, ClassVar
 from prefillbench.errors import BackendError
 from prefillbench.step import Step, StepResult
 
-__all__ = ["Backend", "BackendError", "Launched", "SlotTable", "check_cache_room"]
+__all__ = ["Backend", "BackendError", "Launched", "LogitTolerance", "SlotTable", "check_cache_room"]
+
+
+@dataclass(frozen=True)
+class LogitTolerance:
+    """How far a backend's logits for the same tokens may move with the rest of the step around them.
+
+    Kernels that are not batch-invariant (llama.cpp's CPU kernels, low-precision
+    matmuls) give a token slightly different logits depending on which other
+    tokens share its pass and where in the batch it sits. `--verify` accepts
+    logits within `max_abs` of the reference's, and requires the same top-1
+    token wherever the reference's top-1 leads the runner-up by more than
+    `margin`; a flip below that margin is a near tie, not an error.
+    """
+
+    max_abs: float
+    margin: float
+    basis: str  # where the numbers come from, for the report
 
 
 @dataclass
@@ -46,6 +63,10 @@ class Backend(ABC):
     @abstractmethod
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence and free its KV cache."""
+
+    def logit_tolerance(self) -> LogitTolerance | None:
+        """What `--verify` may accept between strategies on this backend; None: it computes no logits."""
+        return None
 
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int) -> int | None:
         """How many sequences of `max_seq_len` fit in the KV cache; None: as many as asked."""

@@ -61,7 +61,7 @@ import numpy as np
 
 from prefillbench.step import Step, StepResult, pack
 
-from .base import Backend, BackendError, SlotTable, check_cache_room
+from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 
 try:
     import llama_cpp as llama
@@ -76,6 +76,13 @@ FLASH_ATTN_CHOICES = ("on", "off", "auto")  # llama-bench's -fa values
 _FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 DEFAULT_FLASH_ATTN = "auto"
 _log_lines: deque = deque(maxlen=32)
+# --verify's tolerances (see LogitTolerance). llama.cpp's CPU kernels are not batch-invariant: a token's
+# logits move with the other tokens of its ubatch and its row in it. Measured teacher-forced across all
+# strategies: SmolLM2-135M Q4_1, pp128+tg16 at c=1 and 4, moves by up to 0.98 (0 at c=1), and top-1 flips
+# only where the top-2 margin was below 1.0; a dropped chunk or a token at a wrong position moves it by 7 to 14.
+# The tiny float32 Llama with llama.cpp's f16 KV cache moves by up to 0.021, a corruption by 10.
+QUANTIZED_TOLERANCE = LogitTolerance(3.0, 2.0, "quantized GGUF: 3x the largest move measured on Q4_1")
+FLOAT_TOLERANCE = LogitTolerance(0.1, 0.1, "float GGUF with an f16 KV cache: 5x the largest move measured")
 _log_callback = None  # keeps the ctypes callback alive while llama.cpp holds it
 _backend_ready = False
 
@@ -373,6 +380,9 @@ class GGUFBackend(Backend):
         if rc == 2:
             return "llama_decode was aborted"
         return f"llama_decode failed with code {rc}: {_last_error()}"
+
+    def logit_tolerance(self) -> LogitTolerance:
+        return QUANTIZED_TOLERANCE if "quantized" in self.weights else FLOAT_TOLERANCE
 
     def release(self, seq_id: int) -> None:
         slot = self.slots.release(seq_id)

@@ -19,13 +19,21 @@ import torch.nn.functional as F
 
 from prefillbench.step import PackedStep, Step, StepResult, pack
 
-from .base import Backend, BackendError, SlotTable, check_cache_room
+from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
 from .torch_graphs import DecodeGraphs
 from .torch_linear import LinearKernels
 
 ATTENTION_NAME = "prefillbench"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# --verify's tolerances per dtype (see LogitTolerance). float32 strategies differ only in summation order:
+# measured teacher-forced, SmolLM2-135M moves by up to 5.1e-5 (pp128+tg16, c=4, all strategies), the tiny
+# test Llama by 6.4e-6, while a dropped chunk or a token at a wrong position moves the tiny Llama's by > 1.
+LOGIT_TOLERANCE = {
+    torch.float32: LogitTolerance(1e-3, 1e-3, "torch float32: 20x the largest move measured on SmolLM2-135M"),
+    torch.bfloat16: LogitTolerance(1.0, 1.0, "torch bfloat16: 8 mantissa bits, an estimate"),
+    torch.float16: LogitTolerance(0.25, 0.25, "torch float16: 11 mantissa bits, an estimate"),
+}
 
 
 @dataclass
@@ -424,6 +432,9 @@ class TorchBackend(Backend):
         if self.parallel:
             meta.update(self.parallel.metadata())
         return meta
+
+    def logit_tolerance(self) -> LogitTolerance:
+        return LOGIT_TOLERANCE[self.dtype]
 
     def close(self) -> None:
         if self.parallel:
