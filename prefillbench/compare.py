@@ -23,9 +23,10 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from .metrics import ResultRow
+from .metrics import OPTIONAL_NUMBERS, ResultRow, noisy_rows, results_frame
 from .stats import DEFAULT_NOISY_CV
 
 HIGHER, LOWER = "higher", "lower"
@@ -76,7 +77,6 @@ METRIC_SHORT = {m: label.removesuffix(" ms").removesuffix("/s") for m, label in 
 KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "rate")
 
 _INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions", "capacity_probes"}
-_OPTIONAL_FLOATS = {"rate", "burstiness"}  # None where they do not apply
 _TEXT_FIELDS = {"arrival", "slo"}
 _KEY_TEXT = {"model", "backend", "strategy", "test"}
 _ALL_FIELDS = {f.name: f for f in fields(ResultRow)}
@@ -93,9 +93,19 @@ class InputError(ValueError):
 
 @dataclass
 class Results:
+    """An export read back: its rows as a frame (a list of ResultRow is turned into one) and its metadata."""
+
     path: str
-    rows: list[ResultRow]
+    frame: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.frame, pd.DataFrame):
+            self.frame = results_frame(self.frame)
+
+    @property
+    def rows(self) -> list[ResultRow]:
+        return [_row(r) for r in self.frame.to_dict("records")]
 
 
 def _one_line(text: str) -> str:
@@ -205,7 +215,9 @@ def typed_rows(frame: pd.DataFrame, path: str) -> pd.DataFrame:
                 kind = "an integer" if name in _INT_FIELDS else "a number"
                 raise InputError(f"{path} row {_first(bad)}: {name} is not {kind}: {_one_line(column[bad].iloc[0])!r}")
             out[name] = numbers
-    return out
+    # Columns added since the file was written get their default (NaN where there is none).
+    absent = {c: f.default for c, f in _ALL_FIELDS.items() if c not in out.columns}
+    return out.assign(**absent).astype({c: float for c in OPTIONAL_NUMBERS})[list(_ALL_FIELDS)]
 
 
 def _first(mask: pd.Series) -> int:
@@ -213,20 +225,9 @@ def _first(mask: pd.Series) -> int:
 
 
 def _row(record: dict[str, Any]) -> ResultRow:
-    """A typed record as a ResultRow: ints where the field is one, None where an optional one is absent."""
-    values = {}
-    for name, value in record.items():
-        absent = value is None or (isinstance(value, float) and math.isnan(value))
-        if name in _INT_FIELDS:
-            value = int(value)
-        elif name == "chunk_size":
-            value = None if absent else int(value)
-        elif name in _OPTIONAL_FLOATS:
-            value = None if absent else float(value)
-        elif name not in _TEXT_FIELDS and name not in _KEY_TEXT:
-            value = float(value)
-        values[name] = value
-    return ResultRow(**values)
+    """A frame's record as a ResultRow: ints where the field is one, None where an optional one is absent."""
+    return ResultRow(**{name: _py(name, value) if name in OPTIONAL_NUMBERS or name in _INT_FIELDS else value
+                        for name, value in record.items()})
 
 
 def load_results(path: str) -> Results:
@@ -235,62 +236,51 @@ def load_results(path: str) -> Results:
     rows = typed_rows(frame, path)
     if rows.empty:
         raise InputError(f"{path}: no result rows")
-    return Results(path, [_row(r) for r in rows.to_dict("records")], meta)
+    return Results(path, rows, meta)
 
 
 # ---------------------------------------------------------------- ratios
 
-
-def row_key(row: ResultRow) -> tuple:
-    return tuple(getattr(row, f) for f in KEY_FIELDS)
-
-
-def _group_key(row: ResultRow) -> tuple:
-    return (row.model, row.backend, row.test, row.concurrency, row.arrival, row.rate)
+# A row's reference is the row of the reference strategy under the same model, backend, test, concurrency and load.
+_LOAD_KEY = ["model", "backend", "test", "concurrency", "arrival", "rate"]
 
 
-def reference_rows(rows: list[ResultRow], strategy: str) -> list[ResultRow | None]:
-    """Each row's reference: the same model, backend, test, concurrency and load under `strategy`.
+def _py(name: str, value: Any) -> Any:
+    """A key cell as a plain value: int chunk sizes, None where a figure does not apply."""
+    if name not in OPTIONAL_NUMBERS and name not in _INT_FIELDS:
+        return value
+    if pd.isna(value):
+        return None
+    return int(value) if name in _INT_FIELDS or name == "chunk_size" else float(value)
+
+
+def row_key(row: ResultRow | dict[str, Any]) -> tuple:
+    get = row.get if isinstance(row, dict) else lambda f: getattr(row, f)
+    return tuple(_py(f, get(f)) for f in KEY_FIELDS)
+
+
+def ratio(value: Any, ref: Any) -> Any:
+    """value/ref, NaN where ref is 0 or unknown; on numbers or on columns."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return value / np.where(ref == 0, np.nan, ref)
+
+
+def relative_frame(frame: pd.DataFrame, strategy: str, metrics: list[str], noisy_cv: float = DEFAULT_NOISY_CV) -> pd.DataFrame:
+    """Every row's metrics divided by its reference row's (NaN where it has none), whether it has
+    one (has_ref) and whether that one is noisy (ref_noisy), on the frame's index.
 
     Where the reference strategy ran at several chunk sizes, a row is matched
     to the one with its own chunk size, and has none if it has no chunk size.
     """
-    refs: dict[tuple, list[ResultRow]] = {}
-    for r in rows:
-        if r.strategy == strategy:
-            refs.setdefault(_group_key(r), []).append(r)
-    out: list[ResultRow | None] = []
-    for r in rows:
-        candidates = refs.get(_group_key(r), [])
-        if len(candidates) > 1:
-            candidates = [c for c in candidates if c.chunk_size == r.chunk_size]
-        out.append(candidates[0] if len(candidates) == 1 else None)
-    return out
-
-
-def ratio(value: float, ref: float) -> float:
-    if ref is None or value is None or math.isnan(ref) or math.isnan(value) or ref == 0:
-        return math.nan
-    return value / ref
-
-
-@dataclass
-class RelativeRow:
-    row: ResultRow
-    ref: ResultRow | None
-    ratios: dict[str, float]
-
-    @property
-    def noisy_rows(self) -> list[ResultRow]:
-        return [self.row] + ([self.ref] if self.ref is not None and self.ref is not self.row else [])
-
-
-def relative_rows(rows: list[ResultRow], strategy: str, metrics: list[str]) -> list[RelativeRow]:
-    """Every row with its metrics divided by its reference row (NaN where there is none)."""
-    out = []
-    for r, ref in zip(rows, reference_rows(rows, strategy)):
-        out.append(RelativeRow(r, ref, {m: ratio(getattr(r, m), getattr(ref, m)) if ref else math.nan for m in metrics}))
-    return out
+    refs = frame[frame["strategy"] == strategy]
+    refs = refs[[*_LOAD_KEY, "chunk_size", *metrics]].assign(has_ref=1.0, ref_noisy=noisy_rows(refs, noisy_cv).astype(float))
+    swept = refs.groupby(_LOAD_KEY, dropna=False)["has_ref"].transform("size") > 1
+    by_chunk = _LOAD_KEY + ["chunk_size"]
+    one = frame[_LOAD_KEY].merge(refs[~swept].drop(columns="chunk_size"), on=_LOAD_KEY, how="left")
+    per_size = frame[by_chunk].merge(refs[swept].drop_duplicates(by_chunk, keep=False), on=by_chunk, how="left")
+    ref = one.combine_first(per_size).set_index(frame.index)
+    out = pd.DataFrame({m: ratio(frame[m], ref[m]) for m in metrics}, index=frame.index)
+    return out.assign(has_ref=ref["has_ref"].notna(), ref_noisy=ref["ref_noisy"] == 1.0)
 
 
 # ---------------------------------------------------------------- comparing
@@ -324,37 +314,35 @@ class Comparison:
         return [e for e in self.entries if e.regressed]
 
 
-def speedup(metric: str, base: float, current: float) -> float:
+def speedup(metric: str, base: Any, current: Any) -> Any:
     """Above 1 means better: current/base for throughputs, base/current for latencies."""
     return ratio(current, base) if METRICS[metric] == HIGHER else ratio(base, current)
 
 
-def worse_by(metric: str, base: float, current: float) -> float:
+def worse_by(metric: str, base: Any, current: Any) -> Any:
     """How much worse current is than base, as a fraction of base (negative: better)."""
-    change = ratio(current - base, base) if not (math.isnan(base) or math.isnan(current)) else math.nan
+    change = ratio(current - base, base)
     return -change if METRICS[metric] == HIGHER else change
 
 
-def _values(results: Results, metrics: list[str], relative_to: str | None, noisy_cv: float) -> dict[tuple, tuple[dict[str, float], bool]]:
-    """key -> (metric values or ratios, noisy?) for one file; duplicates are an error."""
-    out: dict[tuple, tuple[dict[str, float], bool]] = {}
+def _values(results: Results, metrics: list[str], relative_to: str | None, noisy_cv: float) -> pd.DataFrame:
+    """One file's rows to compare: the key, the metrics (or their ratios to the reference strategy) and noisy."""
+    frame = results.frame
+    values = frame[list(KEY_FIELDS)].assign(noisy=noisy_rows(frame, noisy_cv))
     if relative_to is None:
-        items = [(r, {m: getattr(r, m) for m in metrics}, [r]) for r in results.rows]
+        values[metrics] = frame[metrics]
     else:
-        if not any(r.strategy == relative_to for r in results.rows):
-            have = ", ".join(sorted({r.strategy for r in results.rows}))
+        if not (frame["strategy"] == relative_to).any():
+            have = ", ".join(sorted(frame["strategy"].unique()))
             raise InputError(f"{results.path}: no {relative_to} rows to be relative to (strategies: {have})")
-        items = [
-            (rel.row, rel.ratios, rel.noisy_rows)
-            for rel in relative_rows(results.rows, relative_to, metrics)
-            if rel.row.strategy != relative_to and rel.ref is not None
-        ]
-    for row, values, involved in items:
-        key = row_key(row)
-        if key in out:
-            raise InputError(f"{results.path}: two rows for {_key_label(key)}; compare one run per file")
-        out[key] = (values, any(r.noisy(noisy_cv) for r in involved))
-    return out
+        rel = relative_frame(frame, relative_to, metrics, noisy_cv)
+        values[metrics] = rel[metrics]
+        values["noisy"] |= rel["ref_noisy"]
+        values = values[(frame["strategy"] != relative_to) & rel["has_ref"]]
+    twice = values.duplicated(list(KEY_FIELDS))
+    if twice.any():
+        raise InputError(f"{results.path}: two rows for {_key_label(row_key(values[twice].iloc[0]))}; compare one run per file")
+    return values
 
 
 def _key_label(key: tuple) -> str:
@@ -364,16 +352,20 @@ def _key_label(key: tuple) -> str:
     return f"{f['model']} {f['backend']} {strategy} {f['test']} c={f['concurrency']}{load}"
 
 
-def _why_disjoint(base: Results, current: Results) -> str:
+def _why_disjoint(base: pd.DataFrame, current: pd.DataFrame) -> str:
     reasons = []
     for name in KEY_FIELDS:
-        a = {getattr(r, name) for r in base.rows}
-        b = {getattr(r, name) for r in current.rows}
+        a, b = (set(f[name].map(lambda v: str(_py(name, v)))) for f in (base, current))
         if not a & b:
-            fa = ", ".join(sorted(map(str, a)))
-            fb = ", ".join(sorted(map(str, b)))
-            reasons.append(f"{name} {fa} vs {fb}")
+            reasons.append(f"{name} {', '.join(sorted(a))} vs {', '.join(sorted(b))}")
     return "; ".join(reasons)
+
+
+def _only(left: pd.DataFrame, right: pd.DataFrame) -> list[tuple]:
+    """Keys of `left` that `right` lacks."""
+    keys = list(KEY_FIELDS)
+    marked = left[keys].merge(right[keys], on=keys, how="left", indicator=True)
+    return [row_key(r) for r in marked[marked["_merge"] == "left_only"].to_dict("records")]
 
 
 def compare(
@@ -384,35 +376,37 @@ def compare(
     relative_to: str | None = None,
     noisy_cv: float = DEFAULT_NOISY_CV,
 ) -> Comparison:
+    """Join two runs on the row key and compute, per metric, the speedup and whether it regressed."""
     metrics = metrics or list(DEFAULT_METRICS)
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
         raise InputError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}")
-    models_base = {r.model for r in base.rows}
-    models_current = {r.model for r in current.rows}
+    models_base, models_current = set(base.frame["model"]), set(current.frame["model"])
     if not models_base & models_current:
         raise InputError(
             f"different models: {base.path} has {', '.join(sorted(models_base))}, {current.path} has {', '.join(sorted(models_current))}"
         )
     vb = _values(base, metrics, relative_to, noisy_cv)
     vc = _values(current, metrics, relative_to, noisy_cv)
-    common = [k for k in vb if k in vc]
-    if not common:
-        why = _why_disjoint(base, current)
+    joined = vb.merge(vc, on=list(KEY_FIELDS), suffixes=("_base", "_current"))
+    if joined.empty:
+        why = _why_disjoint(base.frame, current.frame)
         raise InputError(f"no rows in common between {base.path} and {current.path}" + (f" ({why})" if why else ""))
-    entries = []
-    for key in common:
-        (b, nb), (c, nc) = vb[key], vc[key]
-        regressed = [m for m in metrics if worse_by(m, b[m], c[m]) > threshold / 100.0]
-        entries.append(Entry(key, b, c, {m: speedup(m, b[m], c[m]) for m in metrics}, regressed, nb or nc))
-    return Comparison(
-        metrics,
-        threshold,
-        relative_to,
-        entries,
-        [k for k in vb if k not in vc],
-        [k for k in vc if k not in vb],
-    )
+    for m in metrics:
+        joined[f"{m}_speedup"] = speedup(m, joined[f"{m}_base"], joined[f"{m}_current"])
+        joined[f"{m}_regressed"] = worse_by(m, joined[f"{m}_base"], joined[f"{m}_current"]) > threshold / 100.0
+    entries = [
+        Entry(
+            row_key(r),
+            {m: r[f"{m}_base"] for m in metrics},
+            {m: r[f"{m}_current"] for m in metrics},
+            {m: r[f"{m}_speedup"] for m in metrics},
+            [m for m in metrics if r[f"{m}_regressed"]],
+            bool(r["noisy_base"] or r["noisy_current"]),
+        )
+        for r in joined.to_dict("records")
+    ]
+    return Comparison(metrics, threshold, relative_to, entries, _only(vb, vc), _only(vc, vb))
 
 
 # ---------------------------------------------------------------- printing
@@ -485,29 +479,21 @@ def render_comparison(cmp: Comparison, fmt: str = "md") -> str:
 
 def render_relative(fmt: str, rows: list[ResultRow], meta: dict[str, Any], strategy: str, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
     """`run --relative-to`: every row with its ratios to the reference strategy's row."""
-    from .reports import MD_COLUMNS, TABLE_FORMATS, _fmt, cv_cell, md_table
+    from .reports import MD_COLUMNS, TABLE_FORMATS, _fmt, cv_cell, frame_text, md_table
 
-    rels = relative_rows(rows, strategy, RUN_RATIO_METRICS)
+    frame = results_frame(rows)
+    ratios = relative_frame(frame, strategy, RUN_RATIO_METRICS)
     if fmt not in TABLE_FORMATS:
-        records = [{**rel.row.as_dict(), **{f"{m}_vs_{strategy}": rel.ratios[m] for m in RUN_RATIO_METRICS}, **meta} for rel in rels]
-        if fmt == "json":
-            return json.dumps({"metadata": meta, "relative_to": strategy, "results": [{k: v for k, v in r.items() if k not in meta} for r in records]}, indent=2) + "\n"
-        if fmt == "jsonl":
-            return "".join(json.dumps(r) + "\n" for r in records)
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(records[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(records)
-        return buf.getvalue()
+        return frame_text(fmt, frame.join(ratios[RUN_RATIO_METRICS].add_suffix(f"_vs_{strategy}")), meta, relative_to=strategy)
     head = {h: (h, cell, right) for h, cell, right in MD_COLUMNS}
     columns = [head[h] for h in ("model", "backend", "strategy", "test", "concurrency")]
-    columns = [(h, (lambda rel, cell=cell: cell(rel.row)), right) for h, cell, right in columns]
+    columns = [(h, (lambda item, cell=cell: cell(item[0])), right) for h, cell, right in columns]
     for m in RUN_RATIO_METRICS:
         d = 2 if m in ("throughput", "ts_mean") else 1
-        columns.append((METRIC_LABELS[m], lambda rel, m=m, d=d: _fmt(getattr(rel.row, m), d), True))
-        columns.append((f"/{strategy}", lambda rel, m=m: _num(rel.ratios[m], 3), True))
-    columns.append(("CV", lambda rel: cv_cell(rel.row, noisy_cv), True))
-    return md_table(columns, rels, fmt)
+        columns.append((METRIC_LABELS[m], lambda item, m=m, d=d: _fmt(getattr(item[0], m), d), True))
+        columns.append((f"/{strategy}", lambda item, m=m: _num(item[1][m], 3), True))
+    columns.append(("CV", lambda item: cv_cell(item[0], noisy_cv), True))
+    return md_table(columns, list(zip(rows, ratios.to_dict("records"))), fmt)
 
 
 # ---------------------------------------------------------------- command line

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
 
 import numpy as np
+import pandas as pd
 
 from . import stats
 from .engine import RequestRecord, RunRecord
@@ -92,6 +93,21 @@ class ResultRow:
 
     def noisy(self, threshold: float = stats.DEFAULT_NOISY_CV) -> bool:
         return stats.is_noisy([self.ts_cv, self.throughput_cv], threshold)
+
+
+#: Columns that are None where they do not apply: NaN in a frame.
+OPTIONAL_NUMBERS = ["chunk_size", "rate", "burstiness"]
+
+
+def results_frame(rows: list[ResultRow]) -> pd.DataFrame:
+    """A run's rows as a DataFrame, one column per ResultRow field, None as NaN."""
+    frame = pd.DataFrame([r.as_dict() for r in rows], columns=ResultRow.columns())
+    return frame.astype({c: float for c in OPTIONAL_NUMBERS})
+
+
+def noisy_rows(frame: pd.DataFrame, threshold: float = stats.DEFAULT_NOISY_CV) -> pd.Series:
+    """ResultRow.noisy for every row of a frame."""
+    return frame[["ts_cv", "throughput_cv"]].gt(threshold).any(axis=1)
 
 
 @dataclass(frozen=True)

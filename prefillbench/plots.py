@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from .compare import InputError, Results, load_results, read_text
-from .metrics import SLO, ResultRow
+from .metrics import SLO
 from .traces import Trace, is_trace_record, load_traces, parse_traces
 
 DEFAULT_OUT = "results/plots"
@@ -84,159 +86,139 @@ def _test_order(test: str) -> tuple:
     return (kind, nums, test)
 
 
-@dataclass
-class Source:
-    """Rows of one file, with the prefix their series carry when several files are plotted."""
-
-    prefix: str
-    rows: list[ResultRow]
-
-
-def _sources(results: list[Results]) -> list[Source]:
-    out = []
-    for res in results:
-        prefix = Path(res.path).stem if len(results) > 1 else ""
-        combos = sorted({(r.model, r.backend) for r in res.rows})
-        if len(combos) > 1:
-            for model, backend in combos:
-                p = f"{prefix}: " if prefix else ""
-                out.append(Source(f"{p}{model} {backend}", [r for r in res.rows if (r.model, r.backend) == (model, backend)]))
-        else:
-            out.append(Source(prefix, res.rows))
-    return out
+def _frame(results: list[Results]) -> pd.DataFrame:
+    """Every file's rows in one frame, with `source`: the prefix their series carry (the file's name
+    when several files are plotted, model and backend when a file has several) and `label`: the
+    strategy and its chunk size."""
+    parts = []
+    for n, res in enumerate(results):
+        frame = res.frame
+        name = Path(res.path).stem if len(results) > 1 else ""
+        combo = frame["model"] + " " + frame["backend"]
+        source = ((f"{name}: " if name else "") + combo) if combo.nunique() > 1 else name
+        chunk = frame["chunk_size"].astype("Int64").astype(str)
+        label = frame["strategy"].where(~(frame["chunk_size"] > 0), frame["strategy"] + " (" + chunk + ")")
+        parts.append(frame.assign(file=n, source=source, label=label))
+    return pd.concat(parts, ignore_index=True).sort_values(["file", "source"], kind="stable")
 
 
 def _label(prefix: str, text: str) -> str:
     return f"{prefix}: {text}" if prefix else text
 
 
-def _subject(rows: list[ResultRow] | list[Trace]) -> str:
-    combos = sorted({(r.model, r.backend) for r in rows})
-    return f"\n{combos[0][0]}, {combos[0][1]}" if len(combos) == 1 else ""
+def _subject(combos: set[tuple[str, str]]) -> str:
+    """The model and backend for a title, when there is one of each."""
+    if len(combos) != 1:
+        return ""
+    ((model, backend),) = combos
+    return f"\n{model}, {backend}"
 
 
 def _finite(v: float) -> bool:
     return v is not None and not math.isnan(v)
 
 
-def _closed_loop(results: list[Results]) -> list[Results]:
+def _closed_loop(frame: pd.DataFrame) -> pd.DataFrame:
     """Only the closed-loop rows: concurrency and chunk size are their axes; open-loop rows have a rate."""
-    return [Results(r.path, [row for row in r.rows if row.rate is None and not _finite(row.capacity_rps)], r.meta)
-            for r in results]
+    return frame[frame["rate"].isna() & frame["capacity_rps"].isna()]
+
+
+def _combos(frame: pd.DataFrame) -> set[tuple[str, str]]:
+    return set(zip(frame["model"], frame["backend"]))
+
+
+def _cis(rows: pd.DataFrame) -> list[float]:
+    return rows["throughput_ci95"].fillna(0.0).tolist()
 
 
 def throughput_charts(results: list[Results]) -> list[Chart]:
     """Per test: throughput against concurrency, a line per strategy (and chunk size)."""
-    sources = _sources(_closed_loop(results))
-    tests = sorted({r.test for s in sources for r in s.rows}, key=_test_order)
+    frame = _closed_loop(_frame(results))
     charts = []
-    for test in tests:
+    for test in sorted(frame["test"].unique(), key=_test_order):
+        rows = frame[frame["test"] == test]
         panel = Panel(f"{test}", "concurrency (requests in flight)", "throughput (tokens/s)")
-        for src in sources:
-            lines: dict[str, list[ResultRow]] = defaultdict(list)
-            for r in src.rows:
-                if r.test == test:
-                    lines[strategy_label(r.strategy, r.chunk_size)].append(r)
-            for label, rows in lines.items():
-                rows.sort(key=lambda r: r.concurrency)
-                panel.series.append(
-                    Series(
-                        _label(src.prefix, label),
-                        [r.concurrency for r in rows],
-                        [r.throughput for r in rows],
-                        [r.throughput_ci95 if _finite(r.throughput_ci95) else 0.0 for r in rows],
-                    )
-                )
-        all_rows = [r for s in sources for r in s.rows if r.test == test]
-        charts.append(Chart(f"throughput_vs_concurrency_{_slug(test)}", f"Throughput vs concurrency, {test}{_subject(all_rows)}", [panel]))
+        for (source, label), line in rows.groupby(["source", "label"], sort=False):
+            line = line.sort_values("concurrency", kind="stable")
+            panel.series.append(Series(_label(source, label), line["concurrency"].tolist(), line["throughput"].tolist(), _cis(line)))
+        charts.append(Chart(f"throughput_vs_concurrency_{_slug(test)}", f"Throughput vs concurrency, {test}{_subject(_combos(rows))}", [panel]))
     return charts
 
 
 def chunk_sweep_charts(results: list[Results]) -> list[Chart]:
     """Per test and concurrency swept over two or more chunk sizes: throughput and TBT p99 against chunk size."""
-    sources = _sources(_closed_loop(results))
-    cases = sorted({(r.test, r.concurrency) for s in sources for r in s.rows}, key=lambda k: (_test_order(k[0]), k[1]))
+    frame = _closed_loop(_frame(results))
+    cases = sorted(frame.groupby(["test", "concurrency"], sort=False), key=lambda kv: (_test_order(kv[0][0]), kv[0][1]))
     charts = []
-    for test, conc in cases:
-        same = [(src, [r for r in src.rows if r.test == test and r.concurrency == conc]) for src in sources]
-        sizes = sorted({r.chunk_size for _, rows in same for r in rows if r.chunk_size})
+    for (test, conc), case in cases:
+        sizes = sorted(case["chunk_size"][case["chunk_size"] > 0].unique())
         if len(sizes) < 2:
             continue
+        ends = [int(sizes[0]), int(sizes[-1])]
         tput = Panel("throughput", "chunk size (tokens)", "throughput (tokens/s)", xlog2=True)
         tbt = Panel("TBT p99", "chunk size (tokens)", "TBT p99 (ms)", xlog2=True)
-        for src, rows in same:
-            swept: dict[str, list[ResultRow]] = defaultdict(list)
-            flat: list[ResultRow] = []
-            for r in rows:
-                (swept[r.strategy].append(r) if r.chunk_size else flat.append(r))
-            for strategy, rs in swept.items():
-                rs.sort(key=lambda r: r.chunk_size)
-                xs = [r.chunk_size for r in rs]
-                tput.series.append(Series(_label(src.prefix, strategy), xs, [r.throughput for r in rs],
-                                          [r.throughput_ci95 if _finite(r.throughput_ci95) else 0.0 for r in rs]))
-                tbt.series.append(Series(_label(src.prefix, strategy), xs, [r.tbt_p99_ms for r in rs]))
-            for r in flat:
-                ends = [sizes[0], sizes[-1]]
-                tput.series.append(Series(_label(src.prefix, r.strategy), ends, [r.throughput] * 2, style="reference"))
-                tbt.series.append(Series(_label(src.prefix, r.strategy), ends, [r.tbt_p99_ms] * 2, style="reference"))
+        for source, rows in case.groupby("source", sort=False):
+            swept = rows["chunk_size"] > 0
+            for strategy, line in rows[swept].groupby("strategy", sort=False):
+                line = line.sort_values("chunk_size", kind="stable")
+                xs = line["chunk_size"].astype(int).tolist()
+                tput.series.append(Series(_label(source, strategy), xs, line["throughput"].tolist(), _cis(line)))
+                tbt.series.append(Series(_label(source, strategy), xs, line["tbt_p99_ms"].tolist()))
+            for r in rows[~swept].itertuples():
+                tput.series.append(Series(_label(source, r.strategy), ends, [r.throughput] * 2, style="reference"))
+                tbt.series.append(Series(_label(source, r.strategy), ends, [r.tbt_p99_ms] * 2, style="reference"))
         panels = [tput]
         if any(_finite(v) for s in tbt.series for v in s.y):  # pp tests emit one token: no TBT
             panels.append(tbt)
-        rows = [r for _, rs in same for r in rs]
-        charts.append(Chart(f"chunk_sweep_{_slug(test)}_c{conc}", f"Chunk-size sweep, {test}, concurrency {conc}{_subject(rows)}", panels))
+        charts.append(Chart(f"chunk_sweep_{_slug(test)}_c{conc}", f"Chunk-size sweep, {test}, concurrency {conc}{_subject(_combos(case))}", panels))
     return charts
 
 
-def _slo_ms(rows: list[ResultRow], key: str) -> float | None:
+def _slo_ms(slos: pd.Series, key: str) -> float | None:
     """The rows' SLO for `key` (ttft, tbt), if they share one."""
-    values = {getattr(SLO.parse(r.slo), f"{key}_ms") for r in rows if r.slo}
+    values = {getattr(SLO.parse(slo), f"{key}_ms") for slo in slos if slo}
     return values.pop() if len(values) == 1 else None
 
 
 def load_charts(results: list[Results]) -> list[Chart]:
     """Per test of an open-loop rate sweep: P99 TBT and P99 TTFT against the offered rate, with the SLO line."""
-    sources = _sources(results)
-    swept = [r for s in sources for r in s.rows if r.rate is not None]
+    frame = _frame(results)
+    swept = frame[frame["rate"].notna()]
+    swept = swept.assign(label=swept["label"] + swept["concurrency"].map(lambda c: f" c<={c}" if c else ""))
     charts = []
-    for test in sorted({r.test for r in swept}, key=_test_order):
-        rows = [r for r in swept if r.test == test]
-        rates = sorted({r.rate for r in rows})
+    for test in sorted(swept["test"].unique(), key=_test_order):
+        rows = swept[swept["test"] == test]
+        rates = sorted(rows["rate"].unique().tolist())
         if len(rates) < 2:
             continue
         panels = []
         for metric, key, title in (("tbt_p99_ms", "tbt", "P99 TBT"), ("ttft_p99_ms", "ttft", "P99 TTFT")):
             panel = Panel(title, "offered load (requests/s)", f"{title} (ms)")
-            for src in sources:
-                lines: dict[str, list[ResultRow]] = defaultdict(list)
-                for r in src.rows:
-                    if r.test == test and r.rate is not None:
-                        cap = f" c<={r.concurrency}" if r.concurrency else ""
-                        lines[strategy_label(r.strategy, r.chunk_size) + cap].append(r)
-                for label, rs in lines.items():
-                    rs.sort(key=lambda r: r.rate)
-                    panel.series.append(Series(_label(src.prefix, label), [r.rate for r in rs], [getattr(r, metric) for r in rs]))
-            slo = _slo_ms(rows, key)
+            for (source, label), line in rows.groupby(["source", "label"], sort=False):
+                line = line.sort_values("rate", kind="stable")
+                panel.series.append(Series(_label(source, label), line["rate"].tolist(), line[metric].tolist()))
+            slo = _slo_ms(rows["slo"], key)
             if slo is not None:
                 panel.series.append(Series(f"SLO {slo:g} ms", [rates[0], rates[-1]], [slo, slo], style="reference"))
             panel.xlog = rates[-1] / rates[0] > 20
             panels.append(panel)
-        charts.append(Chart(f"latency_vs_load_{_slug(test)}", f"Latency vs offered load, {test}{_subject(rows)}", panels))
+        charts.append(Chart(f"latency_vs_load_{_slug(test)}", f"Latency vs offered load, {test}{_subject(_combos(rows))}", panels))
     return charts
 
 
 def capacity_charts(results: list[Results]) -> list[Chart]:
     """Per test of a `capacity` export: each strategy's capacity as a bar."""
-    sources = _sources(results)
-    found = [(src, r) for src in sources for r in src.rows if _finite(r.capacity_rps)]
+    frame = _frame(results)
+    found = frame[frame["capacity_rps"].notna()]
     charts = []
-    for test in sorted({r.test for _, r in found}, key=_test_order):
-        rows = [(src, r) for src, r in found if r.test == test]
+    for test in sorted(found["test"].unique(), key=_test_order):
+        rows = found[found["test"] == test]
         panel = Panel("capacity", "", "capacity (requests/s)")
-        for src, r in rows:
-            panel.series.append(Series(_label(src.prefix, strategy_label(r.strategy, r.chunk_size)), [0], [r.capacity_rps], style="bar"))
-        slo = _slo_ms([r for _, r in rows], "tbt")
+        for r in rows.itertuples():
+            panel.series.append(Series(_label(r.source, r.label), [0], [r.capacity_rps], style="bar"))
+        slo = _slo_ms(rows["slo"], "tbt")
         title = f"Capacity, {test}" + (f", P99 TBT <= {slo:g} ms" if slo is not None else "")
-        charts.append(Chart(f"capacity_{_slug(test)}", title + _subject([r for _, r in rows]), [panel]))
+        charts.append(Chart(f"capacity_{_slug(test)}", title + _subject(_combos(rows)), [panel]))
     return charts
 
 
@@ -273,7 +255,7 @@ def cdf_charts(trace_sets: list[tuple[str, list[Trace]]]) -> list[Chart]:
         for panel in (ttft, tbt):
             xs = [x for s in panel.series for x in s.x]
             panel.xlog = bool(xs) and min(xs) > 0 and max(xs) / min(xs) > 100
-        subject = _subject(members)
+        subject = _subject({(t.model, t.backend) for t in members})
         name, where = f"{_slug(test)}_c{conc}", f"{test}, concurrency {conc}"
         if rate is not None:  # an open loop: one chart per rate
             name, where = f"{name}_r{rate:g}", f"{where if conc else test}, {rate:g} req/s"

@@ -4,8 +4,6 @@ Reports only format; every number was computed before it got here.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -14,9 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from tabulate import tabulate
 
-from .metrics import ResultRow
+from .metrics import ResultRow, results_frame
 from .stats import DEFAULT_NOISY_CV
 
 FORMATS = ("md", "csv", "json", "jsonl")
@@ -109,44 +108,40 @@ def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEF
     return md_table(columns, rows, fmt)
 
 
-def _records(rows: list[ResultRow], meta: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**r.as_dict(), **meta} for r in rows]
+def _flat(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
+    """The frame with the run's metadata as columns of every record; chunk sizes as integers."""
+    flat = frame.astype({"chunk_size": "Int64"})
+    for name, value in meta.items():
+        flat[name] = pd.Series([value] * len(flat), index=flat.index, dtype=object)
+    return flat
 
 
-def render_csv(rows: list[ResultRow], meta: dict[str, Any]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=ResultRow.columns() + list(meta), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(_records(rows, meta))
-    return buf.getvalue()
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Plain Python records for json: NaN and NA as None (null)."""
+    return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
 
-def render_json(rows: list[ResultRow], meta: dict[str, Any]) -> str:
-    return json.dumps({"metadata": meta, "results": [r.as_dict() for r in rows]}, indent=2) + "\n"
-
-
-def render_jsonl(rows: list[ResultRow], meta: dict[str, Any]) -> str:
-    return "".join(json.dumps(rec) + "\n" for rec in _records(rows, meta))
-
-
-PRINTERS: dict[str, Callable[[list[ResultRow], dict[str, Any]], str]] = {
-    "md": render_md,
-    "csv": render_csv,
-    "json": render_json,
-    "jsonl": render_jsonl,
-}
+def frame_text(fmt: str, frame: pd.DataFrame, meta: dict[str, Any], **doc: Any) -> str:
+    """A results frame as CSV or JSON lines (the metadata a column of every record), or as a JSON
+    document with the metadata (and `doc`) beside the records."""
+    if fmt == "json":
+        return json.dumps({"metadata": meta, **doc, "results": _records(_flat(frame, {}))}, indent=2) + "\n"
+    flat = _flat(frame, meta)
+    if fmt == "jsonl":
+        return "".join(json.dumps(rec) + "\n" for rec in _records(flat))
+    return flat.to_csv(index=False, lineterminator="\n")
 
 
 def render(fmt: str, rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV) -> str:
     if fmt in TABLE_FORMATS:
         return render_md(rows, meta, noisy_cv, fmt)
-    return PRINTERS[fmt](rows, meta)
+    return frame_text(fmt, results_frame(rows), meta)
 
 
 def format_for_path(path: str | Path) -> str:
     suffix = Path(path).suffix.lstrip(".").lower()
     fmt = {"markdown": "md", "ndjson": "jsonl"}.get(suffix, suffix)
-    if fmt not in PRINTERS:
+    if fmt not in FORMATS:
         raise ValueError(f"cannot tell the export format of {path}: use a .md, .csv, .json or .jsonl name")
     return fmt
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from prefillbench import cli, compare, reports
-from prefillbench.metrics import ResultRow
+from prefillbench.metrics import ResultRow, results_frame
 
 
 def row(**kw) -> ResultRow:
@@ -156,17 +156,17 @@ def test_relative_ratios_are_per_test_and_concurrency():
             row(strategy="chunked", chunk_size=64, concurrency=1, throughput=20.0),
             row(strategy="chunked", chunk_size=64, concurrency=4, throughput=60.0),
             row(strategy="chunked", chunk_size=64, concurrency=4, test="tg16", throughput=5.0)]
-    rels = compare.relative_rows(rows, "sequential", ["throughput"])
-    assert [r.ratios["throughput"] for r in rels[:4]] == [1.0, 1.0, 2.0, 1.5]
-    assert rels[4].ref is None and math.isnan(rels[4].ratios["throughput"])
+    rels = compare.relative_frame(results_frame(rows), "sequential", ["throughput"])
+    assert list(rels["throughput"][:4]) == [1.0, 1.0, 2.0, 1.5]
+    assert not rels["has_ref"][4] and math.isnan(rels["throughput"][4])
 
 
 def test_relative_to_a_swept_strategy_matches_chunk_size():
     rows = [row(strategy="chunked", chunk_size=64, throughput=10.0), row(strategy="chunked", chunk_size=128, throughput=20.0),
             row(strategy="sequential", throughput=5.0)]
-    rels = compare.relative_rows(rows, "chunked", ["throughput"])
-    assert rels[0].ratios["throughput"] == 1.0 and rels[1].ratios["throughput"] == 1.0
-    assert rels[2].ref is None  # ambiguous: which chunk size?
+    rels = compare.relative_frame(results_frame(rows), "chunked", ["throughput"])
+    assert rels["throughput"][0] == 1.0 and rels["throughput"][1] == 1.0
+    assert not rels["has_ref"][2]  # ambiguous: which chunk size?
 
 
 def test_relative_to_a_missing_strategy_is_unusable(tmp_path, capsys):

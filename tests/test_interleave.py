@@ -5,7 +5,8 @@ from fake_backend import FakeBackend
 
 from prefillbench import cli, interleave
 from prefillbench.bench import BenchConfig, run_case
-from prefillbench.compare import relative_rows
+from prefillbench.compare import relative_frame
+from prefillbench.metrics import results_frame
 from prefillbench.workloads import TestSpec
 from strategies import STRATEGIES
 
@@ -52,8 +53,8 @@ def test_interleaving_cancels_drift_out_of_ratios():
     cfg = config(concurrency=[1], strategies=["sequential", "padded"])
     by_case = [run_case(backend, case, cfg).row for backend in [DriftingBackend()] for case in cfg.cases()]
     turns = [r.row for r in interleave.run_interleaved(DriftingBackend(), cfg)]
-    err_by_case = abs(relative_rows(by_case, "sequential", ["throughput"])[1].ratios["throughput"] - 1)
-    err_turns = abs(relative_rows(turns, "sequential", ["throughput"])[1].ratios["throughput"] - 1)
+    err_by_case = abs(relative_frame(results_frame(by_case), "sequential", ["throughput"])["throughput"][1] - 1)
+    err_turns = abs(relative_frame(results_frame(turns), "sequential", ["throughput"])["throughput"][1] - 1)
     assert err_by_case > 0.05  # the drift is visible...
     assert err_turns < err_by_case / 10  # ...and mostly gone when the strategies take turns
 
