@@ -150,6 +150,11 @@ DType = Annotated[Literal["float32", "bfloat16", "float16"], _option("--dtype", 
 Threads = Annotated[Optional[int], _option("-t", "--threads", panel=MODEL_PANEL, help="CPU threads (default: the library's choice)")]
 GpuLayers = Annotated[Optional[int], _option("-ngl", "--n-gpu-layers", panel=MODEL_PANEL, help="gguf: layers to offload to the GPU")]
 UBatch = Annotated[Optional[int], _option("--ubatch", panel=MODEL_PANEL, help="gguf: llama.cpp n_ubatch")]
+NoCudaGraphs = Annotated[bool, _flag(
+    "--no-cuda-graphs", MODEL_PANEL, help="torch on CUDA: run decode-only steps eagerly instead of replaying captured CUDA graphs")]
+NoTuneLinear = Annotated[bool, _flag(
+    "--no-tune-linear", MODEL_PANEL,
+    help="torch: keep transformers' own linear layers instead of timing F.linear against matmul per row count")]
 FlashAttn = Annotated[Optional[Literal["on", "off", "auto"]], _option(
     "-fa", "--flash-attn", panel=MODEL_PANEL,
     help="gguf: llama.cpp flash attention, llama-bench's values (default: auto, llama.cpp's choice: on on a CPU)")]
@@ -291,6 +296,8 @@ def run(
     n_gpu_layers: GpuLayers = None,
     ubatch: UBatch = None,
     flash_attn: FlashAttn = None,
+    no_cuda_graphs: NoCudaGraphs = False,
+    no_tune_linear: NoTuneLinear = False,
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
     tp: TensorParallel = 1,
@@ -690,6 +697,10 @@ def _case_label(case) -> str:
 def _load_backend(args: Any) -> Backend:
     options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch),
                                  ("flash_attn", getattr(args, "flash_attn", None))) if v is not None}
+    if getattr(args, "no_cuda_graphs", False):
+        options["cuda_graphs"] = False
+    if getattr(args, "no_tune_linear", False):
+        options["tune_linear"] = False
     options.update(sim_options(args))
     backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)
     print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)

@@ -349,3 +349,27 @@ def test_a_cached_hub_model_loads_offline_when_the_hub_is_out_of_reach(monkeypat
     assert models.hub_load_options("org/cached-model") == {"local_files_only": True}
     monkeypatch.setattr(models, "hub_reachable", lambda timeout=models.HUB_PROBE_TIMEOUT_S: True)
     assert models.hub_load_options("org/cached-model") == {}
+
+
+def test_torch_kernel_switches_reach_the_backend(monkeypatch, capsys):
+    seen = {}
+
+    def fake_load(name, model, **kwargs):
+        seen.update(kwargs)
+        raise cli.BackendError("stop here")
+
+    monkeypatch.setattr(cli, "load_backend", fake_load)
+    argv = ["run", "--backend", "torch", "-p", "8", "-n", "0", "-c", "1", "--no-progress", "--no-results-file"]
+    assert cli.main(argv) == 2
+    assert "cuda_graphs" not in seen and "tune_linear" not in seen
+    assert cli.main([*argv, "--no-cuda-graphs", "--no-tune-linear"]) == 2
+    assert seen["cuda_graphs"] is False and seen["tune_linear"] is False
+
+
+def test_tune_linear_setting_is_recorded_in_the_export(tiny_folder, capsys, tmp_path):
+    for flag, expected in (("--no-tune-linear", "off"), (None, "on")):
+        export = tmp_path / f"run-{expected}.json"
+        code, _, err = run_cli(capsys, "-m", tiny_folder, "-p", "8", "-n", "0", "-c", "1", "-s", "sequential", "-r", "1",
+                               "--no-results-file", "--export", str(export), *([flag] if flag else []))
+        assert code == 0, err
+        assert json.loads(export.read_text())["metadata"]["tune_linear"] == expected

@@ -427,6 +427,7 @@ class TorchBackend(Backend):
         if self.torch_device.type == "cuda":
             meta["gpu"] = torch.cuda.get_device_name(self.torch_device)
             meta["cuda_graphs"] = self.graphs_note
+        meta["tune_linear"] = "on" if self.linear_kernels.tune else "off"
         if self.linear_kernels.choice:
             meta["linear_kernels"] = ", ".join(f"{k} {v}" for k, v in self.linear_kernels.summary().items())
         if self.parallel:
