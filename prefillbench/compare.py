@@ -1,7 +1,8 @@
 """Read exported results back, divide by a reference strategy, and compare two runs.
 
-`prefillbench compare BASE CURRENT` joins two exports on model, backend,
-strategy, test, concurrency and chunk size and prints, per row and metric,
+`prefillbench compare BASE CURRENT` reads two exports into frames, merges them
+on the row key (model, backend, strategy, test, concurrency, chunk size,
+arrival and rate) and prints, per row and metric,
 both values and a speedup (above 1 is better, whatever the metric's
 direction), in the manner of llama.cpp's compare-llama-bench. It exits 1 when
 a row got worse by more than --threshold percent, 0 otherwise, and 2 with a
@@ -447,12 +448,7 @@ def render_comparison(cmp: Comparison, fmt: str = "md") -> str:
             return json.dumps(doc, indent=2) + "\n"
         if fmt == "jsonl":
             return "".join(json.dumps(r) + "\n" for r in records)
-        buf = io.StringIO()
-        if records:
-            writer = csv.DictWriter(buf, fieldnames=list(records[0]), lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(records)
-        return buf.getvalue()
+        return pd.DataFrame(records).astype({"chunk_size": "Int64"}).to_csv(index=False, lineterminator="\n") if records else ""
 
     def label(e: Entry) -> str:
         f = e.fields
