@@ -21,7 +21,8 @@ def run(capsys, *argv):
 def test_a_rate_sweep_gives_a_row_per_strategy_and_rate(capsys, tmp_path):
     export = tmp_path / "sweep.csv"
     code, out, err = run(capsys, "--arrival", "poisson", "--rate", "0.5,1", "--rate", "2", "--pg", "256,32",
-                         "--slo", "tbt=200", "--requests", "12", "-o", "csv", "--export", str(export))
+                         "--slo", "tbt=200", "--requests", "12", "-s", "sequential,padded,chunked", "-o", "csv",
+                         "--export", str(export))
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(out)))
     # --pg alone in an open loop: no pp512 and tg128 tests; one repetition, no concurrency cap by default.
