@@ -23,7 +23,12 @@ BENCH_AB_ARGS ?=
 BENCH_AB_OPTS ?=
 BENCH_AB_OUT ?= results/bench-ab
 
-.PHONY: install run test clean bench-ci bench-ci-baseline
+# Tensor parallelism on this CPU: one gloo process per rank under torchrun. The shipped
+# SmolLM2-135M has 9 attention heads and 3 KV heads, so 3 is the --tp that splits it.
+TP ?= 3
+TP_ARGS ?= -p 0 -n 0 --pg 64,8 -c 1,2 -s sequential,chunked --chunk-size 32 -r 1
+
+.PHONY: install run test clean bench-ci bench-ci-baseline tp-check
 
 install: $(STAMP)
 
@@ -54,6 +59,10 @@ endif
 # Refresh the baseline: run on the machine the gate runs on, review, commit results/baseline-ci.csv.
 bench-ci-baseline: $(STAMP)
 	$(PY) -m prefillbench run $(BENCH_CI_ARGS) --no-progress --no-results-file --export $(BENCH_CI_BASELINE)
+
+tp-check: $(STAMP)
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(TP) -m prefillbench run --backend torch --device cpu --tp $(TP) \
+		$(TP_ARGS) --no-results-file --verify
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

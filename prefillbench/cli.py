@@ -23,6 +23,7 @@ from strategies import STRATEGIES
 from . import __version__, abtest, capacity, compare, interleave, plots, reports, traces
 from .backends import BACKEND_CHOICES, backend_class, choose_backend, load_backend
 from .backends.base import Backend, BackendError
+from .backends.distributed import is_rank_zero, process_rank
 from .bench import DEFAULT_OPEN_LOOP_REQUESTS, BenchConfig, CaseResult, run_case, verify_logits
 from .calibrate import calibrate_command
 from .meta import run_metadata
@@ -278,8 +279,16 @@ def command(name: str, help: str) -> Callable[[Callable[..., int]], Callable[...
     return register
 
 
+def error_prefix() -> str:
+    """`prefillbench: error`, naming the rank under torchrun past rank 0.
+
+    Every rank reports its own failure: one that only rank 1 hit must not go unseen.
+    """
+    return "prefillbench: error" if is_rank_zero() else f"prefillbench: error (rank {process_rank()})"
+
+
 def fail(error: Exception | str) -> int:
-    print(f"prefillbench: error: {' '.join(str(error).split())}", file=sys.stderr)
+    print(f"{error_prefix()}: {' '.join(str(error).split())}", file=sys.stderr)
     return 2
 
 
@@ -535,7 +544,11 @@ def cmd_run(args: Any) -> int:
     trace_path = args.export_requests or (traces.trace_path_for(args.export) if args.export else None)
     if args.export_requests and not args.export_requests.endswith((".jsonl", ".ndjson")):
         raise UsageError(f"--export-requests writes JSON lines: use a .jsonl name, not {args.export_requests}")
+    # Under torchrun every rank runs the same cases; rank 0 alone prints, writes and shows progress.
+    rank_zero = is_rank_zero()
     results_path = None if args.no_results_file else Path(args.results_dir) / f"{dt.datetime.now():%Y%m%d-%H%M%S}.csv"
+    if not rank_zero:
+        args.export = trace_path = results_path = None
     for path in (args.export, trace_path, results_path):
         if path:
             reports.check_writable(path)
@@ -550,7 +563,7 @@ def cmd_run(args: Any) -> int:
     results: list[CaseResult] = []
     interrupted = False
     failure: BackendError | None = None
-    progress = _progress(not args.no_progress)
+    progress = _progress(not args.no_progress and rank_zero)
     with progress:
         task = progress.add_task("", total=config.tokens_to_emit())
         try:
@@ -574,7 +587,7 @@ def cmd_run(args: Any) -> int:
     meta = run_metadata(backend.metadata())
     meta.update(model_path=args.model or "default", backend_name=backend.name, device=backend.device,
                 **workload_settings(args))
-    if rows:
+    if rows and rank_zero:
         if args.relative_to:
             sys.stdout.write(compare.render_relative(args.output, rows, meta, args.relative_to, args.noisy_cv / 100))
         else:
@@ -587,32 +600,36 @@ def cmd_run(args: Any) -> int:
         print(f"prefillbench: interrupted; kept {len(rows)} measured row(s)", file=sys.stderr)
         return 130
     if failure is not None:
-        print(f"prefillbench: error: {failure} (kept {len(rows)} measured row(s))", file=sys.stderr)
+        print(f"{error_prefix()}: {failure} (kept {len(rows)} measured row(s))", file=sys.stderr)
         return 2
     if write_failure is not None:
         return 2
     if args.verify:
-        return run_verify(backend, config, not args.no_progress)
+        return run_verify(backend, config, not args.no_progress and rank_zero)
     return 0
 
 
 def run_verify(backend: Any, config: BenchConfig, show_progress: bool) -> int:
-    """The teacher-forced logit comparison, reported on stderr: 0 if every strategy agrees, else 1."""
+    """The teacher-forced logit comparison, reported on stderr: 0 if every strategy agrees, else 1.
+
+    Under torchrun every rank computes it (the steps need all ranks); rank 0 alone reports it.
+    """
     progress = _progress(show_progress)
     with progress:
         task = progress.add_task("verify")
         try:
             agreements = verify_logits(backend, config, on_case=lambda label: progress.update(task, description=label))
         except BackendError as e:
-            print(f"prefillbench: error: verify: {e}", file=sys.stderr)
+            print(f"{error_prefix()}: verify: {e}", file=sys.stderr)
             return 2
-    sys.stderr.write(reports.render_verify(agreements))
     failed = [a for a in agreements if not a.passed]
-    if failed:
-        print(f"verify: {len(failed)} of {len(agreements)} comparisons disagree beyond tolerance", file=sys.stderr)
-        return 1
-    print(f"verify: all {len(agreements)} comparisons agree within tolerance", file=sys.stderr)
-    return 0
+    if is_rank_zero():
+        sys.stderr.write(reports.render_verify(agreements))
+        if failed:
+            print(f"verify: {len(failed)} of {len(agreements)} comparisons disagree beyond tolerance", file=sys.stderr)
+        else:
+            print(f"verify: all {len(agreements)} comparisons agree within tolerance", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def check_sequence_limit(backend_name: str, config: BenchConfig) -> None:
@@ -635,6 +652,10 @@ def cmd_capacity(args: Any) -> int:
         raise UsageError(f"--relative-to {args.relative_to}: not among the strategies searched ({', '.join(strategies)})")
     if args.export:
         reports.format_for_path(args.export)
+    rank_zero = is_rank_zero()  # under torchrun rank 0 alone prints, writes and shows progress, as in run
+    if not rank_zero:
+        args.export = None
+    if args.export:
         reports.check_writable(args.export)
     loaded = _load_backend(args)
     config = capacity.CapacityConfig(
@@ -650,7 +671,7 @@ def cmd_capacity(args: Any) -> int:
 
     results: list[capacity.CapacityResult] = []
     interrupted, failure = False, None
-    progress = _progress(not args.no_progress)
+    progress = _progress(not args.no_progress and rank_zero)
     with progress:
         task = progress.add_task("", total=config.requests)
 
@@ -658,6 +679,8 @@ def cmd_capacity(args: Any) -> int:
             progress.reset(task, total=config.tokens_per_probe(), description=f"{_case_label(case)} probe {n}: {rate:.3g} req/s")
 
         def done(case, probe: capacity.Probe) -> None:
+            if not rank_zero:
+                return
             r = probe.row
             progress.console.print(
                 f"capacity: {_case_label(case)} at {probe.rate:.3g} req/s: P99 TBT {r.tbt_p99_ms:.1f} ms, median "
@@ -675,7 +698,7 @@ def cmd_capacity(args: Any) -> int:
     meta = run_metadata(loaded.metadata())
     meta.update(model_path=args.model or "default", backend_name=loaded.name, device=loaded.device,
                 **workload_settings(args), **config.settings())
-    if rows:
+    if rows and rank_zero:
         text = capacity.render_md(results, args.relative_to) if args.output == "md" else reports.render(args.output, rows, meta)
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -685,7 +708,7 @@ def cmd_capacity(args: Any) -> int:
         print(f"prefillbench: interrupted; kept {len(rows)} capacity row(s)", file=sys.stderr)
         return 130
     if failure is not None:
-        print(f"prefillbench: error: {failure} (kept {len(rows)} capacity row(s))", file=sys.stderr)
+        print(f"{error_prefix()}: {failure} (kept {len(rows)} capacity row(s))", file=sys.stderr)
         return 2
     return 0
 
@@ -701,9 +724,11 @@ def _load_backend(args: Any) -> Backend:
         options["cuda_graphs"] = False
     if getattr(args, "no_tune_linear", False):
         options["tune_linear"] = False
+    options.update(tp=args.tp, pp=args.pp)
     options.update(sim_options(args))
     backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)
-    print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)
+    if is_rank_zero():
+        print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)
     return backend
 
 

@@ -1,6 +1,7 @@
 """Tensor parallelism under torchrun: 2 CPU processes on gloo compute what one process computes."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from prefillbench import cli
 from prefillbench.backends import load_backend
 from prefillbench.backends.base import BackendError
 from prefillbench.backends.distributed import check_heads_divide, launch_hint
@@ -149,3 +151,62 @@ def test_sim_refuses_torchrun_and_torch_refuses_pp(monkeypatch, tiny_folder):
     monkeypatch.delenv("WORLD_SIZE")
     with pytest.raises(BackendError, match="--pp 2 runs on the sim only"):
         load_backend("torch", tiny_folder, device="cpu", pp=2)
+
+
+# ---------------------------------------------------------------- the CLI under torchrun
+
+
+def test_cli_under_torchrun_prints_and_writes_once(tiny_folder, tmp_path):
+    export = tmp_path / "tp.json"
+    done = torchrun(2, "-m", "prefillbench", "run", "--backend", "torch", "--device", "cpu", "--tp", "2",
+                    "-m", tiny_folder, "-p", "0", "-n", "0", "--pg", "12,3", "-c", "1,2", "-s", "sequential,chunked",
+                    "--chunk-size", "5", "-r", "1", "--no-progress", "--export", str(export),
+                    "--results-dir", str(tmp_path / "results"), "--verify", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert sum(line.startswith("| model") for line in lines) == 1
+    rows = [line for line in lines if "torch 2xCPU TP2" in line]
+    assert len(rows) == 4  # 2 strategies × 2 concurrencies, once
+    assert done.stderr.count("on torch 2xCPU TP2, weights: float32") == 1
+    assert done.stderr.count("prefillbench: wrote") == 1
+    assert done.stderr.count("comparisons agree within tolerance") == 1 and "verify: all " in done.stderr
+    assert len(list((tmp_path / "results").iterdir())) == 1
+    exported = json.loads(export.read_text())
+    assert exported["metadata"]["world_size"] == 2 and exported["metadata"]["process_group_backend"] == "gloo"
+    assert len(exported["results"]) == 4
+
+
+def test_cli_under_torchrun_tp_that_does_not_divide_the_heads(tmp_path):
+    model, _ = tiny_model("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=3)
+    model.save_pretrained(tmp_path / "six-heads")
+    done = torchrun(2, "-m", "prefillbench", "run", "--backend", "torch", "--device", "cpu", "--tp", "2",
+                    "-m", str(tmp_path / "six-heads"), "--pg", "8,2", "-c", "1", "--no-progress", "--no-results-file",
+                    cwd=tmp_path)
+    assert done.returncode != 0 and done.stdout == ""
+    message = "--tp 2 does not divide the model's 6 attention heads and 3 KV heads; --tp 3 would"
+    assert f"prefillbench: error: {message}" in done.stderr
+    assert f"prefillbench: error (rank 1): {message}" in done.stderr
+    assert "prefillbench/" not in done.stderr  # no traceback through our code; torchrun adds its own summary
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = cli.main(["run", "--no-progress", "--no-results-file", "--pg", "8,2", "-c", "1", *argv])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,world,message", [
+    (["--backend", "torch", "--tp", "2"], None,
+     "prefillbench: error: --tp 2 needs one process per rank; launch it as: torchrun --nproc-per-node 2 -m prefillbench run"),
+    (["--backend", "torch", "--tp", "2"], 4, "prefillbench: error: torchrun started 4 processes but --tp is 2"),
+    (["--backend", "gguf", "--tp", "2"], 2, "prefillbench: error: --tp 2 runs on the torch backend only"),
+    (["--backend", "torch", "--pp", "2"], None, "prefillbench: error: --pp 2 runs on the sim only"),
+])
+def test_cli_tp_errors_are_one_line(monkeypatch, capsys, tiny_folder, argv, world, message):
+    if world is None:
+        for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            monkeypatch.delenv(var, raising=False)
+    else:
+        _fake_torchrun_env(monkeypatch, world)
+    code, err = run_cli(capsys, "-m", tiny_folder, *argv)
+    assert code == 2
+    assert err.startswith(message) and err.count("\n") == 1

@@ -9,6 +9,7 @@ records.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from dataclasses import dataclass
@@ -119,7 +120,8 @@ class TensorParallel:
             "devices": "; ".join(self.devices),
         }
 
-    def close(self) -> None:
+    @staticmethod
+    def close() -> None:
         import torch.distributed as dist
 
         if dist.is_initialized():
@@ -153,6 +155,8 @@ def join(tp: int, device: str) -> TensorParallel:
         backend = "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, device_id=rank_device if backend == "nccl" else None)
+        # Leave the group on the way out however the run ends (nccl warns about a group never destroyed).
+        atexit.register(TensorParallel.close)
     if dist.get_world_size() != tp:
         raise BackendError(f"the process group has {dist.get_world_size()} ranks but --tp is {tp}")
     name = torch.cuda.get_device_name(rank_device) if rank_device.type == "cuda" else "CPU"

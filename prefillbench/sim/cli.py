@@ -18,7 +18,10 @@ SimModel = Annotated[Optional[str], _sim(
     "or a transformers config.json (default: llama-13b)")]
 SimGpu = Annotated[Optional[str], _sim(
     "--sim-gpu", help="sim: GPU preset (a6000, a100-sxm, a100-pcie, h100-sxm, h200) or a spec .yaml/.json (default: a6000)")]
-TensorParallel = Annotated[int, _sim("--tp", help="sim: tensor-parallel GPUs per stage")]
+TensorParallel = Annotated[int, typer.Option(
+    "--tp", rich_help_panel="model and backend",
+    help="tensor-parallel ranks: torch runs one process per rank under torchrun (see the README's \"Past one machine\"); "
+    "the sim predicts GPUs per stage")]
 PipelineStages = Annotated[int, _sim("--pp", help="sim: pipeline stages, run as a pipeline of micro-batches")]
 Calibration = Annotated[Optional[str], _sim("--calibration", help="sim: calibration file written by `prefillbench calibrate`")]
 Trace = Annotated[Optional[str], _sim("--trace", metavar="FILE", help="sim: write every step's per-operator cost breakdown here (JSONL)")]
