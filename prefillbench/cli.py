@@ -48,17 +48,21 @@ def _split(texts: list[str] | None) -> list[str]:
     return [v.strip() for text in texts or [] for v in text.split(",") if v.strip()]
 
 
-def int_list(texts: list[str] | None) -> list[int] | None:
+def _number_list(texts: list[str] | None, convert: type, what: str) -> list | None:
     """Comma lists and repeated flags, flattened: ["128,512", "1024"] -> [128, 512, 1024]; None when not given."""
     if not texts:
         return None
     try:
-        values = [int(v) for v in _split(texts)]
+        values = [convert(v) for v in _split(texts)]
     except ValueError:
         values = []
     if not values:
-        raise typer.BadParameter(f"expected a comma-separated list of integers, got {','.join(texts)!r}")
+        raise typer.BadParameter(f"expected a comma-separated list of {what}, got {','.join(texts)!r}")
     return values
+
+
+def int_list(texts: list[str] | None) -> list[int] | None:
+    return _number_list(texts, int, "integers")
 
 
 def lengths(texts: list[str] | None) -> list[int] | None:
@@ -92,15 +96,7 @@ def pp_tg_pairs(texts: list[str] | None) -> list[tuple[int, int]]:
 
 
 def float_list(texts: list[str] | None) -> list[float] | None:
-    if not texts:
-        return None
-    try:
-        values = [float(v) for v in _split(texts)]
-    except ValueError:
-        values = []
-    if not values:
-        raise typer.BadParameter(f"expected a comma-separated list of numbers, got {','.join(texts)!r}")
-    return values
+    return _number_list(texts, float, "numbers")
 
 
 def slo_spec(text: str | None) -> SLO | None:
