@@ -27,6 +27,14 @@ def trace() -> RunRecord:
     return RunRecord(0.0, 2.5, requests, [])
 
 
+def test_achieved_rate_when_requests_finish_together():
+    # A batch's requests end in one step: the rate is still bounded by the time they took.
+    run = RunRecord(0.0, 2.0, [req(0.0, 0.0, [0.5, 1.9]), req(0.4, 0.5, [0.9, 1.9])], [])
+    row = summarize(TestSpec(10, 2), [run], model="m", backend="b", strategy="s", concurrency=0, chunk_size=None,
+                    load=Load("poisson", 1.0), slo=None)
+    assert row.achieved_rps == pytest.approx(2 / 1.9)
+
+
 def test_per_request_latencies():
     r = trace().requests
     assert tpot_ms(r[1]) == pytest.approx(200.0) and math.isnan(tpot_ms(r[3]))
@@ -50,7 +58,7 @@ def test_summary_of_a_hand_built_open_loop_run():
                     load=Load("poisson", 1.5), slo=SLO(tbt_ms=150))
     assert (row.arrival, row.rate, row.burstiness, row.slo) == ("poisson", 1.5, None, "tbt=150")
     assert row.offered_rps == pytest.approx(3 / 2.0)  # 4 arrivals over 2 s
-    assert row.achieved_rps == pytest.approx(3 / (2.3 - 0.3))  # 4 completions from 0.3 s to 2.3 s
+    assert row.achieved_rps == pytest.approx(4 / 2.3)  # 4 completions from the first arrival (0 s) to the last (2.3 s)
     assert row.request_throughput == pytest.approx(4 / 2.5)
     assert row.goodput_rps == pytest.approx(3 / 2.5) and row.slo_met == pytest.approx(0.75)
     assert row.tpot_p50_ms == pytest.approx(100.0)  # of 100, 200, 100 (the one-token request has none)
