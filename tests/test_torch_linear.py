@@ -37,3 +37,13 @@ def test_tuner_routes_every_linear_and_remembers_one_choice_per_shape_and_bucket
     assert len(chosen) == 12 and set(chosen.values()) <= set(KERNELS)
     assert all(name != "transposed_weight" for key, name in chosen.items() if "+T" not in key)
     assert [row_bucket(n) for n in (1, 16, 17, 33, 64)] == [1, 16, 32, 64, 64]
+
+
+def test_split_rows_kernels_apply_only_where_their_blocks_divide_the_rows():
+    from prefillbench.backends.torch_linear import _applies
+
+    w = torch.randn(100, 8)
+    layer = TunedWeight(w, None)
+    assert _applies("split_rows_2", layer) and _applies("split_rows_4", layer)
+    assert not _applies("split_rows_8", layer)  # 100 rows do not split into 8 blocks
+    assert not _applies("transposed_weight", layer) and _applies("transposed_weight", TunedWeight(w, None, w.t().contiguous()))
