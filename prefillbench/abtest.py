@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import stats
-from .compare import HIGHER, METRIC_LABELS, METRIC_SHORT, METRICS, InputError, _key_label, load_results, row_key, worse_by
+from .compare import HIGHER, METRIC_LABELS, METRIC_SHORT, METRICS, InputError, key_label, load_results, row_key, worse_by
 from .metrics import ResultRow
-from .reports import _fmt, _strategy_label, md_table, write_atomic
+from .reports import fmt_number, md_table, row_strategy_label, write_atomic
 
 # Small on purpose: each side runs it once per round, and short runs keep a round's two runs
 # close in time. One thread: llama.cpp's threads spin-wait on each other, and with as many
@@ -235,7 +235,7 @@ class RowDelta:
         if self.base_row is None:
             return "all rows (geometric mean)" if field_name == "strategy" else ""
         if field_name == "strategy":
-            return _strategy_label(self.base_row)
+            return row_strategy_label(self.base_row)
         return str(getattr(self.base_row, field_name))
 
     @property
@@ -366,7 +366,7 @@ def _mean_cell(row: RowDelta, metric: str, side: int) -> str:
     d = row.deltas.get(metric)
     if d is None:
         return "-"
-    return _fmt(stats.mean_std(d.change if side else d.base)[0], 2)
+    return fmt_number(stats.mean_std(d.change if side else d.base)[0], 2)
 
 
 def verdict(result: ABResult) -> str:
@@ -403,7 +403,7 @@ def render_summary(result: ABResult, base: Side, change: Side, preset: list[str]
         lines += ["", note]
     for who, keys in (("base", result.only_base), ("change", result.only_change)):
         if keys:
-            lines += ["", f"{len(keys)} row(s) only in the {who}, not compared: {', '.join(_key_label(k) for k in keys)}"]
+            lines += ["", f"{len(keys)} row(s) only in the {who}, not compared: {', '.join(key_label(k) for k in keys)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -479,6 +479,8 @@ def run_ab(options: ABOptions) -> int:
     keep = options.out
     folder = keep or Path(tempfile.mkdtemp(prefix="prefillbench-ab-"))
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in [*folder.glob(f"{BASE}-*.csv"), *folder.glob(f"{CHANGE}-*.csv")]:
+        stale.unlink()  # an earlier job's rounds must not be read as this one's
     try:
         with base_checkout(change.root, options.base_ref) as base:
             _log(f"A/B: change {change.label} ({change.root}) against base {base.label}, "
@@ -495,6 +497,6 @@ def run_ab(options: ABOptions) -> int:
         write_atomic(options.summary, render_summary(result, base, change, options.preset, seconds, note))
     for who, keys in (("base", result.only_base), ("working tree", result.only_change)):
         if keys:
-            _log(f"{len(keys)} row(s) only in the {who}, not compared: {_key_label(keys[0])}{' ...' if len(keys) > 1 else ''}")
+            _log(f"{len(keys)} row(s) only in the {who}, not compared: {key_label(keys[0])}{' ...' if len(keys) > 1 else ''}")
     _log(f"{verdict(result)}, {seconds:.0f} s")
     return 1 if result.regressions else 0

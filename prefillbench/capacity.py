@@ -27,7 +27,7 @@ from . import engine
 from .backends.base import Backend
 from .bench import BenchConfig, Case, warm_up
 from .metrics import SLO, Load, ResultRow, summarize
-from .reports import _fmt, _strategy_label, md_table
+from .reports import fmt_number, md_table, row_strategy_label
 from .workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
 
 #: Sarathi-Serve's bound on the median scheduling delay.
@@ -250,16 +250,16 @@ def render_md(results: list[CapacityResult], relative_to: str | None = None) -> 
     columns = [
         ("model", lambda i: i[0].model, False),
         ("backend", lambda i: i[0].backend, False),
-        ("strategy", lambda i: _strategy_label(i[0]), False),
+        ("strategy", lambda i: row_strategy_label(i[0]), False),
         ("test", lambda i: i[0].test, False),
-        ("capacity req/s", lambda i: _fmt(i[0].capacity_rps, 3) if i[0].capacity_rps else "0 (none passed)", True),
+        ("capacity req/s", lambda i: fmt_number(i[0].capacity_rps, 3) if i[0].capacity_rps else "0 (none passed)", True),
     ]
     if relative_to:
         columns.append((f"vs {relative_to}", lambda i: "-" if math.isnan(i[1]) else f"{i[1]:.2f}x", True))
     columns += [
-        ("P99 TBT ms", lambda i: _fmt(i[0].tbt_p99_ms, 1), True),
-        ("P99 TTFT ms", lambda i: _fmt(i[0].ttft_p99_ms, 0), True),
-        ("median sched delay ms", lambda i: _fmt(i[0].sched_delay_p50_ms, 1), True),
+        ("P99 TBT ms", lambda i: fmt_number(i[0].tbt_p99_ms, 1), True),
+        ("P99 TTFT ms", lambda i: fmt_number(i[0].ttft_p99_ms, 0), True),
+        ("median sched delay ms", lambda i: fmt_number(i[0].sched_delay_p50_ms, 1), True),
         ("probes", lambda i: str(i[0].capacity_probes), True),
     ]
     return md_table(columns, items)

@@ -27,7 +27,7 @@ from .backends.distributed import is_rank_zero, process_rank
 from .bench import DEFAULT_OPEN_LOOP_REQUESTS, BenchConfig, CaseResult, run_case, verify_logits
 from .calibrate import calibrate_command
 from .meta import run_metadata
-from .metrics import SLO
+from .metrics import SLO, strategy_label
 from .sim.cli import Calibration, PipelineStages, SimGpu, SimModel, TensorParallel, Trace, sim_options
 from .workloads import ARRIVALS, TestSpec, load_workload, make_tests, workload_test
 
@@ -378,6 +378,9 @@ def capacity_command(
     threads: Threads = None,
     n_gpu_layers: GpuLayers = None,
     ubatch: UBatch = None,
+    flash_attn: FlashAttn = None,
+    no_cuda_graphs: NoCudaGraphs = False,
+    no_tune_linear: NoTuneLinear = False,
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
     tp: TensorParallel = 1,
@@ -672,14 +675,14 @@ def cmd_capacity(args: Any) -> int:
         task = progress.add_task("", total=config.requests)
 
         def started(case, n: int, rate: float) -> None:
-            progress.reset(task, total=config.tokens_per_probe(), description=f"{_case_label(case)} probe {n}: {rate:.3g} req/s")
+            progress.reset(task, total=config.tokens_per_probe(), description=f"{strategy_label(case.strategy, case.chunk_size)} probe {n}: {rate:.3g} req/s")
 
         def done(case, probe: capacity.Probe) -> None:
             if not rank_zero:
                 return
             r = probe.row
             progress.console.print(
-                f"capacity: {_case_label(case)} at {probe.rate:.3g} req/s: P99 TBT {r.tbt_p99_ms:.1f} ms, median "
+                f"capacity: {strategy_label(case.strategy, case.chunk_size)} at {probe.rate:.3g} req/s: P99 TBT {r.tbt_p99_ms:.1f} ms, median "
                 f"scheduling delay {r.sched_delay_p50_ms:.0f} ms: {'within' if probe.passed else 'over'}", highlight=False, soft_wrap=True)
 
         try:
@@ -709,16 +712,12 @@ def cmd_capacity(args: Any) -> int:
     return 0
 
 
-def _case_label(case) -> str:
-    return f"{case.strategy} ({case.chunk_size})" if case.chunk_size else case.strategy
-
-
 def _load_backend(args: Any) -> Backend:
     options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch),
-                                 ("flash_attn", getattr(args, "flash_attn", None))) if v is not None}
-    if getattr(args, "no_cuda_graphs", False):
+                                 ("flash_attn", args.flash_attn)) if v is not None}
+    if args.no_cuda_graphs:
         options["cuda_graphs"] = False
-    if getattr(args, "no_tune_linear", False):
+    if args.no_tune_linear:
         options["tune_linear"] = False
     options.update(tp=args.tp, pp=args.pp)
     options.update(sim_options(args))

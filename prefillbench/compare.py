@@ -342,11 +342,11 @@ def _values(results: Results, metrics: list[str], relative_to: str | None, noisy
         values = values[(frame["strategy"] != relative_to) & rel["has_ref"]]
     twice = values.duplicated(list(KEY_FIELDS))
     if twice.any():
-        raise InputError(f"{results.path}: two rows for {_key_label(row_key(values[twice].iloc[0]))}; compare one run per file")
+        raise InputError(f"{results.path}: two rows for {key_label(row_key(values[twice].iloc[0]))}; compare one run per file")
     return values
 
 
-def _key_label(key: tuple) -> str:
+def key_label(key: tuple) -> str:
     f = dict(zip(KEY_FIELDS, key))
     strategy = f"{f['strategy']}({f['chunk_size']})" if f["chunk_size"] else f["strategy"]
     load = "" if f["arrival"] in ("closed", "") else f" {f['arrival']}" + (f" {f['rate']:g}/s" if f["rate"] is not None else "")
@@ -475,7 +475,7 @@ def render_comparison(cmp: Comparison, fmt: str = "md") -> str:
 
 def render_relative(fmt: str, rows: list[ResultRow], meta: dict[str, Any], strategy: str, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
     """`run --relative-to`: every row with its ratios to the reference strategy's row."""
-    from .reports import MD_COLUMNS, TABLE_FORMATS, _fmt, cv_cell, frame_text, md_table
+    from .reports import MD_COLUMNS, TABLE_FORMATS, fmt_number, cv_cell, frame_text, md_table
 
     frame = results_frame(rows)
     ratios = relative_frame(frame, strategy, RUN_RATIO_METRICS)
@@ -486,7 +486,7 @@ def render_relative(fmt: str, rows: list[ResultRow], meta: dict[str, Any], strat
     columns = [(h, (lambda item, cell=cell: cell(item[0])), right) for h, cell, right in columns]
     for m in RUN_RATIO_METRICS:
         d = 2 if m in ("throughput", "ts_mean") else 1
-        columns.append((METRIC_LABELS[m], lambda item, m=m, d=d: _fmt(getattr(item[0], m), d), True))
+        columns.append((METRIC_LABELS[m], lambda item, m=m, d=d: fmt_number(getattr(item[0], m), d), True))
         columns.append((f"/{strategy}", lambda item, m=m: _num(item[1][m], 3), True))
     columns.append(("CV", lambda item: cv_cell(item[0], noisy_cv), True))
     return md_table(columns, list(zip(rows, ratios.to_dict("records"))), fmt)
@@ -504,7 +504,7 @@ def cmd_compare(args: Any) -> int:
     sys.stdout.flush()
     for name, keys in ((args.base, cmp.only_base), (args.current, cmp.only_current)):
         if keys:
-            print(f"prefillbench: {len(keys)} row(s) only in {name}, not compared: {_key_label(keys[0])}{' ...' if len(keys) > 1 else ''}",
+            print(f"prefillbench: {len(keys)} row(s) only in {name}, not compared: {key_label(keys[0])}{' ...' if len(keys) > 1 else ''}",
                   file=sys.stderr)
     n = len(cmp.regressions)
     what = f"{'/'.join(metrics)}{' relative to ' + args.relative_to if args.relative_to else ''}"

@@ -27,6 +27,11 @@ from .stats import mean_std
 from .workloads import TestSpec
 
 
+
+def strategy_label(strategy: str, chunk_size: int | None) -> str:
+    """'chunked (256)' for strategies whose chunk size matters, else the name."""
+    return f"{strategy} ({chunk_size})" if chunk_size else strategy
+
 @dataclass
 class ResultRow:
     """One line of a report; field names are the export's column names."""

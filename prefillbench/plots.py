@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from .compare import InputError, Results, load_results, read_text
-from .metrics import SLO
+from .metrics import SLO, strategy_label
 from .traces import Trace, is_trace_record, load_traces, parse_traces
 
 DEFAULT_OUT = "results/plots"
@@ -74,10 +74,6 @@ class Chart:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9+._-]+", "_", text).strip("_")
-
-
-def strategy_label(strategy: str, chunk_size: int | None) -> str:
-    return f"{strategy} ({chunk_size})" if chunk_size else strategy
 
 
 def _test_order(test: str) -> tuple:

@@ -15,33 +15,33 @@ from typing import Any
 import pandas as pd
 from tabulate import tabulate
 
-from .metrics import ResultRow, results_frame
+from .metrics import ResultRow, results_frame, strategy_label
 from .stats import DEFAULT_NOISY_CV
 
 FORMATS = ("md", "csv", "json", "jsonl")
 
 
-def _fmt(value: float, digits: int) -> str:
+def fmt_number(value: float, digits: int) -> str:
     # "-" where a figure does not apply, e.g. time between tokens in a pp test (one token each).
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def _strategy_label(row: ResultRow) -> str:
-    return f"{row.strategy} ({row.chunk_size})" if row.chunk_size else row.strategy
+def row_strategy_label(row: ResultRow) -> str:
+    return strategy_label(row.strategy, row.chunk_size)
 
 
 MD_COLUMNS: list[tuple[str, Callable[[ResultRow], str], bool]] = [
     # (header, cell, right-aligned)
     ("model", lambda r: r.model, False),
     ("backend", lambda r: r.backend, False),
-    ("strategy", _strategy_label, False),
+    ("strategy", row_strategy_label, False),
     ("test", lambda r: r.test, False),
-    ("t/s", lambda r: f"{_fmt(r.ts_mean, 3)}±{_fmt(r.ts_std, 3)}", True),
-    ("ms/t", lambda r: _fmt(r.ms_per_token, 3), True),
+    ("t/s", lambda r: f"{fmt_number(r.ts_mean, 3)}±{fmt_number(r.ts_std, 3)}", True),
+    ("ms/t", lambda r: fmt_number(r.ms_per_token, 3), True),
     ("concurrency", lambda r: str(r.concurrency), True),
-    ("throughput/s", lambda r: _fmt(r.throughput, 2), True),
-    ("TTFT p50/p99 ms", lambda r: f"{_fmt(r.ttft_p50_ms, 1)}/{_fmt(r.ttft_p99_ms, 1)}", True),
-    ("TBT p50/p99 ms", lambda r: f"{_fmt(r.tbt_p50_ms, 1)}/{_fmt(r.tbt_p99_ms, 1)}", True),
+    ("throughput/s", lambda r: fmt_number(r.throughput, 2), True),
+    ("TTFT p50/p99 ms", lambda r: f"{fmt_number(r.ttft_p50_ms, 1)}/{fmt_number(r.ttft_p99_ms, 1)}", True),
+    ("TBT p50/p99 ms", lambda r: f"{fmt_number(r.tbt_p50_ms, 1)}/{fmt_number(r.tbt_p99_ms, 1)}", True),
 ]
 
 
@@ -55,16 +55,16 @@ def _rate_label(row: ResultRow) -> str:
 OPEN_LOOP_MD_COLUMNS: list[tuple[str, Callable[[ResultRow], str], bool]] = [
     ("model", lambda r: r.model, False),
     ("backend", lambda r: r.backend, False),
-    ("strategy", _strategy_label, False),
+    ("strategy", row_strategy_label, False),
     ("test", lambda r: r.test, False),
     ("arrival req/s", _rate_label, False),
     ("max c", lambda r: str(r.concurrency) if r.concurrency else "-", True),
-    ("offered/achieved req/s", lambda r: f"{_fmt(r.offered_rps, 2)}/{_fmt(r.achieved_rps, 2)}", True),
-    ("TTFT p50/p99 ms", lambda r: f"{_fmt(r.ttft_p50_ms, 1)}/{_fmt(r.ttft_p99_ms, 1)}", True),
-    ("TBT p50/p99 ms", lambda r: f"{_fmt(r.tbt_p50_ms, 1)}/{_fmt(r.tbt_p99_ms, 1)}", True),
-    ("TPOT p50 ms", lambda r: _fmt(r.tpot_p50_ms, 1), True),
-    ("E2E p50/p99 ms", lambda r: f"{_fmt(r.e2e_p50_ms, 0)}/{_fmt(r.e2e_p99_ms, 0)}", True),
-    ("sched p50 ms", lambda r: _fmt(r.sched_delay_p50_ms, 1), True),
+    ("offered/achieved req/s", lambda r: f"{fmt_number(r.offered_rps, 2)}/{fmt_number(r.achieved_rps, 2)}", True),
+    ("TTFT p50/p99 ms", lambda r: f"{fmt_number(r.ttft_p50_ms, 1)}/{fmt_number(r.ttft_p99_ms, 1)}", True),
+    ("TBT p50/p99 ms", lambda r: f"{fmt_number(r.tbt_p50_ms, 1)}/{fmt_number(r.tbt_p99_ms, 1)}", True),
+    ("TPOT p50 ms", lambda r: fmt_number(r.tpot_p50_ms, 1), True),
+    ("E2E p50/p99 ms", lambda r: f"{fmt_number(r.e2e_p50_ms, 0)}/{fmt_number(r.e2e_p99_ms, 0)}", True),
+    ("sched p50 ms", lambda r: fmt_number(r.sched_delay_p50_ms, 1), True),
 ]
 
 

@@ -204,6 +204,9 @@ def test_a_change_that_slows_every_step_fails_the_job(repo, tiny_model, capsys, 
     slow = tmp_path / "slow"
     git(repo, "worktree", "add", "-q", str(slow), "slow")
     summary = tmp_path / "summary.md"
+    stale = tmp_path / "exports" / "base-9.csv"  # left by an earlier, longer job in the same folder
+    stale.parent.mkdir()
+    stale.write_text("stale")
     code, out, err = ab(capsys, slow, "base", "--min-rounds", "3", "--max-rounds", "6", "--summary", str(summary),
                         "--out", str(tmp_path / "exports"), model=tiny_model)
     assert code == 1, out + err
@@ -212,6 +215,7 @@ def test_a_change_that_slows_every_step_fails_the_job(repo, tiny_model, capsys, 
     text = summary.read_text()
     assert ":x:" in text and "REGRESSION" in text and "| strategy" in text
     assert sorted(p.name for p in (tmp_path / "exports").glob("*-1.csv")) == ["base-1.csv", "change-1.csv"]
+    assert not stale.exists()
     # The base ran from its own temporary worktree, which is gone again.
     assert git(repo, "worktree", "list").count("\n") == 1
 

@@ -351,19 +351,23 @@ def test_a_cached_hub_model_loads_offline_when_the_hub_is_out_of_reach(monkeypat
     assert models.hub_load_options("org/cached-model") == {}
 
 
-def test_torch_kernel_switches_reach_the_backend(monkeypatch, capsys):
+@pytest.mark.parametrize("argv", [
+    ["run", "--backend", "torch", "-p", "8", "-n", "0", "-c", "1", "--no-progress", "--no-results-file"],
+    ["capacity", "--backend", "torch", "--pg", "8,2", "--slo", "tbt=100", "--no-progress"],
+], ids=["run", "capacity"])
+def test_backend_switches_reach_the_backend(argv, monkeypatch, capsys):
     seen = {}
 
     def fake_load(name, model, **kwargs):
+        seen.clear()
         seen.update(kwargs)
         raise cli.BackendError("stop here")
 
     monkeypatch.setattr(cli, "load_backend", fake_load)
-    argv = ["run", "--backend", "torch", "-p", "8", "-n", "0", "-c", "1", "--no-progress", "--no-results-file"]
     assert cli.main(argv) == 2
-    assert "cuda_graphs" not in seen and "tune_linear" not in seen
-    assert cli.main([*argv, "--no-cuda-graphs", "--no-tune-linear"]) == 2
-    assert seen["cuda_graphs"] is False and seen["tune_linear"] is False
+    assert "cuda_graphs" not in seen and "tune_linear" not in seen and "flash_attn" not in seen
+    assert cli.main([*argv, "--no-cuda-graphs", "--no-tune-linear", "-fa", "off"]) == 2
+    assert seen["cuda_graphs"] is False and seen["tune_linear"] is False and seen["flash_attn"] == "off"
 
 
 def test_tune_linear_setting_is_recorded_in_the_export(tiny_folder, capsys, tmp_path):

@@ -145,7 +145,7 @@ def test_compare_joins_rows_by_rate_and_gates_on_goodput(tmp_path):
     cmp = compare.compare(load_results(str(base)), load_results(str(cur)), ["goodput_rps"], threshold=10)
     assert len(cmp.entries) == 2
     (bad,) = cmp.regressions
-    assert "2/s" in compare._key_label(bad.key)
+    assert "2/s" in compare.key_label(bad.key)
 
 
 def test_md_table_of_an_open_loop_shows_the_load_and_the_goodput():
