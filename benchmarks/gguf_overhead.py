@@ -19,6 +19,7 @@
 
 Usage: python benchmarks/gguf_overhead.py [-m MODEL.gguf] [-t THREADS] [-r REPS]
        python benchmarks/gguf_overhead.py --mixed [-k 3] [--chunk 64] [--flash-attn on,off] [--kv-unified 0,1]
+           [--ubatch 512,32] [--kv-type f16,q8_0]
 
 Run it on an otherwise idle machine: llama.cpp's worker threads spin-wait, so
 with every core's worth of threads (the default) another busy process makes
@@ -27,6 +28,7 @@ steps up to ~100x slower. On a shared machine, -t 1 still gives fair ratios.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -152,17 +154,20 @@ def mixed_main(args) -> int:
     model = args.model or default_model_path()
     print(f"mixed-step probe: {args.k} decodes + a {args.chunk}-token chunk, threads {args.threads or 'all'}, "
           f"medians of {args.reps} interleaved rounds (ms)")
-    rows = [("kv", "flash_attn", "ctx", "decode-only", "chunk", f"chunk+{args.k} dec", "piggyback ratio", "spread")]
-    for unified in [bool(int(u)) for u in args.kv_unified.split(",")]:
-        for fa in args.flash_attn.split(","):
-            backend = GGUFBackend.load(model, threads=args.threads, flash_attn=fa, kv_unified=unified)
-            for ctx in (64, 1024):
-                m = mixed_step_probe(backend, args.k, ctx, args.chunk, args.reps)
-                rows.append(("unified" if unified else "per-sequence streams", fa, str(ctx),
-                             *(f"{1000 * m[n]:.1f}" for n in ("decode-only", "chunk", "mixed")),
-                             f"{m['ratio']:.2f}", f"{100 * m['spread']:.0f}%"))
-                print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
-            backend.close()
+    rows = [("kv", "flash_attn", "n_ubatch", "kv type", "ctx", "decode-only", "chunk", f"chunk+{args.k} dec",
+             "piggyback ratio", "spread")]
+    settings = itertools.product([bool(int(u)) for u in args.kv_unified.split(",")], args.flash_attn.split(","),
+                                 [int(u) if u != "default" else None for u in args.ubatch.split(",")], args.kv_type.split(","))
+    for unified, fa, ubatch, kv_type in settings:
+        backend = GGUFBackend.load(model, threads=args.threads, flash_attn=fa, kv_unified=unified, n_ubatch=ubatch,
+                                   kv_type=kv_type)
+        for ctx in (64, 1024):
+            m = mixed_step_probe(backend, args.k, ctx, args.chunk, args.reps)
+            rows.append(("unified" if unified else "per-sequence streams", fa, str(backend.n_ubatch), kv_type, str(ctx),
+                         *(f"{1000 * m[n]:.1f}" for n in ("decode-only", "chunk", "mixed")),
+                         f"{m['ratio']:.2f}", f"{100 * m['spread']:.0f}%"))
+            print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
+        backend.close()
     _print_table(rows)
     return 0
 
@@ -188,6 +193,8 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=64, help="--mixed: prompt chunk tokens (default: 64)")
     parser.add_argument("--flash-attn", default="auto", help="flash attention: on, off, auto, or a comma list for --mixed")
     parser.add_argument("--kv-unified", default="0", help="--mixed: 0 (a KV stream per sequence), 1 (unified), or 0,1")
+    parser.add_argument("--ubatch", default="default", help="--mixed: llama.cpp n_ubatch values, a comma list (default: llama.cpp's)")
+    parser.add_argument("--kv-type", default="f16", help="--mixed: KV cache types, a comma list of f16, f32, q8_0")
     args = parser.parse_args()
     if args.mixed:
         return mixed_main(args)
