@@ -165,3 +165,19 @@ def test_static_decode_layout_of_cuda_graphs_matches_plain_forward(pair):
     for req, rec in zip(requests, record.requests):
         expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
         torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch, fused", [("llama", True), ("qwen2", True), ("mistral", True), ("phi3", False),
+                                         ("qwen3", False), ("gemma", False)])
+def test_projections_are_fused_only_for_plain_llama_family_layers(arch, fused):
+    model, _ = tiny_model(arch)
+    backend = TorchBackend(model, f"tiny-{arch}", TEST_DEVICE)
+    assert (backend.fused is not None) == fused
+    assert backend.metadata()["fused_projections"].startswith("qkv" if fused else "off")
+    if fused:
+        first = backend.fused.layers[0]
+        attn = first.module.self_attn
+        # transformers' modules keep views of the fused rows: the weights are stored once.
+        assert attn.k_proj.weight.untyped_storage().data_ptr() == first.qkv.weight.untyped_storage().data_ptr()
+        torch.testing.assert_close(first.qkv.weight[first.qkv_sizes[0]:][: first.qkv_sizes[1]], attn.k_proj.weight)
+        assert (first.qkv.bias is not None) == (arch == "qwen2")  # qwen2's q, k and v have biases

@@ -21,6 +21,7 @@ from prefillbench.step import PackedStep, Step, StepResult, pack
 
 from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
+from .torch_fused import FusedDecoder
 from .torch_graphs import DecodeGraphs
 from .torch_linear import LinearKernels
 
@@ -302,9 +303,12 @@ class TorchBackend(Backend):
         self.decode_graphs: DecodeGraphs | None = None
         self.graphs_note = "on" if self.use_cuda_graphs else "off"
         # Sharded layers keep transformers' own forward (its hooks do the all-reduces).
+        self.fused = FusedDecoder.build(model, packed_attention) if parallel is None else None
         self.linear_kernels = LinearKernels(tune=tune_linear and parallel is None)
         if self.linear_kernels.tune:
             self.linear_kernels.install(model, transposed_for={self.lm_head})
+            if self.fused is not None:
+                self.fused.register(self.linear_kernels)
 
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
@@ -349,8 +353,13 @@ class TorchBackend(Backend):
 
     def _static_decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         layout = static_decode_layout(self.cache, positions, slots, self.dtype)
-        hidden = self.decoder(input_ids=tokens[None], position_ids=positions[None], use_cache=False, pb_layout=layout).last_hidden_state
-        return self.lm_head(hidden[0])
+        return self.lm_head(self._hidden(tokens[None], positions[None], layout)[0])
+
+    def _hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: StepLayout) -> torch.Tensor:
+        """The decoder's last hidden state for a packed step: fused projections where the model allows."""
+        if self.fused is not None:
+            return self.fused.forward(input_ids, position_ids, layout, self.linear_kernels)
+        return self.decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False, pb_layout=layout).last_hidden_state
 
     def release(self, seq_id: int) -> None:
         self.slots.release(seq_id)
@@ -396,12 +405,8 @@ class TorchBackend(Backend):
         packed = pack(step)
         layout = self._layout(step, packed)
         dev = self.torch_device
-        hidden = self.decoder(
-            input_ids=torch.from_numpy(packed.tokens).to(dev).unsqueeze(0),
-            position_ids=torch.from_numpy(packed.positions).to(dev).unsqueeze(0),
-            use_cache=False,
-            pb_layout=layout,
-        ).last_hidden_state
+        hidden = self._hidden(torch.from_numpy(packed.tokens).to(dev).unsqueeze(0),
+                              torch.from_numpy(packed.positions).to(dev).unsqueeze(0), layout)
         if layout.calls != self.n_layers:
             raise BackendError(
                 f"architecture {self.model.config.model_type!r} bypassed the packed attention "
@@ -428,6 +433,7 @@ class TorchBackend(Backend):
             meta["gpu"] = torch.cuda.get_device_name(self.torch_device)
             meta["cuda_graphs"] = self.graphs_note
         meta["tune_linear"] = "on" if self.linear_kernels.tune else "off"
+        meta["fused_projections"] = "qkv, gate_up" if self.fused is not None else "off (transformers' forward)"
         if self.linear_kernels.choice:
             meta["linear_kernels"] = ", ".join(f"{k} {v}" for k, v in self.linear_kernels.summary().items())
         if self.parallel:

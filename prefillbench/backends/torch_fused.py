@@ -1,0 +1,124 @@
+"""A Llama-family decoder run layer by layer, with its projections fused.
+
+transformers runs q, k and v as three products and gate and up as two. For one
+or a few rows every product is its own pass over memory and its own dispatch;
+fused, a layer has four products instead of seven, as in vLLM's and nano-vllm's
+QKV and merged gate-up layers. Measured on this project's 2-core CPU, fp32,
+SmolLM2-135M, a decode step at 32 positions: one sequence 36.0 -> 31.4 ms,
+four 45.5 -> 41.1 ms (medians of 21 interleaved steps), logits unchanged.
+
+The transformers modules keep their weights, as views into the fused tensors,
+so nothing is stored twice and the model still runs as transformers' own (the
+reference the parity tests compare against). A model whose layers do not have
+exactly this shape runs through transformers' forward instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .torch_linear import LinearKernels, TunedWeight
+
+#: Families whose decoder layer is: RMSNorm, attention (q, k, v, o; optional q/k/v bias), residual,
+#: RMSNorm, SiLU-gated MLP (gate, up, down), residual. Others (qk-norm, fused weights of their
+#: own, extra norms, scaled embeddings) keep transformers' forward.
+FUSABLE_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class FusedLayer:
+    module: nn.Module  # the transformers decoder layer: norms, rotary settings, attention module
+    qkv: TunedWeight
+    o: TunedWeight
+    gate_up: TunedWeight
+    down: TunedWeight
+    qkv_sizes: tuple[int, int, int]
+
+
+def _fuse(linears: list[nn.Linear]) -> TunedWeight:
+    """One weight (and bias) for several linear layers; each layer keeps a view of its rows."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    has_bias = [m.bias is not None for m in linears]
+    if any(has_bias) and not all(has_bias):
+        raise ValueError("mixed bias")
+    bias = torch.cat([m.bias.detach() for m in linears]) if all(has_bias) else None
+    row = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight.data = weight[row : row + n]
+        if bias is not None:
+            m.bias.data = bias[row : row + n]
+        row += n
+    return TunedWeight(weight, bias)
+
+
+def _plain(linear: nn.Linear) -> TunedWeight:
+    return TunedWeight(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+
+
+def _fusable_layer(layer: nn.Module) -> bool:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None or hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+        return False
+    names = [(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + [(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")]
+    if not all(type(getattr(owner, n, None)) is nn.Linear for owner, n in names):
+        return False
+    if attn.o_proj.bias is not None or mlp.down_proj.bias is not None or mlp.gate_proj.bias is not None:
+        return False
+    extra_norms = {n for n, _ in layer.named_children()} - {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+    return not extra_norms and hasattr(attn, "scaling")
+
+
+class FusedDecoder:
+    """The decoder's layers with fused projections; `forward` returns the last hidden state."""
+
+    def __init__(self, decoder: nn.Module, layers: list[FusedLayer], attention) -> None:
+        self.decoder = decoder
+        self.layers = layers
+        self.attention = attention  # packed_attention: (module, q, k, v, mask, scaling=, pb_layout=)
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self.rotary = apply_rotary_pos_emb
+
+    @classmethod
+    def build(cls, model: nn.Module, attention) -> "FusedDecoder | None":
+        """Fuse `model`'s projections in place if it is a plain Llama-family decoder; else None."""
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        decoder = model.get_decoder()
+        if config.model_type not in FUSABLE_MODEL_TYPES or getattr(config, "hidden_act", None) != "silu" or not all(
+                hasattr(decoder, n) for n in ("embed_tokens", "rotary_emb", "norm", "layers")):
+            return None
+        if not all(_fusable_layer(layer) for layer in decoder.layers):
+            return None
+        layers = []
+        for layer in decoder.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            sizes = tuple(m.weight.shape[0] for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+            layers.append(FusedLayer(layer, _fuse([attn.q_proj, attn.k_proj, attn.v_proj]), _plain(attn.o_proj),
+                                     _fuse([mlp.gate_proj, mlp.up_proj]), _plain(mlp.down_proj), sizes))
+        return cls(decoder, layers, attention)
+
+    def register(self, kernels: LinearKernels) -> None:
+        """Let the kernel tuner time the fused weights alongside their peers of the same shape."""
+        for f in self.layers:
+            for tuned in (f.qkv, f.o, f.gate_up, f.down):
+                kernels.layers.setdefault(tuned.kind, []).append(tuned)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout, linear: LinearKernels) -> torch.Tensor:
+        d = self.decoder
+        hidden = d.embed_tokens(input_ids)
+        cos, sin = d.rotary_emb(hidden, position_ids=position_ids)
+        n_tokens = hidden.shape[1]
+        for f in self.layers:
+            layer, attn = f.module, f.module.self_attn
+            q, k, v = linear.forward(layer.input_layernorm(hidden), f.qkv).split(f.qkv_sizes, dim=-1)
+            shape = (1, n_tokens, -1, attn.head_dim)
+            q, k = self.rotary(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
+            out, _ = self.attention(attn, q, k, v.view(shape).transpose(1, 2), None, scaling=attn.scaling, pb_layout=layout)
+            hidden = hidden + linear.forward(out.reshape(1, n_tokens, -1), f.o)
+            gate, up = linear.forward(layer.post_attention_layernorm(hidden), f.gate_up).chunk(2, dim=-1)
+            hidden = hidden + linear.forward(F.silu(gate) * up, f.down)
+        return d.norm(hidden)
