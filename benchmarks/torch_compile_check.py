@@ -1,0 +1,34 @@
+"""Does torch.compile pay for a CPU decode step? Stock transformers, StaticCache, fp32, 2 threads, the default model.
+
+Run: .venv/bin/python benchmarks/torch_compile_check.py
+"""
+import time, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM, StaticCache
+from prefillbench.models import default_model_path
+torch.set_num_threads(2)
+p = Path(default_model_path())
+model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+cache = StaticCache(config=model.config, max_cache_len=64)
+ids = torch.tensor([[1, 2, 3, 4]])
+@torch.inference_mode()
+def prefill():
+    cache.reset()
+    return model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(4)).logits
+def step(fwd, pos):
+    return fwd(input_ids=torch.tensor([[5]]), past_key_values=cache, use_cache=True, cache_position=torch.tensor([pos])).logits
+def bench(fwd, label):
+    with torch.inference_mode():
+        prefill()
+        t0 = time.perf_counter(); step(fwd, 4); first = time.perf_counter() - t0
+        ts = []
+        for pos in range(5, 40):
+            t = time.perf_counter(); step(fwd, pos); ts.append(time.perf_counter() - t)
+    ts.sort()
+    print(f"{label}: first call {first:.1f} s, median step {ts[len(ts)//2]*1e3:.1f} ms, min {ts[0]*1e3:.1f} ms", flush=True)
+bench(model.forward, "eager")
+t0 = time.perf_counter()
+compiled = torch.compile(model.forward, dynamic=False)
+bench(compiled, "compiled")
+print(f"total compile+bench {time.perf_counter()-t0:.0f} s")
+bench(model.forward, "eager again")
