@@ -14,9 +14,9 @@ ids = torch.tensor([[1, 2, 3, 4]])
 @torch.inference_mode()
 def prefill():
     cache.reset()
-    return model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(4)).logits
+    return model(input_ids=ids, cache=cache, use_cache=True, cache_position=torch.arange(4)).logits
 def step(fwd, pos):
-    return fwd(input_ids=torch.tensor([[5]]), past_key_values=cache, use_cache=True, cache_position=torch.tensor([pos])).logits
+    return fwd(input_ids=torch.tensor([[5]]), cache=cache, use_cache=True, cache_position=torch.tensor([pos])).logits
 def bench(fwd, label):
     with torch.inference_mode():
         prefill()
