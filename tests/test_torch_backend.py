@@ -181,3 +181,17 @@ def test_projections_are_fused_only_for_plain_llama_family_layers(arch, fused):
         assert attn.k_proj.weight.untyped_storage().data_ptr() == first.qkv.weight.untyped_storage().data_ptr()
         torch.testing.assert_close(first.qkv.weight[first.qkv_sizes[0]:][: first.qkv_sizes[1]], attn.k_proj.weight)
         assert (first.qkv.bias is not None) == (arch == "qwen2")  # qwen2's q, k and v have biases
+
+
+def test_a_layer_whose_projections_cannot_fuse_keeps_transformers_forward():
+    model, reference = tiny_model("llama")
+    attn = model.model.layers[1].self_attn
+    attn.k_proj.bias = torch.nn.Parameter(torch.zeros(attn.k_proj.out_features, device=attn.k_proj.weight.device))
+    backend = TorchBackend(model, "tiny-llama-k-bias", TEST_DEVICE)
+    assert backend.fused is None  # only k has a bias: no single fused q/k/v product
+    requests = _requests(2, seed=3)
+    record = engine.run(backend, make_strategy("chunked", 5), requests, 2, keep_logits=True)
+    reference.model.layers[1].self_attn.k_proj.bias = torch.nn.Parameter(attn.k_proj.bias.detach().clone())
+    for req, rec in zip(requests, record.requests):
+        expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
+        torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)

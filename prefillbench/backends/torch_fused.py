@@ -41,10 +41,7 @@ class FusedLayer:
 def _fuse(linears: list[nn.Linear]) -> TunedWeight:
     """One weight (and bias) for several linear layers; each layer keeps a view of its rows."""
     weight = torch.cat([m.weight.detach() for m in linears])
-    has_bias = [m.bias is not None for m in linears]
-    if any(has_bias) and not all(has_bias):
-        raise ValueError("mixed bias")
-    bias = torch.cat([m.bias.detach() for m in linears]) if all(has_bias) else None
+    bias = torch.cat([m.bias.detach() for m in linears]) if linears[0].bias is not None else None
     row = 0
     for m in linears:
         n = m.weight.shape[0]
@@ -68,6 +65,8 @@ def _fusable_layer(layer: nn.Module) -> bool:
         return False
     if attn.o_proj.bias is not None or mlp.down_proj.bias is not None or mlp.gate_proj.bias is not None:
         return False
+    if len({attn.q_proj.bias is None, attn.k_proj.bias is None, attn.v_proj.bias is None}) > 1:
+        return False  # q, k and v fuse into one product only if all or none have a bias
     extra_norms = {n for n, _ in layer.named_children()} - {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
     return not extra_norms and hasattr(attn, "scaling")
 
