@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-import numpy as np
-
 from prefillbench import engine
 from prefillbench.backends import load_backend
+from prefillbench.metrics import strategy_label
 from prefillbench.models import default_model_path
-from prefillbench.workloads import Request
+from prefillbench.workloads import TestSpec, make_requests
 from strategies import make_strategy
 
 
@@ -42,9 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     prompt_len, gen_len = (int(v) for v in args.pg.split(","))
     backend = load_backend(args.backend, args.model or default_model_path(), threads=args.threads)
-    rng = np.random.default_rng(args.seed)
-    requests = [Request(tuple(int(t) for t in rng.integers(3, backend.vocab_size, prompt_len)), gen_len)
-                for _ in range(args.requests)]
+    requests = make_requests(TestSpec(prompt_len, gen_len), args.requests, backend.vocab_size, args.seed)
     print(f"# {backend.model_name} on {backend.label}: {args.requests} requests of pp{prompt_len}+tg{gen_len}, "
           f"concurrency {args.concurrency}")
     print("| strategy | wall s | kind | steps | tokens | total s | mean ms | share of wall |")
@@ -57,7 +54,7 @@ def main() -> None:
         for step in record.steps:
             by_kind[kind(step)].append(step)
         gaps = record.wall - sum(s.seconds for s in record.steps)
-        label = f"{name} ({args.chunk_size})" if strategy.uses_chunk_size else name
+        label = strategy_label(name, args.chunk_size if strategy.uses_chunk_size else None)
         for k in ("prompt only", "mixed", "decode only"):
             steps = by_kind.get(k, [])
             total = sum(s.seconds for s in steps)

@@ -181,6 +181,11 @@ def test_projections_are_fused_only_for_plain_llama_family_layers(arch, fused):
         assert attn.k_proj.weight.untyped_storage().data_ptr() == first.qkv.weight.untyped_storage().data_ptr()
         torch.testing.assert_close(first.qkv.weight[first.qkv_sizes[0]:][: first.qkv_sizes[1]], attn.k_proj.weight)
         assert (first.qkv.bias is not None) == (arch == "qwen2")  # qwen2's q, k and v have biases
+        # The replaced layers are never called, so the kernel tuner neither routes nor times them.
+        assert "forward" not in attn.q_proj.__dict__ and "forward" in attn.o_proj.__dict__
+        peers = [t.weight.data_ptr() for ts in backend.linear_kernels.layers.values() for t in ts]
+        assert attn.k_proj.weight.data_ptr() not in peers  # a view inside the fused weight, not a peer of its own
+        assert first.qkv.weight.data_ptr() in peers
 
 
 def test_a_layer_whose_projections_cannot_fuse_keeps_transformers_forward():

@@ -306,7 +306,7 @@ class TorchBackend(Backend):
         self.fused = FusedDecoder.build(model, packed_attention) if parallel is None else None
         self.linear_kernels = LinearKernels(tune=tune_linear and parallel is None)
         if self.linear_kernels.tune:
-            self.linear_kernels.install(model, transposed_for={self.lm_head})
+            self.linear_kernels.install(model, transposed_for={self.lm_head}, skip=self.fused.replaced if self.fused else set())
             if self.fused is not None:
                 self.fused.register(self.linear_kernels)
 

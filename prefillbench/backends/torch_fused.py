@@ -30,11 +30,11 @@ FUSABLE_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 @dataclass
 class FusedLayer:
-    module: nn.Module  # the transformers decoder layer: norms, rotary settings, attention module
+    """One decoder layer's fused weights; o_proj, down_proj and the norms stay the layer's own modules."""
+
+    module: nn.Module  # the transformers decoder layer
     qkv: TunedWeight
-    o: TunedWeight
     gate_up: TunedWeight
-    down: TunedWeight
     qkv_sizes: tuple[int, int, int]
 
 
@@ -50,10 +50,6 @@ def _fuse(linears: list[nn.Linear]) -> TunedWeight:
             m.bias.data = bias[row : row + n]
         row += n
     return TunedWeight(weight, bias)
-
-
-def _plain(linear: nn.Linear) -> TunedWeight:
-    return TunedWeight(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
 
 
 def _fusable_layer(layer: nn.Module) -> bool:
@@ -96,14 +92,20 @@ class FusedDecoder:
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
             sizes = tuple(m.weight.shape[0] for m in (attn.q_proj, attn.k_proj, attn.v_proj))
-            layers.append(FusedLayer(layer, _fuse([attn.q_proj, attn.k_proj, attn.v_proj]), _plain(attn.o_proj),
-                                     _fuse([mlp.gate_proj, mlp.up_proj]), _plain(mlp.down_proj), sizes))
+            layers.append(FusedLayer(layer, _fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+                                     _fuse([mlp.gate_proj, mlp.up_proj]), sizes))
         return cls(decoder, layers, attention)
+
+    @property
+    def replaced(self) -> set[nn.Module]:
+        """The linear layers the fused products stand in for: never called, so not worth tuning."""
+        return {m for f in self.layers for m in (f.module.self_attn.q_proj, f.module.self_attn.k_proj,
+                                                 f.module.self_attn.v_proj, f.module.mlp.gate_proj, f.module.mlp.up_proj)}
 
     def register(self, kernels: LinearKernels) -> None:
         """Let the kernel tuner time the fused weights alongside their peers of the same shape."""
         for f in self.layers:
-            for tuned in (f.qkv, f.o, f.gate_up, f.down):
+            for tuned in (f.qkv, f.gate_up):
                 kernels.layers.setdefault(tuned.kind, []).append(tuned)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout, linear: LinearKernels) -> torch.Tensor:
@@ -117,7 +119,7 @@ class FusedDecoder:
             shape = (1, n_tokens, -1, attn.head_dim)
             q, k = self.rotary(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
             out, _ = self.attention(attn, q, k, v.view(shape).transpose(1, 2), None, scaling=attn.scaling, pb_layout=layout)
-            hidden = hidden + linear.forward(out.reshape(1, n_tokens, -1), f.o)
+            hidden = hidden + attn.o_proj(out.reshape(1, n_tokens, -1))
             gate, up = linear.forward(layer.post_attention_layernorm(hidden), f.gate_up).chunk(2, dim=-1)
-            hidden = hidden + linear.forward(F.silu(gate) * up, f.down)
+            hidden = hidden + layer.mlp.down_proj(F.silu(gate) * up)
         return d.norm(hidden)

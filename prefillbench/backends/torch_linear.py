@@ -115,15 +115,16 @@ class LinearKernels:
     layers: dict[tuple, list[TunedWeight]] = field(default_factory=dict)
     choice: dict[tuple[tuple, int], str] = field(default_factory=dict)
 
-    def install(self, model: nn.Module, transposed_for: set[nn.Module] = frozenset()) -> int:
+    def install(self, model: nn.Module, transposed_for: set[nn.Module] = frozenset(), skip: set[nn.Module] = frozenset()) -> int:
         """Route every plain nn.Linear of `model` through `forward`; returns how many.
 
         `transposed_for` names the layers (the LM head) worth a transposed copy of
         their weight: it doubles their memory, and only pays for one-row products.
+        `skip` names layers left as they are (ones whose products run fused elsewhere).
         """
         n = 0
         for module in model.modules():
-            if type(module) is not nn.Linear or type(module.weight) is not nn.Parameter:
+            if type(module) is not nn.Linear or type(module.weight) is not nn.Parameter or module in skip:
                 continue  # a sharded or quantized layer keeps its own forward
             w = module.weight.detach()
             tuned = TunedWeight(w, None if module.bias is None else module.bias.detach())
