@@ -152,6 +152,9 @@ NoCudaGraphs = Annotated[bool, _flag(
 NoTuneLinear = Annotated[bool, _flag(
     "--no-tune-linear", MODEL_PANEL,
     help="torch: keep transformers' own linear layers instead of timing F.linear against matmul per row count")]
+CompileDecode = Annotated[bool, _flag(
+    "--compile", MODEL_PANEL,
+    help="torch on CPU: run decode-only steps through inductor-compiled graphs (about 2 minutes to compile, before timing)")]
 FlashAttn = Annotated[Optional[Literal["on", "off", "auto"]], _option(
     "-fa", "--flash-attn", panel=MODEL_PANEL,
     help="gguf: llama.cpp flash attention, llama-bench's values (default: auto, llama.cpp's choice: on on a CPU)")]
@@ -303,6 +306,7 @@ def run(
     flash_attn: FlashAttn = None,
     no_cuda_graphs: NoCudaGraphs = False,
     no_tune_linear: NoTuneLinear = False,
+    compile_decode: CompileDecode = False,
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
     tp: TensorParallel = 1,
@@ -381,6 +385,7 @@ def capacity_command(
     flash_attn: FlashAttn = None,
     no_cuda_graphs: NoCudaGraphs = False,
     no_tune_linear: NoTuneLinear = False,
+    compile_decode: CompileDecode = False,
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
     tp: TensorParallel = 1,
@@ -719,6 +724,8 @@ def _load_backend(args: Any) -> Backend:
         options["cuda_graphs"] = False
     if args.no_tune_linear:
         options["tune_linear"] = False
+    if args.compile_decode:
+        options["compile_decode"] = True
     options.update(tp=args.tp, pp=args.pp)
     options.update(sim_options(args))
     backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)

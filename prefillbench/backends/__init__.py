@@ -8,7 +8,7 @@ from .base import Backend, BackendError, SlotTable
 
 BACKEND_CHOICES = ("auto", "torch", "gguf", "sim")
 #: Options the torch backend takes (see TorchBackend.__init__); others belong to other backends.
-TORCH_OPTIONS = ("tune_linear", "cuda_graphs")
+TORCH_OPTIONS = ("tune_linear", "cuda_graphs", "compile_decode")
 
 
 def cuda_available() -> bool:
@@ -61,6 +61,8 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
     tp, pp = options.get("tp") or 1, options.get("pp") or 1
     name = choose_backend(name, model, tp)
     check_launch(tp, name)
+    if options.get("compile_decode") and name != "torch":
+        raise BackendError(f"--compile applies to --backend torch, not {name}")
     if pp > 1 and name != "sim":
         raise BackendError(f"--pp {pp} runs on the sim only (--backend sim); see the README's \"Past one machine\"")
     if name == "sim":

@@ -21,6 +21,8 @@ from prefillbench.step import PackedStep, Step, StepResult, pack
 
 from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
+from .torch_attention import DecodeRun, attend_decodes, causal_offset_mask, decode_mask, decode_runs
+from .torch_compiled import CompiledDecode
 from .torch_fused import FusedDecoder
 from .torch_graphs import DecodeGraphs
 from .torch_linear import LinearKernels
@@ -46,22 +48,6 @@ class ChunkSpan:
     row: int  # first packed row
     length: int  # tokens, pads included
     mask: torch.Tensor | None  # additive [length, start + length]; None when start == 0 (plain causal)
-
-
-@dataclass
-class DecodeRun:
-    """Decodes whose sequences sit in consecutive cache slots, attended in one call.
-
-    The slots' K/V are read through a slice of the cache, in place. Queries go to
-    the run's slots in order (`scatter` None), or, in the static layout of a CUDA
-    graph, to the slot positions that `scatter` names.
-    """
-
-    rows: slice | torch.Tensor  # decode indices (0 .. m-1) in this run
-    slots: slice  # cache slots read
-    kv_len: int
-    mask: torch.Tensor  # additive [n_slots_in_run, 1, 1, kv_len]: 0 where attended, -inf elsewhere
-    scatter: torch.Tensor | None = None
 
 
 @dataclass
@@ -98,46 +84,6 @@ class KVCache:
         return self.n_slots >= n_slots and self.max_len >= max_len
 
 
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """0 where attended, -inf elsewhere: SDPA adds it, so it is converted once per step, not per layer."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
-
-
-def causal_offset_mask(start: int, length: int, dtype: torch.dtype, device) -> torch.Tensor:
-    # SDPA's is_causal aligns to the upper left, which is wrong for a chunk at
-    # offset start > 0: query i may see keys 0 .. start + i.
-    q = torch.arange(length, device=device).unsqueeze(1)
-    k = torch.arange(start + length, device=device).unsqueeze(0)
-    return additive_mask(k <= q + start, dtype)
-
-
-def decode_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """[n, 1, 1, kv_len]: a decode at position p attends to positions 0 .. p."""
-    allowed = torch.arange(kv_len, device=positions.device).unsqueeze(0) <= positions.unsqueeze(1)
-    return additive_mask(allowed, dtype).view(len(positions), 1, 1, kv_len)
-
-
-def decode_runs(slots: list[int], positions: torch.Tensor, dtype: torch.dtype) -> list[DecodeRun]:
-    """Split decodes into runs of consecutive cache slots (usually one or two)."""
-    order = sorted(range(len(slots)), key=slots.__getitem__)
-    runs: list[list[int]] = []
-    for i in order:
-        if runs and slots[i] == slots[runs[-1][-1]] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    out = []
-    for members in runs:
-        in_order = members == list(range(members[0], members[0] + len(members)))
-        index = torch.tensor(members, device=positions.device)
-        rows = slice(members[0], members[0] + len(members)) if in_order else index
-        run_positions = positions[rows]
-        kv_len = int(run_positions.max()) + 1
-        first = slots[members[0]]
-        out.append(DecodeRun(rows, slice(first, first + len(members)), kv_len, decode_mask(run_positions, kv_len, dtype)))
-    return out
-
-
 def static_decode_layout(cache: KVCache, positions: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> StepLayout:
     """A decode-only layout of fixed shapes, built from tensors alone (no host sync), for a CUDA graph.
 
@@ -150,18 +96,6 @@ def static_decode_layout(cache: KVCache, positions: torch.Tensor, slots: torch.T
     slot_positions[slots] = positions
     run = DecodeRun(slice(0, len(slots)), slice(0, n_rows), cache.max_len, decode_mask(slot_positions, cache.max_len, dtype), scatter=slots)
     return StepLayout(chunks=[], decode_from=0, decode_slots=slots, decode_positions=positions, decode_runs=[run], cache=cache)
-
-
-def _attend_decodes(q: torch.Tensor, run: DecodeRun, k_cache, v_cache, scaling) -> torch.Tensor:
-    """Attention of one run's decode queries [n, heads, D] over their own slots' caches, read in place."""
-    kv = (k_cache[run.slots, :, : run.kv_len], v_cache[run.slots, :, : run.kv_len])
-    if run.scatter is None:
-        queries = q.unsqueeze(2)
-    else:
-        queries = q.new_zeros((kv[0].shape[0], q.shape[1], 1, q.shape[2]))
-        queries[run.scatter] = q.unsqueeze(2)
-    o = F.scaled_dot_product_attention(queries, *kv, attn_mask=run.mask, scale=scaling, enable_gqa=True).squeeze(2)
-    return o if run.scatter is None else o[run.scatter]
 
 
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pb_layout: StepLayout | None = None, **kwargs):
@@ -200,7 +134,7 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
         q_dec = q[:, layout.decode_from :].transpose(0, 1)  # [m, heads, D]
         out_dec = out[layout.decode_from :]
         for run in layout.decode_runs:
-            out_dec[run.rows] = _attend_decodes(q_dec[run.rows], run, k_cache, v_cache, scaling)
+            out_dec[run.rows] = attend_decodes(q_dec[run.rows], run, k_cache, v_cache, scaling)
     return out.unsqueeze(0), None
 
 
@@ -267,9 +201,11 @@ class TorchBackend(Backend):
     name = "torch"
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
-                 parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True) -> None:
+                 parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True,
+                 compile_decode: bool = False) -> None:
         """`tune_linear`: time the linear-layer kernels per row count (torch_linear); `cuda_graphs`:
-        replay decode-only steps from CUDA graphs on a CUDA device (torch_graphs)."""
+        replay decode-only steps from CUDA graphs on a CUDA device (torch_graphs); `compile_decode`: run
+        decode-only steps on the CPU through inductor-compiled graphs (torch_compiled)."""
         _register_attention()
         config = model.config
         if getattr(config, "is_encoder_decoder", False):
@@ -309,11 +245,18 @@ class TorchBackend(Backend):
             self.linear_kernels.install(model, transposed_for={self.lm_head}, skip=self.fused.replaced if self.fused else set())
             if self.fused is not None:
                 self.fused.register(self.linear_kernels)
+        self.compiled: CompiledDecode | None = None
+        if compile_decode:
+            if self.torch_device.type != "cpu":
+                raise BackendError("--compile is for the CPU; on CUDA, decode-only steps replay CUDA graphs")
+            if self.fused is None:
+                raise BackendError(f"--compile needs a Llama-family decoder (llama, mistral, qwen2), not {config.model_type!r}")
+            self.compiled = CompiledDecode(self.fused, self.lm_head)
 
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
              tp: int = 1, **options: Any) -> "TorchBackend":
-        """`options`: `tune_linear`, `cuda_graphs` (both default True), see TorchBackend.__init__."""
+        """`options`: `tune_linear`, `cuda_graphs` (both default True), `compile_decode`, see TorchBackend.__init__."""
         if dtype not in DTYPES:
             raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
         if threads is not None:
@@ -339,6 +282,8 @@ class TorchBackend(Backend):
             self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, max_seq_len, self.head_dim, self.dtype, self.torch_device)
             if self.use_cuda_graphs:
                 self.decode_graphs = self.make_decode_graphs(capture=True)
+        if self.compiled is not None:
+            self.compiled.warm(range(1, self.cache.n_slots + 1), self.cache.scratch_slot, self.cache.keys, self.cache.values)
         self.slots = SlotTable(self.cache.n_slots)
 
     def make_decode_graphs(self, capture: bool) -> DecodeGraphs | None:
@@ -402,6 +347,13 @@ class TorchBackend(Backend):
             check_cache_room(step, self.cache.max_len)
             logits = self.decode_graphs.run(step, [self.slots.slot(d.seq_id) for d in step.decodes])
             return self._result(step.emitting_seq_ids, logits, return_logits)
+        if self.compiled is not None and not step.prefills and step.decodes:
+            check_cache_room(step, self.cache.max_len)
+            dev = self.torch_device
+            tokens = torch.tensor([d.token for d in step.decodes], device=dev)
+            positions = torch.tensor([d.position for d in step.decodes], device=dev)
+            logits = self.compiled(tokens, positions, [self.slots.slot(d.seq_id) for d in step.decodes], self.cache.keys, self.cache.values)
+            return self._result(step.emitting_seq_ids, logits, return_logits)
         packed = pack(step)
         layout = self._layout(step, packed)
         dev = self.torch_device
@@ -433,6 +385,8 @@ class TorchBackend(Backend):
             meta["gpu"] = torch.cuda.get_device_name(self.torch_device)
             meta["cuda_graphs"] = self.graphs_note
         meta["tune_linear"] = "on" if self.linear_kernels.tune else "off"
+        if self.compiled is not None:
+            meta["compile"] = f"decode-only steps, batch sizes 1-{max(self.compiled.batch_sizes, default=0)}, compiled in {self.compiled.compile_s:.0f} s"
         meta["fused_projections"] = "qkv, gate_up" if self.fused is not None else "off (transformers' forward)"
         if self.linear_kernels.choice:
             meta["linear_kernels"] = ", ".join(f"{k} {v}" for k, v in self.linear_kernels.summary().items())
