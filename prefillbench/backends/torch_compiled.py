@@ -141,8 +141,10 @@ class CompiledDecode:
             if m in self.batch_sizes:
                 continue
             t0 = time.perf_counter()
-            zeros = torch.zeros(m, dtype=torch.long, device=keys[0].device)
-            with torch.inference_mode():  # as execute() calls it: a different grad mode would recompile
-                self(zeros, zeros, [scratch_slot] * m, keys, values)
+            # Inputs made and passed as execute() makes and passes them: inference tensors differ from
+            # others in dynamo's guards, as do two arguments that are one tensor, and a guard that fails recompiles in the middle of a timed run.
+            with torch.inference_mode():
+                tokens, positions = (torch.zeros(m, dtype=torch.long, device=keys[0].device) for _ in range(2))
+                self(tokens, positions, [scratch_slot] * m, keys, values)
             self.compile_s += time.perf_counter() - t0
             self.batch_sizes.add(m)
