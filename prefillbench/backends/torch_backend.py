@@ -282,6 +282,8 @@ class TorchBackend(Backend):
             self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, max_seq_len, self.head_dim, self.dtype, self.torch_device)
             if self.use_cuda_graphs:
                 self.decode_graphs = self.make_decode_graphs(capture=True)
+            if self.compiled is not None:
+                self.compiled.batch_sizes.clear()  # warmed on the old cache; a new one may change the graphs' guards
         if self.compiled is not None:
             self.compiled.warm(range(1, self.cache.n_slots + 1), self.cache.scratch_slot, self.cache.keys, self.cache.values)
         self.slots = SlotTable(self.cache.n_slots)

@@ -19,6 +19,7 @@ import time
 
 import torch
 import torch._inductor.config
+import torch.fx.experimental._config
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -28,7 +29,9 @@ from .torch_fused import FusedDecoder
 #: Inductor settings the graphs are compiled under (patched around each call: a recompile can happen on any).
 #: freezing makes the weights constants, which the C++ GEMM template needs (it packs them at compile time);
 #: ATEN stays a candidate so that a product the template cannot take still compiles.
-INDUCTOR_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+#: The autotuner's reports off: stdout and stderr belong to the tables and the progress bar.
+INDUCTOR_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                   "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 
 class ActiveRuns:
@@ -131,8 +134,9 @@ class CompiledDecode:
 
     def __call__(self, tokens: Tensor, positions: Tensor, slots: list[int], keys: list[Tensor], values: list[Tensor]) -> Tensor:
         ActiveRuns.runs = decode_runs(slots, positions, keys[0].dtype)
-        # no_grad: inductor freezes parameters only when no gradient can be asked for.
-        with torch.no_grad(), torch._inductor.config.patch(INDUCTOR_CONFIG):
+        # no_grad: inductor freezes parameters only when no gradient can be asked for. No duck sizing: a
+        # cache whose length happened to equal its head count would tie the two and recompile later.
+        with torch.no_grad(), torch._inductor.config.patch(INDUCTOR_CONFIG), torch.fx.experimental._config.patch(use_duck_shape=False):
             return self.graph(tokens, positions, torch.tensor(slots, device=tokens.device), keys, values)
 
     def warm(self, batch_sizes: range, scratch_slot: int, keys: list[Tensor], values: list[Tensor]) -> None:
