@@ -70,10 +70,11 @@ def decode_runs(slots: list[int], positions: torch.Tensor, dtype: torch.dtype) -
 
 
 #: From this many cache positions on, a CPU decode attends through two matmuls instead of SDPA.
-#: Measured on this project's 2-core CPU, fp32, SmolLM2-135M's heads (9 query, 3 K/V, 64 wide), 30 layers:
-#: at 1,024 positions 5.3 ms against 7.7 ms for one sequence, 15.7 against 23.3 ms for four; SDPA
-#: is ahead below 512 (0.6 against 0.8 ms at 33 positions), where its lower fixed cost counts.
-MATMUL_ATTENTION_FROM = 512
+#: Measured on this project's 2-core CPU (benchmarks/decode_attention.py, fp32, SmolLM2-135M's heads,
+#: 30 layers, SDPA and matmuls alternated rep by rep), matmul time / SDPA time: at 1,024 positions
+#: 0.90 and 0.93 for four sequences, 0.84 and 1.09 for one; at 512, 1.04-1.26; below, SDPA's lower
+#: fixed cost wins by up to 1.6x.
+MATMUL_ATTENTION_FROM = 1024
 
 
 def attend_decodes(q: torch.Tensor, run: DecodeRun, k_cache, v_cache, scaling) -> torch.Tensor:
