@@ -139,6 +139,7 @@ def main() -> None:
     parser.add_argument("--no-transformers", action="store_true", help="skip the plain transformers figures")
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--no-tune-linear", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="CPU: decode-only steps through inductor graphs (~2 min to compile)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -147,6 +148,8 @@ def main() -> None:
     options = dict(tune_linear=not args.no_tune_linear)
     if device == "cuda":
         options["cuda_graphs"] = not args.no_cuda_graphs
+    if args.compile:
+        options["compile_decode"] = True
     if args.config:
         backend = TorchBackend(build_from_config(args.config, dtype, device), f"{args.config} (random weights)", device, **options)
     else:
@@ -201,7 +204,9 @@ def main() -> None:
     elt = torch.finfo(dtype).bits // 8
     weight_bytes = (body + head) * elt
     pp_flops = 2 * args.prompt * body + 2 * head + 2 * backend.n_layers * width * args.prompt**2  # causal attention: QK and PV, half each
-    print(f"# {backend.model_name}, {args.dtype} on {backend.label}, {torch.get_num_threads()} threads, torch {torch.__version__}, {args.reps} interleaved reps")
+    compiled = f", decode-only steps compiled ({backend.metadata()['compile']})" if args.compile else ""
+    print(f"# {backend.model_name}, {args.dtype} on {backend.label}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{args.reps} interleaved reps{compiled}")
     print(f"GEMM peak {peak / 1e9:.1f} GFLOP/s (again after the run: {peak_after / 1e9:.1f}); copy bandwidth {bandwidth / 1e9:.1f} GB/s; "
           f"weights read per decode step {weight_bytes / 1e6:.0f} MB -> weight-read limit {weight_bytes / bandwidth * 1e3:.2f} ms")
     print()
