@@ -47,3 +47,28 @@ def test_split_rows_kernels_apply_only_where_their_blocks_divide_the_rows():
     assert _applies("split_rows_2", layer) and _applies("split_rows_4", layer)
     assert not _applies("split_rows_8", layer)  # 100 rows do not split into 8 blocks
     assert not _applies("transposed_weight", layer) and _applies("transposed_weight", TunedWeight(w, None, w.t().contiguous()))
+
+
+def test_prepare_picks_every_kernel_a_run_can_need_so_no_timed_step_tunes(monkeypatch):
+    """A chunked run brings row counts (a short chunk plus decodes) that its warm-up may not: they are tuned in prepare()."""
+    from prefillbench import engine
+    from prefillbench.backends.torch_backend import TorchBackend
+    from prefillbench.workloads import Request
+    from strategies import make_strategy
+    from tiny_models import TEST_DEVICE, tiny_model
+
+    model, _ = tiny_model("llama")
+    backend = TorchBackend(model, "tiny-llama", TEST_DEVICE)
+    backend.prepare(3, 64, 40)
+    kernels = backend.linear_kernels
+    head = {kind for kind in kernels.layers if kind[3]}
+    assert head  # the LM head has its transposed copy
+    for kind in kernels.layers:
+        expected = [1, 2, 3] if kind in head else [*range(1, 17), 32, 64]  # 40 step tokens: buckets up to 64
+        assert sorted(rows for k, rows in kernels.choice if k == kind) == expected
+
+    picks = []
+    monkeypatch.setattr(LinearKernels, "_pick", lambda self, x, layer: picks.append(x.shape[0]) or "linear")
+    requests = [Request(tuple(range(1, 1 + n)), 4) for n in (3, 9, 2, 5)]
+    engine.run(backend, make_strategy("chunked", 4), requests, 3)
+    assert picks == []

@@ -286,6 +286,8 @@ class TorchBackend(Backend):
                 self.compiled.batch_sizes.clear()  # warmed on the old cache; a new one may change the graphs' guards
         if self.compiled is not None:
             self.compiled.warm(range(1, self.cache.n_slots + 1), self.cache.scratch_slot, self.cache.keys, self.cache.values)
+        with torch.inference_mode():
+            self.linear_kernels.tune_ahead(max_step_tokens, max_sequences)
         self.slots = SlotTable(self.cache.n_slots)
 
     def make_decode_graphs(self, capture: bool) -> DecodeGraphs | None:

@@ -135,6 +135,23 @@ class LinearKernels:
             n += 1
         return n
 
+    def tune_ahead(self, max_rows: int, max_rows_transposed: int) -> None:
+        """Pick the kernel of every row bucket a step can bring, now rather than inside a timed step.
+
+        Row counts depend on the schedule (a 3-token chunk with 2 decodes is 5 rows), so a warm-up
+        cannot be relied on to meet them all: measured, a chunked run's first timed pass spent
+        1.3 s a step choosing kernels for 4-6 rows. Layers with a transposed copy (the LM head)
+        see one row per emitting sequence, so they go only to `max_rows_transposed`.
+        """
+        if not self.tune:
+            return
+        for kind, peers in self.layers.items():
+            limit = min(max_rows_transposed if kind[3] else max_rows, MAX_TUNED_ROWS)
+            for rows in sorted({row_bucket(r) for r in range(1, limit + 1)}):
+                if (kind, rows) not in self.choice:
+                    x = torch.zeros(rows, kind[1], dtype=peers[0].weight.dtype, device=peers[0].weight.device)
+                    self.choice[(kind, rows)] = self._pick(x, peers[0])
+
     def forward(self, x: torch.Tensor, layer: TunedWeight) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         if not self.tune or rows > MAX_TUNED_ROWS:
