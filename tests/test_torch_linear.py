@@ -36,7 +36,7 @@ def test_tuner_routes_every_linear_and_remembers_one_choice_per_shape_and_bucket
     # Three shapes, four tuned buckets (100 rows goes straight to F.linear); only the head may use its transposed copy.
     assert len(chosen) == 12 and set(chosen.values()) <= set(KERNELS)
     assert all(name != "transposed_weight" for key, name in chosen.items() if "+T" not in key)
-    assert [row_bucket(n) for n in (1, 16, 17, 33, 64)] == [1, 16, 32, 64, 64]
+    assert [row_bucket(n) for n in (1, 8, 9, 16, 17, 33, 64)] == [1, 8, 16, 16, 32, 64, 64]
 
 
 def test_split_rows_kernels_apply_only_where_their_blocks_divide_the_rows():
@@ -64,7 +64,7 @@ def test_prepare_picks_every_kernel_a_run_can_need_so_no_timed_step_tunes(monkey
     head = {kind for kind in kernels.layers if kind[3]}
     assert head  # the LM head has its transposed copy
     for kind in kernels.layers:
-        expected = [1, 2, 3] if kind in head else [*range(1, 17), 32, 64]  # 40 step tokens: buckets up to 64
+        expected = [1, 2, 3] if kind in head else [*range(1, 9), 16, 32, 64]  # 40 step tokens: buckets up to 64
         assert sorted(rows for k, rows in kernels.choice if k == kind) == expected
 
     picks = []
