@@ -91,6 +91,16 @@ def attend_decodes(q: torch.Tensor, run: DecodeRun, k_cache, v_cache, scaling) -
     return o if run.scatter is None else o[run.scatter]
 
 
+def write_and_attend_decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slots: torch.Tensor,
+                             positions: torch.Tensor, runs: list[DecodeRun], scaling, out: torch.Tensor) -> None:
+    """Writes decodes' K/V [m, kv_heads, D] at their slots and positions, then attends their queries
+    q [m, heads, D] run by run into out [m, heads, D]: one layer's decode attention, eager or compiled."""
+    k_cache[slots, :, positions] = k
+    v_cache[slots, :, positions] = v
+    for run in runs:
+        out[run.rows] = attend_decodes(q[run.rows], run, k_cache, v_cache, scaling)
+
+
 def _matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float) -> torch.Tensor:
     """softmax(q K^T * scaling + mask) V, each K/V head shared by its group of query heads without a copy."""
     n, heads, dim = q.shape

@@ -21,7 +21,7 @@ from prefillbench.step import PackedStep, Step, StepResult, pack
 
 from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
-from .torch_attention import DecodeRun, attend_decodes, causal_offset_mask, decode_mask, decode_runs
+from .torch_attention import DecodeRun, causal_offset_mask, decode_mask, decode_runs, write_and_attend_decodes
 from .torch_compiled import CompiledDecode
 from .torch_fused import FusedDecoder
 from .torch_graphs import DecodeGraphs
@@ -115,10 +115,6 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     for c in layout.chunks:
         k_cache[c.slot, :, c.start : c.start + c.length] = k[:, c.row : c.row + c.length]
         v_cache[c.slot, :, c.start : c.start + c.length] = v[:, c.row : c.row + c.length]
-    if layout.decode_runs:
-        k_cache[layout.decode_slots, :, layout.decode_positions] = k[:, layout.decode_from :].transpose(0, 1)
-        v_cache[layout.decode_slots, :, layout.decode_positions] = v[:, layout.decode_from :].transpose(0, 1)
-
     out = None if layout.single_chunk else q.new_empty((q.shape[1], q.shape[0], q.shape[2]))  # [T, heads, D]
     for c in layout.chunks:
         rows = slice(c.row, c.row + c.length)
@@ -131,10 +127,9 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
             return o.unsqueeze(0), None
         out[rows] = o
     if layout.decode_runs:
-        q_dec = q[:, layout.decode_from :].transpose(0, 1)  # [m, heads, D]
-        out_dec = out[layout.decode_from :]
-        for run in layout.decode_runs:
-            out_dec[run.rows] = attend_decodes(q_dec[run.rows], run, k_cache, v_cache, scaling)
+        decodes = slice(layout.decode_from, None)
+        write_and_attend_decodes(*(t[:, decodes].transpose(0, 1) for t in (q, k, v)), k_cache, v_cache, layout.decode_slots,
+                                 layout.decode_positions, layout.decode_runs, scaling, out[decodes])
     return out.unsqueeze(0), None
 
 

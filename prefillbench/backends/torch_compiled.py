@@ -23,7 +23,7 @@ import torch.fx.experimental._config
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .torch_attention import DecodeRun, attend_decodes, decode_runs
+from .torch_attention import DecodeRun, decode_runs, write_and_attend_decodes
 from .torch_fused import FusedDecoder
 
 #: Inductor settings the graphs are compiled under (patched around each call: a recompile can happen on any).
@@ -47,15 +47,8 @@ class ActiveRuns:
 
 def _decode_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                       slots: Tensor, positions: Tensor, scaling: float) -> Tensor:
-    """Writes the step's K/V [m, kv_heads, D] into the cache, then attends q [m, heads, D] over it."""
-    k_cache[slots, :, positions] = k
-    v_cache[slots, :, positions] = v
-    runs = ActiveRuns.runs
-    if len(runs) == 1 and isinstance(runs[0].rows, slice):
-        return attend_decodes(q, runs[0], k_cache, v_cache, scaling)
     out = torch.empty_like(q)
-    for run in runs:
-        out[run.rows] = attend_decodes(q[run.rows], run, k_cache, v_cache, scaling)
+    write_and_attend_decodes(q, k, v, k_cache, v_cache, slots, positions, ActiveRuns.runs, scaling, out)
     return out
 
 
@@ -82,6 +75,7 @@ class DecodeModel(nn.Module):
         super().__init__()
         d = fused.decoder
         self.embed_tokens, self.rotary_emb, self.norm = d.embed_tokens, d.rotary_emb, d.norm
+        self.rotate = fused.rotary
         self.lm_head = lm_head
         self.layers = nn.ModuleList()
         first = fused.layers[0]
@@ -102,23 +96,16 @@ class DecodeModel(nn.Module):
     def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
         m = tokens.shape[0]
         hidden = self.embed_tokens(tokens)[None]
-        cos, sin = self.rotary_emb(hidden, position_ids=positions[None])
-        cos, sin = cos[0, :, None], sin[0, :, None]  # [m, 1, D]: one rotation per token, broadcast over heads
+        cos, sin = (t[0] for t in self.rotary_emb(hidden, position_ids=positions[None]))  # [m, D]
         for i, layer in enumerate(self.layers):
             qkv = F.linear(layer.input_layernorm(hidden[0]), layer.qkv, layer.qkv_bias)
             q, k, v = (t.view(m, -1, self.head_dim) for t in qkv.split(self.qkv_sizes, dim=-1))
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            q, k = self.rotate(q, k, cos, sin, unsqueeze_dim=1)  # [m, heads, D]: broadcast over heads
             out = decode_attention(q, k, v, keys[i], values[i], slots, positions, self.scaling)
             hidden = hidden + F.linear(out.view(1, m, -1), layer.o_proj.weight)
             gate, up = F.linear(layer.post_attention_layernorm(hidden), layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, layer.down_proj.weight)
         return F.linear(self.norm(hidden)[0], self.lm_head.weight, self.lm_head.bias)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Llama's rotary embedding (transformers' rotate_half convention) on [m, heads, D]."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class CompiledDecode:

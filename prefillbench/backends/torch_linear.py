@@ -149,10 +149,11 @@ class LinearKernels:
         if not self.tune:
             return
         for kind, peers in self.layers.items():
-            limit = min(max_rows_transposed if kind[3] else max_rows, MAX_TUNED_ROWS)
+            weight = peers[0].weight
+            limit = min(max_rows_transposed if peers[0].weight_t is not None else max_rows, MAX_TUNED_ROWS)
             for rows in sorted({row_bucket(r) for r in range(1, limit + 1)}):
                 if (kind, rows) not in self.choice:
-                    x = torch.zeros(rows, kind[1], dtype=peers[0].weight.dtype, device=peers[0].weight.device)
+                    x = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
                     self.choice[(kind, rows)] = self._pick(x, peers[0])
 
     def forward(self, x: torch.Tensor, layer: TunedWeight) -> torch.Tensor:
