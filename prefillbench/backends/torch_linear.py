@@ -8,6 +8,15 @@ LM head (49,152 x 576) took 11 ms for 1 row through `F.linear` and 5.8 ms as
 Which path wins depends on the device, the dtype, the shape and the row count,
 so `LinearKernels` times the candidates on the model's own weights the first
 time a (shape, row count) meets it and keeps the winner.
+
+Prompt steps (hundreds of rows) were left to `F.linear` until a paired
+measurement showed its cost per row rising as chunks shrink: all four layer
+shapes of the default model, 30 layers, fp32, four 256-row passes took 1.19x one
+1,024-row pass. MKL packs the weight inside every call, and with K = 576 that
+packing is a fixed share of a short product. oneDNN with the weight reordered
+once into its blocked layout (what inductor's freezing does) took 0.63x
+`F.linear`'s time at 256 rows, 0.82x at 1,024 and 0.38-0.61x at 1-16 rows
+(bf16: 0.86-0.94x from 128 rows on), so it is a candidate at every row count.
 """
 from __future__ import annotations
 
@@ -20,8 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: Above this many rows every path is a compute-bound GEMM and `F.linear` is used untimed.
+#: Row counts up to this one are tuned bucket by bucket; every larger count shares one choice.
 MAX_TUNED_ROWS = 64
+#: The row count at which that shared choice is timed: above MAX_TUNED_ROWS only `F.linear` and the
+#: oneDNN product compete, and the one that wins at 128 rows won at every count to 1,024 measured.
+LARGE_ROWS = 128
 #: Timing rounds per candidate; the fastest round counts (other processes only ever add time).
 ROUNDS = 5
 
@@ -62,6 +74,10 @@ def _split_rows(parts: int) -> Callable[[torch.Tensor, "TunedWeight"], torch.Ten
     return kernel
 
 
+def _onednn_packed(x: torch.Tensor, layer: "TunedWeight") -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, layer.onednn_weight(), layer.bias, "none", [], "")
+
+
 #: Block counts tried by the split-rows kernels (used where they divide the weight's rows).
 SPLIT_PARTS = (2, 4, 8)
 
@@ -71,10 +87,19 @@ KERNELS: dict[str, Callable[[torch.Tensor, "TunedWeight"], torch.Tensor]] = {
     "weight_first": _weight_first,
     "transposed_weight": _transposed_weight,
     **{f"split_rows_{p}": _split_rows(p) for p in SPLIT_PARTS},
+    "onednn_packed": _onednn_packed,
 }
 
+#: The kernels that compete above MAX_TUNED_ROWS: the others exist for products of a few rows.
+LARGE_ROW_KERNELS = ("linear", "onednn_packed")
 
-def _applies(name: str, layer: "TunedWeight") -> bool:
+
+def _applies(name: str, layer: "TunedWeight", rows: int) -> bool:
+    if rows > MAX_TUNED_ROWS and name not in LARGE_ROW_KERNELS:
+        return False
+    if name == "onednn_packed":
+        w = layer.weight
+        return w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
     if name == "transposed_weight":
         return layer.weight_t is not None
     if name.startswith("split_rows_"):
@@ -89,6 +114,12 @@ class TunedWeight:
     weight: torch.Tensor
     bias: torch.Tensor | None
     weight_t: torch.Tensor | None = None  # W.T contiguous, kept only where "transposed_weight" may be used
+    onednn: torch.Tensor | None = None  # W in oneDNN's blocked layout, made when first timed, kept if chosen
+
+    def onednn_weight(self) -> torch.Tensor:
+        if self.onednn is None:
+            self.onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight)
+        return self.onednn
 
     @property
     def kind(self) -> tuple[int, int, bool, bool]:
@@ -97,12 +128,15 @@ class TunedWeight:
 
 
 def row_bucket(rows: int) -> int:
-    """Row counts that share a kernel choice: exact up to 8, then powers of two.
+    """Row counts that share a kernel choice: exact up to 8, then powers of two to MAX_TUNED_ROWS,
+    then one bucket for all larger counts (timed at LARGE_ROWS).
 
     Every bucket is timed in prepare() (tune_ahead): 11 buckets took 13 s on the default model
     where 18 (exact up to 16) took 27 s, and the choice changes little between 9 and 16 rows."""
     if rows <= 8:
         return rows
+    if rows > MAX_TUNED_ROWS:
+        return LARGE_ROWS
     return 1 << (rows - 1).bit_length()
 
 
@@ -150,15 +184,28 @@ class LinearKernels:
             return
         for kind, peers in self.layers.items():
             weight = peers[0].weight
-            limit = min(max_rows_transposed if peers[0].weight_t is not None else max_rows, MAX_TUNED_ROWS)
-            for rows in sorted({row_bucket(r) for r in range(1, limit + 1)}):
+            limit = max_rows_transposed if peers[0].weight_t is not None else max_rows
+            buckets = {row_bucket(r) for r in range(1, min(limit, MAX_TUNED_ROWS) + 1)}
+            if limit > MAX_TUNED_ROWS:
+                buckets.add(LARGE_ROWS)
+            for rows in sorted(buckets):
                 if (kind, rows) not in self.choice:
                     x = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
                     self.choice[(kind, rows)] = self._pick(x, peers[0])
+        self.drop_unchosen()
+
+    def drop_unchosen(self) -> None:
+        """Free the oneDNN copies of weights whose kind chose that kernel for no row count: each is
+        as large as its weight."""
+        chosen = {kind for (kind, _), name in self.choice.items() if name == "onednn_packed"}
+        for kind, peers in self.layers.items():
+            if kind not in chosen:
+                for peer in peers:
+                    peer.onednn = None
 
     def forward(self, x: torch.Tensor, layer: TunedWeight) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if not self.tune or rows > MAX_TUNED_ROWS:
+        if not self.tune:
             return F.linear(x, layer.weight, layer.bias)
         key = (layer.kind, row_bucket(rows))
         name = self.choice.get(key)
@@ -171,7 +218,9 @@ class LinearKernels:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return "linear"  # no timing inside a CUDA graph capture
         peers = self.layers.get(layer.kind) or [layer]
-        names = [n for n in KERNELS if _applies(n, layer)]
+        names = [n for n in KERNELS if _applies(n, layer, x.shape[0])]
+        if len(names) == 1:
+            return names[0]
         best = {n: float("inf") for n in names}
         sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
         for n in names:  # warm-up: first calls allocate and load
