@@ -3,7 +3,9 @@
 Runs one closed-loop workload under each strategy through the engine (as `prefillbench run` does,
 after one untimed warm-up run) and sums the recorded steps by kind: prompt only, decode only, and
 mixed (a prompt chunk carrying decodes). The kinds' totals plus the gaps between steps are the run's
-wall time, so a strategy's gain or loss against another can be read off the rows.
+wall time, so a strategy's gain or loss against another can be read off the rows. Against the
+sequential run before it, each other strategy also gets a ceiling: its wall time if its prompt work
+cost what sequential's did and its piggybacked decodes cost nothing.
 
     .venv/bin/python benchmarks/run_decomposition.py --backend torch -t 2 --pg 1024,16 -c 4 --requests 8 \
         -s sequential,chunked --chunk-size 256
@@ -46,6 +48,8 @@ def main() -> None:
           f"concurrency {args.concurrency}")
     print("| strategy | wall s | kind | steps | tokens | total s | mean ms | share of wall |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    ceilings = []
+    reference: dict[str, float] | None = None
     for name in args.strategies.split(","):
         strategy = make_strategy(name, args.chunk_size)
         engine.run(backend, strategy, requests, args.concurrency)  # warm-up: allocations, kernel choices
@@ -62,6 +66,21 @@ def main() -> None:
             mean = 1e3 * total / len(steps) if steps else 0.0
             print(f"| {label} | {record.wall:.2f} | {k} | {len(steps)} | {tokens} | {total:.2f} | {mean:.1f} | {total / record.wall:.1%} |")
         print(f"| {label} | {record.wall:.2f} | between steps | | | {gaps:.3f} | | {gaps / record.wall:.1%} |")
+        totals = {k: sum(s.seconds for s in by_kind.get(k, [])) for k in ("prompt only", "mixed", "decode only")}
+        totals.update(wall=record.wall, gaps=gaps)
+        if name == "sequential":
+            reference = totals
+        elif reference is not None:
+            # The best this schedule can do against the sequential run before it: its prompt work at
+            # sequential's cost, every piggybacked decode free, and only its own decode-only steps added.
+            best = reference["prompt only"] + totals["decode only"] + totals["gaps"]
+            ceilings.append(f"{label}: {reference['wall'] / record.wall:.3f}x sequential's throughput "
+                            f"({record.wall:.2f} against {reference['wall']:.2f} s); its ceiling, with prompt work at "
+                            f"sequential's cost and piggybacked decodes free, {reference['prompt only']:.2f} + "
+                            f"{totals['decode only']:.2f} + {totals['gaps']:.3f} = {best:.2f} s: "
+                            f"{reference['wall'] / best:.3f}x")
+    for line in ceilings:
+        print(line)
 
 
 if __name__ == "__main__":

@@ -238,6 +238,9 @@ def main() -> None:
     marginal = t_mixed - t_chunk
     floor_arith = 2 * args.k * body / peak
     floor_head = head * elt / bandwidth
+    # Each decode reads its own K/V in a chunk step as in a step of its own: piggybacking shares weights, not caches.
+    floor_kv = args.k * backend.n_layers * 2 * backend.kv_heads * args.context * backend.head_dim * elt / bandwidth
+    floor = floor_arith + floor_head + floor_kv
     print()
     print(f"pp{args.prompt}: {times[f'pp{args.prompt}'].median / (pp_flops / peak):.2f}x the GEMM roofline time "
           f"(roofline {pp_flops / peak * 1e3:.0f} ms; ratio roofline/measured {pp_flops / peak / times[f'pp{args.prompt}'].median:.2f})")
@@ -249,12 +252,42 @@ def main() -> None:
     print(f"  paired within each rep: median {mid * 1e3:.1f} ms = {mid / t_dec:.2f} x the decodes alone "
           f"(interquartile {q1 / t_dec:.2f} to {q3 / t_dec:.2f}, {len(paired)} reps)")
     print(f"  its floor: {args.k} rows of arithmetic at the GEMM peak {floor_arith * 1e3:.1f} ms + one LM-head weight read "
-          f"{floor_head * 1e3:.1f} ms (the chunk alone emits no token) = {(floor_arith + floor_head) * 1e3:.1f} ms "
-          f"= {(floor_arith + floor_head) / t_dec:.2f} x the decodes alone")
+          f"{floor_head * 1e3:.1f} ms (the chunk alone emits no token) + the decodes' K/V at {args.context} positions "
+          f"{floor_kv * 1e3:.1f} ms = {floor * 1e3:.1f} ms = {floor / t_dec:.2f} x the decodes alone")
     print(f"packed ragged step ({'+'.join(map(str, ragged))}): {times['packed ragged'].median / times['ragged one by one'].median:.2f}x "
           f"the time of the {len(ragged)} prompts one step each; padded to {longest}: {times['padded ragged'].median / times['packed ragged'].median:.2f}x packed")
+    if dev.type == "cpu":  # on CUDA the profiler's CPU times are launch times
+        print_profile(f"pp{args.prompt}", run(Step(prefills=(pp,))), 2 * args.prompt * body + 2 * head,
+                      2 * backend.n_layers * width * args.prompt**2, peak)
     if backend.linear_kernels.choice:
         print("linear kernels chosen:", ", ".join(f"{k} {v}" for k, v in backend.linear_kernels.summary().items()))
+
+
+#: Profiler op names by part of a step: the products of the linear layers, and attention.
+PRODUCT_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear")
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_efficient_attention",
+                 "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention")
+
+
+def print_profile(name: str, step: Callable[[], object], product_flops: float, attention_flops: float, peak: float) -> None:
+    """Where one step's time goes (one profiled run, CPU op self times): products, attention, the rest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        step()
+        wall = time.perf_counter() - t0
+    parts = {"products": 0.0, "attention": 0.0, "other ops": 0.0}
+    for event in prof.key_averages():
+        part = "products" if event.key in PRODUCT_OPS else "attention" if event.key in ATTENTION_OPS else "other ops"
+        parts[part] += event.self_cpu_time_total / 1e6
+    gaps = wall - sum(parts.values())
+    print(f"{name} profiled (one run, {wall * 1e3:.0f} ms under the profiler): products {parts['products'] * 1e3:.0f} ms "
+          f"({product_flops / parts['products'] / 1e9:.0f} GFLOP/s, {product_flops / parts['products'] / peak:.2f} of the peak); "
+          f"attention {parts['attention'] * 1e3:.0f} ms ({attention_flops / max(parts['attention'], 1e-9) / 1e9:.0f} GFLOP/s, "
+          f"{attention_flops / max(parts['attention'], 1e-9) / peak:.2f} of the peak); other ops {parts['other ops'] * 1e3:.0f} ms; "
+          f"between ops {gaps * 1e3:.0f} ms")
 
 
 def transformers_contenders(backend: TorchBackend, args, sizes: list[int], prompt) -> dict[str, Callable[[], object]]:
