@@ -40,9 +40,11 @@ def main() -> None:
     parser.add_argument("-s", "--strategies", default="sequential,chunked")
     parser.add_argument("--chunk-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--compile", action="store_true", help="torch on CPU: decode-only steps through inductor graphs")
     args = parser.parse_args()
     prompt_len, gen_len = (int(v) for v in args.pg.split(","))
-    backend = load_backend(args.backend, args.model or default_model_path(), threads=args.threads)
+    options = {"compile_decode": True} if args.compile else {}
+    backend = load_backend(args.backend, args.model or default_model_path(), threads=args.threads, **options)
     requests = make_requests(TestSpec(prompt_len, gen_len), args.requests, backend.vocab_size, args.seed)
     print(f"# {backend.model_name} on {backend.label}: {args.requests} requests of pp{prompt_len}+tg{gen_len}, "
           f"concurrency {args.concurrency}")
