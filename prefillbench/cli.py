@@ -151,7 +151,7 @@ NoCudaGraphs = Annotated[bool, _flag(
     "--no-cuda-graphs", MODEL_PANEL, help="torch on CUDA: run decode-only steps eagerly instead of replaying captured CUDA graphs")]
 NoTuneLinear = Annotated[bool, _flag(
     "--no-tune-linear", MODEL_PANEL,
-    help="torch: keep transformers' own linear layers instead of timing F.linear against matmul per row count")]
+    help="torch: keep transformers' own linear layers instead of timing F.linear, matmuls and oneDNN per shape and row count")]
 CompileDecode = Annotated[bool, _flag(
     "--compile", MODEL_PANEL,
     help="torch on CPU: run decode-only steps through inductor-compiled graphs (about 2 minutes to compile, before timing)")]
