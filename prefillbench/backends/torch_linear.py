@@ -12,11 +12,12 @@ time a (shape, row count) meets it and keeps the winner.
 Prompt steps (hundreds of rows) were left to `F.linear` until a paired
 measurement showed its cost per row rising as chunks shrink: all four layer
 shapes of the default model, 30 layers, fp32, four 256-row passes took 1.19x one
-1,024-row pass. MKL packs the weight inside every call, and with K = 576 that
-packing is a fixed share of a short product. oneDNN with the weight reordered
-once into its blocked layout (what inductor's freezing does) took 0.63x
-`F.linear`'s time at 256 rows, 0.82x at 1,024 and 0.38-0.61x at 1-16 rows
-(bf16: 0.86-0.94x from 128 rows on), so it is a candidate at every row count.
+1,024-row pass (a cost per call that does not shrink with the rows; MKL was not
+profiled inside). oneDNN with the weight reordered once into its blocked layout
+(what inductor's freezing does) took 0.63x `F.linear`'s time at 256 rows, 0.82x
+at 1,024 and 0.38-0.61x at 1-16 rows, where the other kernels here also beat
+`F.linear` (bf16: 0.86-0.94x from 128 rows on), so it is a candidate at every
+row count and the tuner decides.
 """
 from __future__ import annotations
 
@@ -132,7 +133,8 @@ def row_bucket(rows: int) -> int:
     then one bucket for all larger counts (timed at LARGE_ROWS).
 
     Every bucket is timed in prepare() (tune_ahead): 11 buckets took 13 s on the default model
-    where 18 (exact up to 16) took 27 s, and the choice changes little between 9 and 16 rows."""
+    where 18 (exact up to 16) took 27 s, and the choice changes little between 9 and 16 rows.
+    With oneDNN among the candidates and the large bucket, 12 buckets take 20-23 s."""
     if rows <= 8:
         return rows
     if rows > MAX_TUNED_ROWS:
