@@ -61,15 +61,14 @@ def main() -> None:
             by_kind[kind(step)].append(step)
         gaps = record.wall - sum(s.seconds for s in record.steps)
         label = strategy_label(name, args.chunk_size if strategy.uses_chunk_size else None)
+        totals = {"wall": record.wall, "gaps": gaps}
         for k in ("prompt only", "mixed", "decode only"):
             steps = by_kind.get(k, [])
-            total = sum(s.seconds for s in steps)
+            total = totals[k] = sum(s.seconds for s in steps)
             tokens = sum(n for s in steps for _, n in s.prefill_chunks) + sum(len(s.decode_contexts) for s in steps)
             mean = 1e3 * total / len(steps) if steps else 0.0
             print(f"| {label} | {record.wall:.2f} | {k} | {len(steps)} | {tokens} | {total:.2f} | {mean:.1f} | {total / record.wall:.1%} |")
         print(f"| {label} | {record.wall:.2f} | between steps | | | {gaps:.3f} | | {gaps / record.wall:.1%} |")
-        totals = {k: sum(s.seconds for s in by_kind.get(k, [])) for k in ("prompt only", "mixed", "decode only")}
-        totals.update(wall=record.wall, gaps=gaps)
         if name == "sequential":
             reference = totals
         elif reference is not None:

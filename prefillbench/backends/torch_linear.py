@@ -95,12 +95,16 @@ KERNELS: dict[str, Callable[[torch.Tensor, "TunedWeight"], torch.Tensor]] = {
 LARGE_ROW_KERNELS = ("linear", "onednn_packed")
 
 
+def onednn_applies(weight: torch.Tensor) -> bool:
+    """Whether oneDNN's reordered product can multiply by `weight` here (CPU, fp32 or bf16)."""
+    return weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
+
+
 def _applies(name: str, layer: "TunedWeight", rows: int) -> bool:
     if rows > MAX_TUNED_ROWS and name not in LARGE_ROW_KERNELS:
         return False
     if name == "onednn_packed":
-        w = layer.weight
-        return w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
+        return onednn_applies(layer.weight)
     if name == "transposed_weight":
         return layer.weight_t is not None
     if name.startswith("split_rows_"):
