@@ -53,10 +53,23 @@ def test_a_non_contiguous_query_is_read_correctly():
     torch.testing.assert_close(got, reference(q, k_cache, v_cache, slots, positions, 0.25), atol=2e-5, rtol=1e-4)
 
 
-def test_only_float32_cpu_caches_take_the_kernel():
+def test_a_bfloat16_cache_is_read_as_its_float32_values():
+    # The kernel widens bf16 to float32 exactly and computes in float32: the reference gets the same inputs widened.
+    gen = torch.Generator().manual_seed(3)
+    k_cache, v_cache = (torch.randn(4, 3, 200, 64, generator=gen).bfloat16() for _ in range(2))
+    q = torch.randn(3, 9, 64, generator=gen).bfloat16()
+    slots, positions = torch.tensor([3, 1, 0]), torch.tensor([199, 0, 64])
+    got = cpu_decode_attention.decode_attention(q, k_cache, v_cache, slots, positions, 0.125)
+    assert got.dtype == torch.bfloat16
+    want = reference(q.float(), k_cache.float(), v_cache.float(), slots, positions, 0.125)
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)  # one bf16 rounding of the output
+
+
+def test_only_float32_and_bfloat16_cpu_caches_take_the_kernel():
     q, cache = torch.randn(1, 2, 8), torch.randn(1, 2, 4, 8)
     assert cpu_decode_attention.applies(q, cache)
-    assert not cpu_decode_attention.applies(q.bfloat16(), cache.bfloat16())
+    assert cpu_decode_attention.applies(q.bfloat16(), cache.bfloat16())
+    assert not cpu_decode_attention.applies(q.half(), cache.half())
 
 
 def _decode_steps(backend: TorchBackend, prompts):
@@ -77,7 +90,7 @@ def test_backend_decodes_through_the_kernel_with_the_matmul_path_logits(monkeypa
     monkeypatch.setattr(cpu_decode_attention, "decode_attention", lambda *a: calls.append(1) or kernel(*a))
     with_kernel = _decode_steps(backend, prompts)
     assert len(calls) == backend.n_layers  # one call per layer covers every decode of the step
-    assert backend.metadata()["decode_attention"] == "compiled C kernel (float32, CPU)"
+    assert backend.metadata()["decode_attention"] == "compiled C kernel"
 
     backend.prepare(len(prompts), 128, 512)  # a fresh cache
     monkeypatch.setattr(cpu_decode_attention, "_status", "off (test)")

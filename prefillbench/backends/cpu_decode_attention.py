@@ -7,14 +7,16 @@ project's 2-core CPU (SmolLM2-135M's heads at 1,024 positions, 30 layers, fp32),
 they read the cache at 8-13 GB/s where a plain reduction streams it at
 25-29 GB/s. The loop in decode_attention.c reads each K row once for the whole
 query group, takes the softmax in between (the C library's vector expf), and
-reads each V row once (benchmarks/decode_attention.py compares the two).
+reads each V row once (benchmarks/decode_attention.py compares the two). A
+bfloat16 cache is read as such and widened in registers; the arithmetic is
+float32 either way.
 
 It is compiled here, on first use, for this machine (`-march=native`), and
 cached; it runs its threads through OpenMP, which resolves to the libgomp that
 torch loaded, so they are torch's own threads. A JIT with a pool of its own
 (numba was tried) lost everything it gained: the two pools' threads spun
-against each other on the two cores. Without a C compiler, or for caches other
-than float32, the matmul path stays.
+against each other on the two cores. Without a C compiler, or for other cache
+dtypes (fp16), the matmul path stays.
 """
 from __future__ import annotations
 
@@ -54,9 +56,9 @@ def _build() -> ctypes.CDLL:
         subprocess.run([compiler, *FLAGS, "-o", str(partial), str(SOURCE), "-lm"], check=True, capture_output=True, timeout=120)
         partial.replace(target)  # atomic: a concurrent process sees the whole library or none
     library = ctypes.CDLL(str(target))
-    fn = library.decode_attention_f32
+    fn = library.decode_attention
     fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
     return library
 
 
@@ -79,9 +81,13 @@ def status() -> str:
     return _status
 
 
+#: Cache dtypes the kernel reads; it computes in float32 either way.
+DTYPES = (torch.float32, torch.bfloat16)
+
+
 def applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """float32 caches on the CPU, once the kernel is built."""
-    return q.device.type == "cpu" and k_cache.dtype == torch.float32 and q.dtype == torch.float32 and status() == ""
+    """float32 and bfloat16 caches on the CPU, once the kernel is built."""
+    return q.device.type == "cpu" and k_cache.dtype in DTYPES and status() == ""
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -90,13 +96,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     over positions 0 .. positions[i] of its own slot: [m, heads, D]."""
     if status():
         raise RuntimeError(f"the decode attention kernel is {status()}")
-    q = q.contiguous()
+    query = q.to(torch.float32).contiguous()
     slots = slots.to(torch.int64).contiguous()
     lens = (positions + 1).to(torch.int64)
-    out = torch.empty_like(q)
+    out = torch.empty_like(query)
     n_slots, kv_heads, max_len, dim = k_cache.shape
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape):
-        raise ValueError("the decode kernel reads whole contiguous caches")
-    _library.decode_attention_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), lens.data_ptr(),
-                                  q.shape[0], q.shape[1], kv_heads, max_len, dim, scaling, PARTS, out.data_ptr())
-    return out
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
+            and k_cache.dtype == v_cache.dtype and k_cache.dtype in DTYPES):
+        raise ValueError("the decode kernel reads whole contiguous float32 or bfloat16 caches")
+    _library.decode_attention(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), lens.data_ptr(),
+                              q.shape[0], q.shape[1], kv_heads, max_len, dim, scaling, PARTS, out.data_ptr(),
+                              int(k_cache.dtype == torch.bfloat16))
+    return out.to(q.dtype)

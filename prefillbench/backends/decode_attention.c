@@ -1,7 +1,7 @@
 /* Decode attention over a static per-slot KV cache, read in place (see cpu_decode_attention.py).
  *
- * q [n, heads, dim]; k_cache, v_cache [slots, kv_heads, max_len, dim]; out [n, heads, dim]; all
- * contiguous float32. Decode i attends positions 0 .. lens[i]-1 of slot slots[i]. Each
+ * q [n, heads, dim] and out [n, heads, dim] float32; k_cache, v_cache [slots, kv_heads, max_len, dim]
+ * float32 or bfloat16 (read as float32: the top half of its bits); all contiguous. Decode i attends positions 0 .. lens[i]-1 of slot slots[i]. Each
  * (decode, K/V head) is cut into `parts` spans of positions, one OpenMP work item each; the
  * spans' partial softmaxes are merged after, as flash attention merges its tiles. OpenMP is the
  * runtime torch itself runs on (libgomp, resolved to the copy torch loaded), so these threads
@@ -10,21 +10,33 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* Element x of a cache row, as float32: bfloat16 is the top 16 bits of a float32. */
+static inline __attribute__((always_inline)) float cache_at(const void *row, int64_t x, const int bf16)
+{
+    if (!bf16) return ((const float *)row)[x];
+    uint32_t bits = (uint32_t)((const uint16_t *)row)[x] << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 static inline __attribute__((always_inline)) void attend_span(
-    const float *q, const float *kc, const float *vc, int64_t slot, int64_t h, int64_t j0, int64_t width,
+    const float *q, const char *kc, const char *vc, int64_t slot, int64_t h, int64_t j0, int64_t width,
     int64_t group, int64_t kv_heads, int64_t max_len, const int64_t dim, float scale,
-    float *scores, float *top, float *total, float *acc)
+    float *scores, float *top, float *total, float *acc, const int bf16)
 {
-    const float *keys = kc + ((slot * kv_heads + h) * max_len + j0) * dim;
-    const float *values = vc + ((slot * kv_heads + h) * max_len + j0) * dim;
+    const int64_t elt = bf16 ? 2 : 4;
+    const char *keys = kc + ((slot * kv_heads + h) * max_len + j0) * dim * elt;
+    const char *values = vc + ((slot * kv_heads + h) * max_len + j0) * dim * elt;
     for (int64_t g = 0; g < group; g++) {
         const float *qg = q + g * dim;
         float m = -INFINITY;
         for (int64_t j = 0; j < width; j++) {
-            const float *key = keys + j * dim;
+            const char *key = keys + j * dim * elt;
             float s = 0.f;
-            for (int64_t x = 0; x < dim; x++) s += qg[x] * key[x];
+            for (int64_t x = 0; x < dim; x++) s += qg[x] * cache_at(key, x, bf16);
             s *= scale;
             scores[g * width + j] = s;
             m = s > m ? s : m;
@@ -40,19 +52,19 @@ static inline __attribute__((always_inline)) void attend_span(
         for (int64_t x = 0; x < dim; x++) acc[g * dim + x] = 0.f;
     }
     for (int64_t j = 0; j < width; j++) {
-        const float *value = values + j * dim;
+        const char *value = values + j * dim * elt;
         for (int64_t g = 0; g < group; g++) {
             const float p = scores[g * width + j];
             float *a = acc + g * dim;
-            for (int64_t x = 0; x < dim; x++) a[x] += p * value[x];
+            for (int64_t x = 0; x < dim; x++) a[x] += p * cache_at(value, x, bf16);
         }
     }
 }
 
 static inline __attribute__((always_inline)) void attend_all(
-    const float *q, const float *kc, const float *vc, const int64_t *slots, const int64_t *lens,
+    const float *q, const char *kc, const char *vc, const int64_t *slots, const int64_t *lens,
     int64_t n, int64_t heads, int64_t kv_heads, int64_t max_len, const int64_t dim, float scale,
-    int64_t parts, float *out)
+    int64_t parts, float *out, const int bf16)
 {
     const int64_t group = heads / kv_heads;
     const int64_t items = n * kv_heads * parts;
@@ -76,7 +88,7 @@ static inline __attribute__((always_inline)) void attend_all(
                 continue;
             }
             attend_span(q + (i * heads + h * group) * dim, kc, vc, slots[i], h, j0, j1 - j0, group, kv_heads,
-                        max_len, dim, scale, scores, top, total, acc);
+                        max_len, dim, scale, scores, top, total, acc, bf16);
         }
         free(scores);
     }
@@ -104,15 +116,24 @@ static inline __attribute__((always_inline)) void attend_all(
     free(part);
 }
 
-/* The common head sizes get loops of constant length, which the compiler unrolls and vectorizes whole. */
-void decode_attention_f32(const float *q, const float *kc, const float *vc, const int64_t *slots, const int64_t *lens,
-                          int64_t n, int64_t heads, int64_t kv_heads, int64_t max_len, int64_t dim, float scale,
-                          int64_t parts, float *out)
+/* The common head sizes get loops of constant length, which the compiler unrolls and vectorizes whole;
+ * each cache dtype its own copy of the loops. */
+#define DISPATCH(BF16)                                                                                      \
+    do {                                                                                                    \
+        if (dim == 64)                                                                                      \
+            attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 64, scale, parts, out, BF16);   \
+        else if (dim == 128)                                                                                \
+            attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 128, scale, parts, out, BF16);  \
+        else                                                                                                \
+            attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, dim, scale, parts, out, BF16);  \
+    } while (0)
+
+void decode_attention(const float *q, const char *kc, const char *vc, const int64_t *slots, const int64_t *lens,
+                      int64_t n, int64_t heads, int64_t kv_heads, int64_t max_len, int64_t dim, float scale,
+                      int64_t parts, float *out, int64_t bf16)
 {
-    if (dim == 64)
-        attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 64, scale, parts, out);
-    else if (dim == 128)
-        attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 128, scale, parts, out);
+    if (bf16)
+        DISPATCH(1);
     else
-        attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, dim, scale, parts, out);
+        DISPATCH(0);
 }

@@ -398,10 +398,10 @@ class TorchBackend(Backend):
     def _decode_attention_note(self) -> str:
         if self.torch_device.type != "cpu":
             return "SDPA"
-        if self.dtype != torch.float32:
-            return "matmuls/SDPA (the compiled kernel takes float32 only)"
+        if self.dtype not in cpu_decode_attention.DTYPES:
+            return f"matmuls/SDPA (the compiled kernel reads {', '.join(str(d).removeprefix('torch.') for d in cpu_decode_attention.DTYPES)} caches)"
         why_not = cpu_decode_attention.status()
-        return "compiled C kernel (float32, CPU)" if not why_not else f"matmuls/SDPA; kernel {why_not}"
+        return "compiled C kernel" if not why_not else f"matmuls/SDPA; kernel {why_not}"
 
     def logit_tolerance(self) -> LogitTolerance:
         return LOGIT_TOLERANCE[self.dtype]
