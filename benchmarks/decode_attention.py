@@ -1,38 +1,73 @@
-"""Decode attention on the CPU: SDPA against two matmuls, by context length (sets MATMUL_ATTENTION_FROM).
+"""Decode attention on the CPU: the compiled kernel against SDPA and two matmuls, by context length.
 
-30 layers of SmolLM2-135M's heads (9 query, 3 K/V, 64 wide) over a static cache, fp32, 2 threads.
-Run: .venv/bin/python benchmarks/decode_attention.py
+30 layers of SmolLM2-135M's heads (9 query, 3 K/V, 64 wide) over a static cache,
+2 threads; the three alternated rep by rep so that the machine's drift hits them
+alike; medians, and the cache bytes read per second.
+
+    .venv/bin/python benchmarks/decode_attention.py [--dtype bfloat16] [--reps 21]
 """
-import torch, time, torch.nn.functional as F
-torch.set_num_threads(2)
-H,KVH,D=9,3,64; G=H//KVH
-def bench_pair(a, b, reps=41):
-    """Medians of a and b, alternated rep by rep so that the machine's drift hits both alike."""
-    for _ in range(3): a(); b()
-    ta, tb = [], []
-    for _ in range(reps):
-        t = time.perf_counter(); a(); ta.append(time.perf_counter() - t)
-        t = time.perf_counter(); b(); tb.append(time.perf_counter() - t)
-    ta.sort(); tb.sort()
-    return ta[reps // 2], tb[reps // 2]
-for n in (1,4):
-  for L in (33,64,128,256,512,1024):
-    kc=[torch.randn(5,KVH,1100,D) for _ in range(30)]; vc=[torch.randn(5,KVH,1100,D) for _ in range(30)]
-    q=torch.randn(n,H,D)
-    mask=torch.zeros(n,1,1,L)
-    def sdpa():
-        for i in range(30):
-            F.scaled_dot_product_attention(q.unsqueeze(2), kc[i][0:n,:,:L], vc[i][0:n,:,:L], attn_mask=mask, scale=0.125, enable_gqa=True)
-    def mm():
-        for i in range(30):
-            K=kc[i][0:n,:,:L]; V=vc[i][0:n,:,:L]
-            s=torch.matmul(q.view(n,KVH,G,D), K.transpose(-1,-2)).mul_(0.125)
-            if n>1: s.add_(mask)
-            p=torch.softmax(s,-1)
-            torch.matmul(p,V)
-    a, b = bench_pair(sdpa, mm)
-    o1=F.scaled_dot_product_attention(q.unsqueeze(2), kc[0][0:n,:,:L], vc[0][0:n,:,:L], attn_mask=mask, scale=0.125, enable_gqa=True).squeeze(2)
-    K=kc[0][0:n,:,:L]; V=vc[0][0:n,:,:L]
-    o2=torch.matmul(torch.softmax(torch.matmul(q.view(n,KVH,G,D), K.transpose(-1,-2))*0.125+mask,-1),V).reshape(n,H,D)
-    kvb=30*2*n*KVH*L*D*4
-    print(f"n={n} L={L}: sdpa {a*1e3:.2f} ms ({kvb/a/1e9:.1f} GB/s)  matmul {b*1e3:.2f} ms ({kvb/b/1e9:.1f} GB/s) matmul/sdpa {b/a:.2f} err {(o1-o2).abs().max():.1e}")
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_steps import Clock, time_interleaved  # noqa: E402
+
+from prefillbench.backends import cpu_decode_attention  # noqa: E402
+from prefillbench.backends.torch_attention import _matmul_attention, decode_mask  # noqa: E402
+
+HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--reps", type=int, default=21)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    if cpu_decode_attention.status():
+        sys.exit(f"the kernel is {cpu_decode_attention.status()}")
+    print(f"# decode attention, {LAYERS} layers of {HEADS}/{KV_HEADS} heads x {DIM}, {args.dtype}, "
+          f"{torch.get_num_threads()} threads, {args.reps} interleaved reps; GB/s = cache bytes read per second")
+    print("| decodes | positions | kernel ms | SDPA ms | matmuls ms | kernel GB/s | matmuls GB/s | kernel / best other |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    clock = Clock(torch.device("cpu"))
+    for n in (1, 4, 16):
+        for length in (32, 128, 512, 1024, 2048):
+            slots = n + 1
+            keys = [torch.randn(slots, KV_HEADS, length + 64, DIM, dtype=dtype) for _ in range(LAYERS)]
+            values = [torch.randn(slots, KV_HEADS, length + 64, DIM, dtype=dtype) for _ in range(LAYERS)]
+            q = torch.randn(n, HEADS, DIM, dtype=dtype)
+            positions = torch.full((n,), length - 1)
+            slot_ids = torch.arange(n)
+            mask = decode_mask(positions, length, dtype)
+
+            def kernel():
+                for k, v in zip(keys, values):
+                    cpu_decode_attention.decode_attention(q, k, v, slot_ids, positions, DIM**-0.5)
+
+            def sdpa():
+                for k, v in zip(keys, values):
+                    F.scaled_dot_product_attention(q.unsqueeze(2), k[:n, :, :length], v[:n, :, :length], attn_mask=mask,
+                                                   scale=DIM**-0.5, enable_gqa=True)
+
+            def matmuls():
+                for k, v in zip(keys, values):
+                    _matmul_attention(q, k[:n, :, :length], v[:n, :, :length], mask, DIM**-0.5)
+
+            t = {name: timing.median for name, timing in
+                 time_interleaved({"kernel": kernel, "sdpa": sdpa, "matmuls": matmuls}, args.reps, clock).items()}
+            read = LAYERS * 2 * n * KV_HEADS * length * DIM * dtype.itemsize
+            print(f"| {n} | {length} | {t['kernel'] * 1e3:.2f} | {t['sdpa'] * 1e3:.2f} | {t['matmuls'] * 1e3:.2f} | "
+                  f"{read / t['kernel'] / 1e9:.1f} | {read / t['matmuls'] / 1e9:.1f} | {t['kernel'] / min(t['sdpa'], t['matmuls']):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
