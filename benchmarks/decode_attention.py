@@ -2,9 +2,11 @@
 
 30 layers of SmolLM2-135M's heads (9 query, 3 K/V, 64 wide) over a static cache,
 2 threads; the three alternated rep by rep so that the machine's drift hits them
-alike; medians, and the cache bytes read per second.
+alike; medians, and the cache bytes read per second. With --steps, whole
+backend steps of the default model instead (decodes at 1,024 positions, and a
+256-token chunk with and without 3 decodes), the kernel on and off alternated.
 
-    .venv/bin/python benchmarks/decode_attention.py [--dtype bfloat16] [--reps 21]
+    .venv/bin/python benchmarks/decode_attention.py [--dtype bfloat16] [--reps 21] [--steps]
 """
 from __future__ import annotations
 
@@ -29,11 +31,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", action="store_true", help="time backend steps of the default model, kernel on and off")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     if cpu_decode_attention.status():
         sys.exit(f"the kernel is {cpu_decode_attention.status()}")
+    if args.steps:
+        return steps(args)
     print(f"# decode attention, {LAYERS} layers of {HEADS}/{KV_HEADS} heads x {DIM}, {args.dtype}, "
           f"{torch.get_num_threads()} threads, {args.reps} interleaved reps; GB/s = cache bytes read per second")
     print("| decodes | positions | kernel ms | SDPA ms | matmuls ms | kernel GB/s | matmuls GB/s | kernel / best other |")
@@ -67,6 +72,50 @@ def main() -> None:
             read = LAYERS * 2 * n * KV_HEADS * length * DIM * dtype.itemsize
             print(f"| {n} | {length} | {t['kernel'] * 1e3:.2f} | {t['sdpa'] * 1e3:.2f} | {t['matmuls'] * 1e3:.2f} | "
                   f"{read / t['kernel'] / 1e9:.1f} | {read / t['matmuls'] / 1e9:.1f} | {t['kernel'] / min(t['sdpa'], t['matmuls']):.2f} |")
+
+
+def steps(args) -> None:
+    """Backend steps with the kernel and with the matmul/SDPA path, alternated rep by rep; logits compared."""
+    from prefillbench.backends.torch_backend import TorchBackend
+    from prefillbench.models import default_model_path
+    from prefillbench.step import DecodeToken, PrefillChunk, Step
+
+    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=args.dtype)
+    context, n_slots = 1024, 17
+    backend.prepare(n_slots, context + 300, (context + 300) * n_slots)
+    for s in range(n_slots):
+        backend.slots.slot(s)
+    decodes = lambda n, first=0: tuple(DecodeToken(first + i, 1, context) for i in range(n))  # noqa: E731
+    chunk = PrefillChunk(0, tuple(range(1000, 1256)), context, is_last=False)
+    cases = {f"decode x{n}": Step(decodes=decodes(n)) for n in (1, 4, 16)}
+    cases.update({"chunk": Step(prefills=(chunk,)), "chunk + 3 decodes": Step(prefills=(chunk,), decodes=decodes(3, 1)),
+                  "3 decodes": Step(decodes=decodes(3, 1))})
+    kernel_applies = cpu_decode_attention.applies
+
+    def run(step: Step, kernel: bool, logits: bool = False):
+        cpu_decode_attention.applies = kernel_applies if kernel else (lambda *a: False)
+        try:
+            return backend.execute(step, return_logits=logits)
+        finally:
+            cpu_decode_attention.applies = kernel_applies
+
+    on, off = (run(cases["decode x16"], k, logits=True).logits for k in (True, False))
+    diff = max(float(abs(on[s] - off[s]).max()) for s in on)
+    contenders = {f"{name} {path}": (lambda st=st, k=(path == "kernel"): run(st, k))
+                  for name, st in cases.items() for path in ("kernel", "matmuls")}
+    times = time_interleaved(contenders, args.reps, Clock(torch.device("cpu")))
+    print(f"# backend steps, {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, decodes at {context} positions, "
+          f"{args.reps} interleaved reps; decode x16 logits, kernel against matmuls: max |diff| {diff:.1e}")
+    print("| step | kernel ms | matmuls/SDPA ms | kernel / matmuls (medians) | paired median |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name in cases:
+        k, m = times[f"{name} kernel"], times[f"{name} matmuls"]
+        paired = sorted(a / b for a, b in zip(k.seconds, m.seconds))
+        print(f"| {name} | {k.median * 1e3:.1f} | {m.median * 1e3:.1f} | {k.median / m.median:.2f} | {paired[len(paired) // 2]:.2f} |")
+    for path in ("kernel", "matmuls"):
+        extra = times[f"chunk + 3 decodes {path}"].median - times[f"chunk {path}"].median
+        alone = times[f"3 decodes {path}"].median
+        print(f"piggyback, {path}: (chunk + 3 decodes) - chunk = {extra * 1e3:.1f} ms = {extra / alone:.2f} x the 3 decodes alone ({alone * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":
