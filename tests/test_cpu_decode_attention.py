@@ -100,3 +100,24 @@ def test_backend_decodes_through_the_kernel_with_the_matmul_path_logits(monkeypa
     assert backend.metadata()["decode_attention"] == "matmuls/SDPA; kernel off (test)"
     for seq in with_kernel:
         np.testing.assert_allclose(with_kernel[seq], without[seq], atol=1e-4, rtol=1e-4)
+
+
+def test_without_a_compiler_the_kernel_is_off_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_decode_attention, "_status", None)
+    monkeypatch.setattr(cpu_decode_attention, "_library", None)
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built yet under this key
+    assert cpu_decode_attention.status().startswith("off (build failed")
+    assert not cpu_decode_attention.applies(torch.randn(1, 2, 8), torch.randn(1, 2, 4, 8))
+
+
+def test_the_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_decode_attention, "_status", None)
+    monkeypatch.setattr(cpu_decode_attention, "_library", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cpu_decode_attention.status() == ""
+    built = list((tmp_path / "prefillbench").glob("decode_attention-*.so"))
+    assert len(built) == 1
+    monkeypatch.setattr(cpu_decode_attention, "_status", None)
+    assert cpu_decode_attention.status() == ""  # loaded from the cache: no second file, no temporary left
+    assert list((tmp_path / "prefillbench").iterdir()) == built

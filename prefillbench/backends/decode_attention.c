@@ -61,7 +61,7 @@ static inline __attribute__((always_inline)) void attend_span(
     }
 }
 
-static inline __attribute__((always_inline)) void attend_all(
+static inline __attribute__((always_inline)) int attend_all(
     const float *q, const char *kc, const char *vc, const int64_t *slots, const int64_t *lens,
     int64_t n, int64_t heads, int64_t kv_heads, int64_t max_len, const int64_t dim, float scale,
     int64_t parts, float *out, const int bf16)
@@ -73,11 +73,15 @@ static inline __attribute__((always_inline)) void attend_all(
     const int64_t span_max = (longest + parts - 1) / parts;
     /* per item: group maxima, group sums, group x dim partial outputs */
     float *part = malloc(sizeof(float) * items * group * (dim + 2));
-    #pragma omp parallel
+    if (!part) return 1;
+    int failed = 0;
+    #pragma omp parallel reduction(|| : failed)
     {
         float *scores = malloc(sizeof(float) * group * (span_max > 0 ? span_max : 1));
+        failed = !scores;
         #pragma omp for schedule(static)
         for (int64_t t = 0; t < items; t++) {
+            if (!scores) continue;
             const int64_t p = t % parts, i = (t / parts) / kv_heads, h = (t / parts) % kv_heads;
             const int64_t span = (lens[i] + parts - 1) / parts;
             int64_t j0 = p * span, j1 = j0 + span;
@@ -91,6 +95,10 @@ static inline __attribute__((always_inline)) void attend_all(
                         max_len, dim, scale, scores, top, total, acc, bf16);
         }
         free(scores);
+    }
+    if (failed) {
+        free(part);
+        return 1;
     }
     for (int64_t r = 0; r < n * kv_heads; r++) {
         const int64_t i = r / kv_heads, h = r % kv_heads;
@@ -114,6 +122,7 @@ static inline __attribute__((always_inline)) void attend_all(
         }
     }
     free(part);
+    return 0;
 }
 
 /* The common head sizes get loops of constant length, which the compiler unrolls and vectorizes whole;
@@ -121,19 +130,19 @@ static inline __attribute__((always_inline)) void attend_all(
 #define DISPATCH(BF16)                                                                                      \
     do {                                                                                                    \
         if (dim == 64)                                                                                      \
-            attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 64, scale, parts, out, BF16);   \
+            return attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 64, scale, parts, out, BF16); \
         else if (dim == 128)                                                                                \
-            attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 128, scale, parts, out, BF16);  \
+            return attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 128, scale, parts, out, BF16); \
         else                                                                                                \
-            attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, dim, scale, parts, out, BF16);  \
+            return attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, dim, scale, parts, out, BF16); \
     } while (0)
 
-void decode_attention(const float *q, const char *kc, const char *vc, const int64_t *slots, const int64_t *lens,
+/* 0, or 1 if memory for the partial results could not be had (out is then not written). */
+int decode_attention(const float *q, const char *kc, const char *vc, const int64_t *slots, const int64_t *lens,
                       int64_t n, int64_t heads, int64_t kv_heads, int64_t max_len, int64_t dim, float scale,
                       int64_t parts, float *out, int64_t bf16)
 {
     if (bf16)
         DISPATCH(1);
-    else
-        DISPATCH(0);
+    DISPATCH(0);
 }

@@ -73,7 +73,8 @@ def decode_runs(slots: list[int], positions: torch.Tensor, dtype: torch.dtype) -
     return out
 
 
-#: From this many cache positions on, a CPU decode attends through two matmuls instead of SDPA.
+#: Where the compiled kernel does not apply (fp16, no C compiler): from this many cache positions on, a CPU
+#: decode attends through two matmuls instead of SDPA.
 #: Measured on this project's 2-core CPU (benchmarks/decode_attention.py, fp32, SmolLM2-135M's heads,
 #: 30 layers, SDPA and matmuls alternated rep by rep), matmul time / SDPA time: at 1,024 positions
 #: 0.90 and 0.93 for four sequences, 0.84 and 1.09 for one; at 512, 1.04-1.26; below, SDPA's lower
