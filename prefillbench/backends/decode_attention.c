@@ -30,17 +30,19 @@ static inline __attribute__((always_inline)) void attend_span(
     const int64_t elt = bf16 ? 2 : 4;
     const char *keys = kc + ((slot * kv_heads + h) * max_len + j0) * dim * elt;
     const char *values = vc + ((slot * kv_heads + h) * max_len + j0) * dim * elt;
-    for (int64_t g = 0; g < group; g++) {
-        const float *qg = q + g * dim;
-        float m = -INFINITY;
-        for (int64_t j = 0; j < width; j++) {
-            const char *key = keys + j * dim * elt;
+    /* One pass over the keys: each row is loaded once for the whole group (from L1 for all but the first). */
+    for (int64_t j = 0; j < width; j++) {
+        const char *key = keys + j * dim * elt;
+        for (int64_t g = 0; g < group; g++) {
+            const float *qg = q + g * dim;
             float s = 0.f;
             for (int64_t x = 0; x < dim; x++) s += qg[x] * cache_at(key, x, bf16);
-            s *= scale;
-            scores[g * width + j] = s;
-            m = s > m ? s : m;
+            scores[g * width + j] = s * scale;
         }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float m = -INFINITY;
+        for (int64_t j = 0; j < width; j++) m = scores[g * width + j] > m ? scores[g * width + j] : m;
         float sum = 0.f;
         for (int64_t j = 0; j < width; j++) {
             float e = expf(scores[g * width + j] - m);
