@@ -13,7 +13,7 @@ float32 either way.
 
 It is compiled here, on first use, for this machine (`-march=native`), and
 cached; it runs its threads through OpenMP, which resolves to the libgomp that
-torch loaded, so they are torch's own threads. A JIT with a pool of its own
+torch loaded (torch's Linux wheels ship one), so they are torch's own threads. A JIT with a pool of its own
 (numba was tried) lost everything it gained: the two pools' threads spun
 against each other on the two cores. Without a C compiler, or for other cache
 dtypes (fp16), the matmul path stays.

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 
 from prefillbench.step import PackedStep, Step, StepResult, pack
 
+from . import cpu_decode_attention
 from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
 from .torch_attention import DecodeRun, causal_offset_mask, decode_mask, decode_runs, write_and_attend_decodes
-from . import cpu_decode_attention
 from .torch_compiled import CompiledDecode
 from .torch_fused import FusedDecoder
 from .torch_graphs import DecodeGraphs
