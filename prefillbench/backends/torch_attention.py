@@ -4,8 +4,9 @@ Decodes whose sequences sit in consecutive cache slots form a run, attended in
 one call over a slice of the cache; nothing is gathered, so the cost follows
 the K/V actually read. On the CPU with a float32 or bfloat16 cache, all of a
 step's decodes go instead through one call of the compiled kernel
-(cpu_decode_attention), 1.2-3.6x faster than the better of these calls. Shared by the eager
-packed step (torch_backend) and the compiled decode step (torch_compiled).
+(cpu_decode_attention), 1.2-3.6x faster than the better of these calls.
+Shared by the eager packed step (torch_backend) and the compiled decode step
+(torch_compiled).
 """
 from __future__ import annotations
 
