@@ -1,11 +1,14 @@
 """Every strategy computes what a plain forward pass computes."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 
 from prefillbench import engine, generate
+from prefillbench.backends import torch_attention
 from prefillbench.backends.base import BackendError
 from prefillbench.backends.torch_backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
@@ -200,3 +203,33 @@ def test_a_layer_whose_projections_cannot_fuse_keeps_transformers_forward():
     for req, rec in zip(requests, record.requests):
         expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
         torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("start,length", [(0, 1), (0, 256), (0, 257), (0, 300), (0, 512), (0, 513), (40, 300)])
+def test_query_blocks_cover_the_chunk_once_each_up_to_its_own_positions(start, length):
+    blocks = torch_attention.chunk_query_blocks(start, length, torch.float32, "cpu")
+    assert [b.first for b in blocks] == list(itertools.accumulate([0] + [b.length for b in blocks[:-1]]))
+    assert sum(b.length for b in blocks) == length
+    for b in blocks:
+        assert b.kv_len == start + b.first + b.length  # no query sees a later position; none misses an earlier one
+        assert (b.mask is None) == (start + b.first == 0)
+    cut = start == 0 and length in torch_attention.QUERY_BLOCKS_FOR
+    assert (len(blocks) > 1) == cut
+
+
+def test_prompts_attended_in_query_blocks_match_plain_forward():
+    """Prompts of 257-512 tokens attend block by block; every position's logits still match a plain forward."""
+    model, reference = tiny_model("llama", max_position_embeddings=1024)
+    backend = TorchBackend(model, "tiny-llama", TEST_DEVICE)
+    rng = np.random.default_rng(5)
+    prompts = {0: [int(t) for t in rng.integers(0, 512, size=300)], 1: [int(t) for t in rng.integers(0, 512, size=512)],
+               2: [int(t) for t in rng.integers(0, 512, size=40)]}
+    backend.prepare(3, 560, 1200)
+    step = Step(prefills=tuple(PrefillChunk(seq, tuple(p), 0, True) for seq, p in prompts.items()))
+    got = _step_logits(backend, step)
+    for seq, p in prompts.items():
+        torch.testing.assert_close(got[seq], reference_logits(reference, p)[-1], atol=2e-4, rtol=1e-4)
+    # Alone in its step, a blocked prompt's output is assembled from its blocks, not returned from one call.
+    backend.prepare(3, 560, 1200)
+    alone = _step_logits(backend, Step(prefills=(PrefillChunk(1, tuple(prompts[1]), 0, True),)))
+    torch.testing.assert_close(alone[1], reference_logits(reference, prompts[1])[-1], atol=2e-4, rtol=1e-4)

@@ -22,7 +22,7 @@ from prefillbench.step import PackedStep, Step, StepResult, pack
 from . import cpu_decode_attention
 from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
-from .torch_attention import DecodeRun, causal_offset_mask, decode_mask, decode_runs, write_and_attend_decodes
+from .torch_attention import DecodeRun, QueryBlock, chunk_query_blocks, decode_mask, decode_runs, write_and_attend_decodes
 from .torch_compiled import CompiledDecode
 from .torch_fused import FusedDecoder
 from .torch_graphs import DecodeGraphs
@@ -48,7 +48,7 @@ class ChunkSpan:
     start: int  # first position
     row: int  # first packed row
     length: int  # tokens, pads included
-    mask: torch.Tensor | None  # additive [length, start + length]; None when start == 0 (plain causal)
+    blocks: list[QueryBlock]  # its SDPA calls: usually one
 
 
 @dataclass
@@ -64,8 +64,9 @@ class StepLayout:
     calls: int = 0
 
     @property
-    def single_chunk(self) -> bool:
-        return len(self.chunks) == 1 and not self.decode_runs
+    def single_call(self) -> bool:
+        """One chunk attending in one call: its output is the step's."""
+        return len(self.chunks) == 1 and len(self.chunks[0].blocks) == 1 and not self.decode_runs
 
 
 class KVCache:
@@ -116,17 +117,17 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     for c in layout.chunks:
         k_cache[c.slot, :, c.start : c.start + c.length] = k[:, c.row : c.row + c.length]
         v_cache[c.slot, :, c.start : c.start + c.length] = v[:, c.row : c.row + c.length]
-    out = None if layout.single_chunk else q.new_empty((q.shape[1], q.shape[0], q.shape[2]))  # [T, heads, D]
+    out = None if layout.single_call else q.new_empty((q.shape[1], q.shape[0], q.shape[2]))  # [T, heads, D]
     for c in layout.chunks:
-        rows = slice(c.row, c.row + c.length)
-        kv_len = c.start + c.length
-        o = F.scaled_dot_product_attention(
-            q[None, :, rows], k_cache[c.slot, None, :, :kv_len], v_cache[c.slot, None, :, :kv_len],
-            attn_mask=c.mask, is_causal=c.mask is None, scale=scaling, enable_gqa=True,
-        )[0].transpose(0, 1)  # [length, heads, D]
-        if out is None:
-            return o.unsqueeze(0), None
-        out[rows] = o
+        for b in c.blocks:
+            rows = slice(c.row + b.first, c.row + b.first + b.length)
+            o = F.scaled_dot_product_attention(
+                q[None, :, rows], k_cache[c.slot, None, :, : b.kv_len], v_cache[c.slot, None, :, : b.kv_len],
+                attn_mask=b.mask, is_causal=b.mask is None, scale=scaling, enable_gqa=True,
+            )[0].transpose(0, 1)  # [length, heads, D]
+            if out is None:
+                return o.unsqueeze(0), None
+            out[rows] = o
     if layout.decode_runs:
         decodes = slice(layout.decode_from, None)
         write_and_attend_decodes(*(t[:, decodes].transpose(0, 1) for t in (q, k, v)), k_cache, v_cache, layout.decode_slots,
@@ -326,8 +327,7 @@ class TorchBackend(Backend):
         chunks = []
         for chunk, row in zip(step.prefills, packed.chunk_offsets):
             n = len(chunk.tokens) + chunk.pad
-            mask = None if chunk.start == 0 else causal_offset_mask(chunk.start, n, dtype, dev)
-            chunks.append(ChunkSpan(self.slots.slot(chunk.seq_id), chunk.start, row, n, mask))
+            chunks.append(ChunkSpan(self.slots.slot(chunk.seq_id), chunk.start, row, n, chunk_query_blocks(chunk.start, n, dtype, dev)))
         slots = [self.slots.slot(d.seq_id) for d in step.decodes]
         positions = torch.from_numpy(packed.positions[packed.decode_from :]).to(dev)
         return StepLayout(

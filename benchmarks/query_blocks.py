@@ -1,0 +1,66 @@
+"""Causal prompts attended in query blocks against one SDPA call, through the torch backend (sets QUERY_BLOCKS_FOR).
+
+Whole prompt steps of the default model, the two ways alternated rep by rep in one
+process; medians and the paired median of the ratios; the logits of the last
+prompt compared.
+
+    .venv/bin/python benchmarks/query_blocks.py [--dtype bfloat16] [--tokens 300,512,768] [--reps 11]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_steps import Clock, time_interleaved  # noqa: E402
+
+from prefillbench.backends import torch_attention  # noqa: E402
+from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
+from prefillbench.models import default_model_path  # noqa: E402
+from prefillbench.step import PrefillChunk, Step  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--tokens", default="300,512", help="prompt lengths")
+    parser.add_argument("--reps", type=int, default=11)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    lengths = [int(n) for n in args.tokens.split(",")]
+    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=args.dtype)
+    backend.prepare(1, max(lengths) + 8, max(lengths) + 8)
+    rng = np.random.default_rng(0)
+    steps = {n: Step(prefills=(PrefillChunk(0, tuple(int(t) for t in rng.integers(0, backend.vocab_size, n)), 0, True),))
+             for n in lengths}
+    cut_for = torch_attention.QUERY_BLOCKS_FOR
+
+    def run(step: Step, blocks: bool, logits: bool = False):
+        torch_attention.QUERY_BLOCKS_FOR = range(1, 1 << 30) if blocks else range(0)
+        try:
+            return backend.execute(step, return_logits=logits)
+        finally:
+            torch_attention.QUERY_BLOCKS_FOR = cut_for
+
+    last = steps[lengths[-1]]
+    on, off = (run(last, b, logits=True).logits[0] for b in (True, False))
+    contenders = {f"{n} {way}": (lambda st=st, b=(way == "blocks"): run(st, b)) for n, st in steps.items() for way in ("blocks", "one call")}
+    times = time_interleaved(contenders, args.reps, Clock(torch.device("cpu")))
+    print(f"# prompt steps, {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps, "
+          f"query blocks of {torch_attention.QUERY_BLOCK}; pp{lengths[-1]} logits, blocks against one call: max |diff| "
+          f"{float(np.abs(on - off).max()):.1e}; the backend cuts prompts of {cut_for.start}-{cut_for.stop - 1} tokens")
+    print("| prompt | blocks ms | one call ms | blocks / one call (medians) | paired median |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for n in lengths:
+        a, b = times[f"{n} blocks"], times[f"{n} one call"]
+        paired = sorted(x / y for x, y in zip(a.seconds, b.seconds))
+        print(f"| {n} | {a.median * 1e3:.1f} | {b.median * 1e3:.1f} | {a.median / b.median:.3f} | {paired[len(paired) // 2]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
