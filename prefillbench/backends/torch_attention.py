@@ -60,9 +60,9 @@ class QueryBlock:
 #: SDPA's CPU flash kernel works in K/V tiles of 512 positions and skips a tile only when it is masked
 #: whole, so a causal prompt of up to 512 tokens costs its whole square. Cut into blocks of QUERY_BLOCK
 #: rows, each attending only up to its last position, it costs about 5/8 of it at 512 tokens. Measured
-#: on this project's 2-core CPU (SmolLM2-135M's heads, 30 layers, fp32, 9 alternated reps): at 512
-#: tokens 0.77x the single call's time; at 256, 0.97x; at 768 and 1,024, which already span two tiles,
-#: 0.95-0.98x, and a step at 1,024 tokens was 1.01-1.04x in an earlier A/B, so longer prompts keep one call.
+#: on this project's 2-core CPU, whole prompt steps of SmolLM2-135M, fp32 (benchmarks/query_blocks.py,
+#: 9 alternated reps, paired medians): 0.97x the single call's time at 300 and 512 tokens, 1.01x at 256,
+#: 1.03x at 768 and 1,024 (which already span two tiles), so only 257-512 tokens are cut.
 QUERY_BLOCK = 128
 QUERY_BLOCKS_FOR = range(257, 513)
 
