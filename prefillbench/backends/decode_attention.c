@@ -5,8 +5,10 @@
  * (decode, K/V head) is cut into `parts` spans of positions, one OpenMP work item each; the
  * spans' partial softmaxes are merged after, as flash attention merges its tiles. OpenMP is the
  * runtime torch itself runs on (libgomp, resolved to the copy torch loaded), so these threads
- * are torch's own and no second pool competes with them for the cores.
+ * are torch's own and no second pool competes with them for the cores. Built with -ffast-math (the
+ * vector expf needs it), which lets the compiler assume no infinities: maxima start at -FLT_MAX.
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,7 +43,7 @@ static inline __attribute__((always_inline)) void attend_span(
         }
     }
     for (int64_t g = 0; g < group; g++) {
-        float m = -INFINITY;
+        float m = -FLT_MAX;
         for (int64_t j = 0; j < width; j++) m = scores[g * width + j] > m ? scores[g * width + j] : m;
         float sum = 0.f;
         for (int64_t j = 0; j < width; j++) {
@@ -105,7 +107,7 @@ static inline __attribute__((always_inline)) int attend_all(
     for (int64_t r = 0; r < n * kv_heads; r++) {
         const int64_t i = r / kv_heads, h = r % kv_heads;
         for (int64_t g = 0; g < group; g++) {
-            float m = -INFINITY, sum = 0.f;
+            float m = -FLT_MAX, sum = 0.f;
             for (int64_t p = 0; p < parts; p++) {
                 const float *top = part + (r * parts + p) * group * (dim + 2);
                 if (top[group + g] > 0.f && top[g] > m) m = top[g];
