@@ -98,15 +98,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise RuntimeError(f"the decode attention kernel is {status()}")
     query = q.to(torch.float32).contiguous()
     slots = slots.to(torch.int64).contiguous()
-    lens = (positions + 1).to(torch.int64)
+    positions = positions.to(torch.int64).contiguous()
     out = torch.empty_like(query)
     n_slots, kv_heads, max_len, dim = k_cache.shape
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
             and k_cache.dtype == v_cache.dtype and k_cache.dtype in DTYPES):
         raise ValueError("the decode kernel reads whole contiguous float32 or bfloat16 caches")
-    failed = _library.decode_attention(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), lens.data_ptr(),
-                              q.shape[0], q.shape[1], kv_heads, max_len, dim, scaling, PARTS, out.data_ptr(),
-                              int(k_cache.dtype == torch.bfloat16))
+    failed = _library.decode_attention(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                                       positions.data_ptr(), q.shape[0], q.shape[1], kv_heads, max_len, dim, scaling,
+                                       PARTS, out.data_ptr(), int(k_cache.dtype == torch.bfloat16))
     if failed:
         raise MemoryError("the decode attention kernel could not allocate its partial results")
     return out.to(q.dtype)

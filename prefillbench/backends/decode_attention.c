@@ -1,7 +1,8 @@
 /* Decode attention over a static per-slot KV cache, read in place (see cpu_decode_attention.py).
  *
  * q [n, heads, dim] and out [n, heads, dim] float32; k_cache, v_cache [slots, kv_heads, max_len, dim]
- * float32 or bfloat16 (read as float32: the top half of its bits); all contiguous. Decode i attends positions 0 .. lens[i]-1 of slot slots[i]. Each
+ * float32 or bfloat16 (read as float32: the top half of its bits); all contiguous. Decode i, at
+ * position positions[i], attends positions 0 .. positions[i] of slot slots[i]. Each
  * (decode, K/V head) is cut into `parts` spans of positions, one OpenMP work item each; the
  * spans' partial softmaxes are merged after, as flash attention merges its tiles. OpenMP is the
  * runtime torch itself runs on (libgomp, resolved to the copy torch loaded), so these threads
@@ -66,14 +67,14 @@ static inline __attribute__((always_inline)) void attend_span(
 }
 
 static inline __attribute__((always_inline)) int attend_all(
-    const float *q, const char *kc, const char *vc, const int64_t *slots, const int64_t *lens,
+    const float *q, const char *kc, const char *vc, const int64_t *slots, const int64_t *positions,
     int64_t n, int64_t heads, int64_t kv_heads, int64_t max_len, const int64_t dim, float scale,
     int64_t parts, float *out, const int bf16)
 {
     const int64_t group = heads / kv_heads;
     const int64_t items = n * kv_heads * parts;
     int64_t longest = 0;
-    for (int64_t i = 0; i < n; i++) longest = lens[i] > longest ? lens[i] : longest;
+    for (int64_t i = 0; i < n; i++) longest = positions[i] + 1 > longest ? positions[i] + 1 : longest;
     const int64_t span_max = (longest + parts - 1) / parts;
     /* per item: group maxima, group sums, group x dim partial outputs */
     float *part = malloc(sizeof(float) * items * group * (dim + 2));
@@ -87,9 +88,10 @@ static inline __attribute__((always_inline)) int attend_all(
         for (int64_t t = 0; t < items; t++) {
             if (!scores) continue;
             const int64_t p = t % parts, i = (t / parts) / kv_heads, h = (t / parts) % kv_heads;
-            const int64_t span = (lens[i] + parts - 1) / parts;
+            const int64_t len = positions[i] + 1;
+            const int64_t span = (len + parts - 1) / parts;
             int64_t j0 = p * span, j1 = j0 + span;
-            if (j1 > lens[i]) j1 = lens[i];
+            if (j1 > len) j1 = len;
             float *top = part + t * group * (dim + 2), *total = top + group, *acc = total + group;
             if (j1 <= j0) {
                 for (int64_t g = 0; g < group; g++) total[g] = 0.f;
@@ -134,15 +136,15 @@ static inline __attribute__((always_inline)) int attend_all(
 #define DISPATCH(BF16)                                                                                      \
     do {                                                                                                    \
         if (dim == 64)                                                                                      \
-            return attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 64, scale, parts, out, BF16); \
+            return attend_all(q, kc, vc, slots, positions, n, heads, kv_heads, max_len, 64, scale, parts, out, BF16); \
         else if (dim == 128)                                                                                \
-            return attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, 128, scale, parts, out, BF16); \
+            return attend_all(q, kc, vc, slots, positions, n, heads, kv_heads, max_len, 128, scale, parts, out, BF16); \
         else                                                                                                \
-            return attend_all(q, kc, vc, slots, lens, n, heads, kv_heads, max_len, dim, scale, parts, out, BF16); \
+            return attend_all(q, kc, vc, slots, positions, n, heads, kv_heads, max_len, dim, scale, parts, out, BF16); \
     } while (0)
 
 /* 0, or 1 if memory for the partial results could not be had (out is then not written). */
-int decode_attention(const float *q, const char *kc, const char *vc, const int64_t *slots, const int64_t *lens,
+int decode_attention(const float *q, const char *kc, const char *vc, const int64_t *slots, const int64_t *positions,
                       int64_t n, int64_t heads, int64_t kv_heads, int64_t max_len, int64_t dim, float scale,
                       int64_t parts, float *out, int64_t bf16)
 {
