@@ -51,10 +51,9 @@ def main() -> None:
 
     times = time_interleaved({"whole": lambda: backend.execute(whole), "chunks": run_chunks}, args.reps, Clock(torch.device("cpu")))
     w, c = times["whole"].median, times["chunks"].median
-    paired = sorted(a / b for a, b in zip(times["chunks"].seconds, times["whole"].seconds))
     print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps")
     print(f"pp{args.tokens} as one step: {w * 1e3:.0f} ms; as {len(chunks)} chunks of {args.chunk}: {c * 1e3:.0f} ms, "
-          f"{c / w:.3f}x (paired median {paired[len(paired) // 2]:.3f})")
+          f"{c / w:.3f}x (paired median {times['chunks'].paired_ratio(times['whole']):.3f})")
     print("each chunk, by offset: " + ", ".join(f"{s}: {statistics.median(v[1:]) * 1e3:.0f} ms" for s, v in zip(starts, per_chunk)))
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, time_interleaved  # noqa: E402
+from torch_steps import Clock, time_both_ways, time_interleaved  # noqa: E402
 
 from prefillbench.backends import cpu_decode_attention  # noqa: E402
 from prefillbench.backends.torch_attention import _matmul_attention, decode_mask  # noqa: E402
@@ -101,20 +101,16 @@ def steps(args) -> None:
 
     on, off = (run(cases["decode x16"], k, logits=True).logits for k in (True, False))
     diff = max(float(abs(on[s] - off[s]).max()) for s in on)
-    contenders = {f"{name} {path}": (lambda st=st, k=(path == "kernel"): run(st, k))
-                  for name, st in cases.items() for path in ("kernel", "matmuls")}
-    times = time_interleaved(contenders, args.reps, Clock(torch.device("cpu")))
+    times = time_both_ways(run, cases, args.reps, Clock(torch.device("cpu")))
     print(f"# backend steps, {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, decodes at {context} positions, "
           f"{args.reps} interleaved reps; decode x16 logits, kernel against matmuls: max |diff| {diff:.1e}")
     print("| step | kernel ms | matmuls/SDPA ms | kernel / matmuls (medians) | paired median |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for name in cases:
-        k, m = times[f"{name} kernel"], times[f"{name} matmuls"]
-        paired = sorted(a / b for a, b in zip(k.seconds, m.seconds))
-        print(f"| {name} | {k.median * 1e3:.1f} | {m.median * 1e3:.1f} | {k.median / m.median:.2f} | {paired[len(paired) // 2]:.2f} |")
-    for path in ("kernel", "matmuls"):
-        extra = times[f"chunk + 3 decodes {path}"].median - times[f"chunk {path}"].median
-        alone = times[f"3 decodes {path}"].median
+    for name, (k, m) in times.items():
+        print(f"| {name} | {k.median * 1e3:.1f} | {m.median * 1e3:.1f} | {k.median / m.median:.2f} | {k.paired_ratio(m):.2f} |")
+    for way, path in enumerate(("kernel", "matmuls")):
+        extra = times["chunk + 3 decodes"][way].median - times["chunk"][way].median
+        alone = times["3 decodes"][way].median
         print(f"piggyback, {path}: (chunk + 3 decodes) - chunk = {extra * 1e3:.1f} ms = {extra / alone:.2f} x the 3 decodes alone ({alone * 1e3:.1f} ms)")
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, time_interleaved  # noqa: E402
+from torch_steps import Clock, time_both_ways  # noqa: E402
 
 from prefillbench.backends import torch_attention  # noqa: E402
 from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
@@ -49,17 +49,14 @@ def main() -> None:
 
     last = steps[lengths[-1]]
     on, off = (run(last, b, logits=True).logits[0] for b in (True, False))
-    contenders = {f"{n} {way}": (lambda st=st, b=(way == "blocks"): run(st, b)) for n, st in steps.items() for way in ("blocks", "one call")}
-    times = time_interleaved(contenders, args.reps, Clock(torch.device("cpu")))
+    times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
     print(f"# prompt steps, {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps, "
           f"query blocks of {torch_attention.QUERY_BLOCK}; pp{lengths[-1]} logits, blocks against one call: max |diff| "
           f"{float(np.abs(on - off).max()):.1e}; the backend cuts prompts of {cut_for.start}-{cut_for.stop - 1} tokens")
     print("| prompt | blocks ms | one call ms | blocks / one call (medians) | paired median |")
     print("| ---: | ---: | ---: | ---: | ---: |")
-    for n in lengths:
-        a, b = times[f"{n} blocks"], times[f"{n} one call"]
-        paired = sorted(x / y for x, y in zip(a.seconds, b.seconds))
-        print(f"| {n} | {a.median * 1e3:.1f} | {b.median * 1e3:.1f} | {a.median / b.median:.3f} | {paired[len(paired) // 2]:.3f} |")
+    for n, (a, b) in times.items():
+        print(f"| {n} | {a.median * 1e3:.1f} | {b.median * 1e3:.1f} | {a.median / b.median:.3f} | {a.paired_ratio(b):.3f} |")
 
 
 if __name__ == "__main__":

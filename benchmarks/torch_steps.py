@@ -85,8 +85,14 @@ class Timing:
     def spread(self) -> float:
         return max(self.seconds) / min(self.seconds) - 1
 
+    def paired_ratio(self, other: "Timing") -> float:
+        """The median of this time over `other`'s, rep by rep: each pair ran back to back, so the
+        machine's drift between reps, often larger than the difference, cancels."""
+        ratios = sorted(a / b for a, b in zip(self.seconds, other.seconds))
+        return ratios[len(ratios) // 2]
 
-def time_interleaved(contenders: dict[str, Callable[[], object]], reps: int, clock: Clock) -> dict[str, Timing]:
+
+def time_interleaved(contenders: dict[object, Callable[[], object]], reps: int, clock: Clock) -> dict[object, Timing]:
     for fn in contenders.values():
         clock(fn)  # warm-up: allocations, kernel choices, graph captures
     out = {name: Timing([]) for name in contenders}
@@ -94,6 +100,13 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], reps: int, clo
         for name, fn in contenders.items():
             out[name].seconds.append(clock(fn))
     return out
+
+
+def time_both_ways(run: Callable[[object, bool], object], cases: dict, reps: int, clock: Clock) -> dict[object, tuple[Timing, Timing]]:
+    """Each case run with a switch on and off (`run(case, on)`), all alternated rep by rep: {name: (on, off)}."""
+    contenders = {(name, on): (lambda case=case, on=on: run(case, on)) for name, case in cases.items() for on in (True, False)}
+    times = time_interleaved(contenders, reps, clock)
+    return {name: (times[(name, True)], times[(name, False)]) for name in cases}
 
 
 def gemm_peak(dtype: torch.dtype, device: torch.device, clock: Clock, reps: int) -> float:
