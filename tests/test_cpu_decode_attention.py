@@ -93,7 +93,7 @@ def test_backend_decodes_through_the_kernel_with_the_matmul_path_logits(monkeypa
     assert backend.metadata()["decode_attention"] == "compiled C kernel"
 
     backend.prepare(len(prompts), 128, 512)  # a fresh cache
-    monkeypatch.setattr(cpu_decode_attention, "_status", "off (test)")
+    monkeypatch.setattr(cpu_decode_attention.KERNEL, "_status", "off (test)")
     calls.clear()
     without = _decode_steps(backend, prompts)
     assert not calls
@@ -103,8 +103,8 @@ def test_backend_decodes_through_the_kernel_with_the_matmul_path_logits(monkeypa
 
 
 def test_without_a_compiler_the_kernel_is_off_with_the_reason(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_decode_attention, "_status", None)
-    monkeypatch.setattr(cpu_decode_attention, "_library", None)
+    monkeypatch.setattr(cpu_decode_attention.KERNEL, "_status", None)
+    monkeypatch.setattr(cpu_decode_attention.KERNEL, "library", None)
     monkeypatch.setenv("CC", "no-such-compiler")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built yet under this key
     assert cpu_decode_attention.status().startswith("off (build failed")
@@ -112,12 +112,12 @@ def test_without_a_compiler_the_kernel_is_off_with_the_reason(monkeypatch, tmp_p
 
 
 def test_the_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_decode_attention, "_status", None)
-    monkeypatch.setattr(cpu_decode_attention, "_library", None)
+    monkeypatch.setattr(cpu_decode_attention.KERNEL, "_status", None)
+    monkeypatch.setattr(cpu_decode_attention.KERNEL, "library", None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cpu_decode_attention.status() == ""
     built = list((tmp_path / "prefillbench").glob("decode_attention-*.so"))
     assert len(built) == 1
-    monkeypatch.setattr(cpu_decode_attention, "_status", None)
+    monkeypatch.setattr(cpu_decode_attention.KERNEL, "_status", None)
     assert cpu_decode_attention.status() == ""  # loaded from the cache: no second file, no temporary left
     assert list((tmp_path / "prefillbench").iterdir()) == built

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from prefillbench.step import PackedStep, Step, StepResult, pack
 
-from . import cpu_decode_attention
+from . import cpu_decode_attention, cpu_layer_ops
 from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
 from .torch_attention import DecodeRun, QueryBlock, chunk_query_blocks, decode_mask, decode_runs, write_and_attend_decodes
@@ -389,6 +389,7 @@ class TorchBackend(Backend):
             meta["compile"] = f"decode-only steps, batch sizes 1-{max(self.compiled.batch_sizes, default=0)}, compiled in {self.compiled.compile_s:.0f} s"
         meta["decode_attention"] = self._decode_attention_note()
         meta["fused_projections"] = "qkv, gate_up" if self.fused is not None else "off (transformers' forward)"
+        meta["layer_ops"] = self._layer_ops_note()
         if self.linear_kernels.choice:
             meta["linear_kernels"] = ", ".join(f"{k} {v}" for k, v in self.linear_kernels.summary().items())
         if self.parallel:
@@ -402,6 +403,17 @@ class TorchBackend(Backend):
             return f"matmuls/SDPA (the compiled kernel reads {', '.join(str(d).removeprefix('torch.') for d in cpu_decode_attention.DTYPES)} caches)"
         why_not = cpu_decode_attention.status()
         return "compiled C kernel" if not why_not else f"matmuls/SDPA; kernel {why_not}"
+
+    def _layer_ops_note(self) -> str:
+        """Which path a layer's norms, rotary and SiLU gate take."""
+        if self.fused is None:
+            return "transformers' modules"
+        if not self.fused.compiled_ops:
+            return "torch ops (this model's norms or heads are not the compiled loops' kind)"
+        if self.torch_device.type != "cpu" or self.dtype not in cpu_layer_ops.DTYPES:
+            return "torch ops"
+        why_not = cpu_layer_ops.status()
+        return "compiled C loops" if not why_not else f"torch ops; compiled loops {why_not}"
 
     def logit_tolerance(self) -> LogitTolerance:
         return LOGIT_TOLERANCE[self.dtype]

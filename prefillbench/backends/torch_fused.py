@@ -7,6 +7,10 @@ QKV and merged gate-up layers. Measured on this project's 2-core CPU, fp32,
 SmolLM2-135M, a decode step at 32 positions: one sequence 36.0 -> 31.4 ms,
 four 45.5 -> 41.1 ms (medians of 21 interleaved steps), logits unchanged.
 
+On the CPU in float32 or bfloat16 a layer's elementwise work (residual adds,
+RMSNorms, rotary, SiLU gate) goes through cpu_layer_ops' compiled loops, four
+calls a layer; elsewhere through transformers' own modules, in the same loop.
+
 The transformers modules keep their weights, as views into the fused tensors,
 so nothing is stored twice and the model still runs as transformers' own (the
 reference the parity tests compare against). A model whose layers do not have
@@ -20,7 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_layer_ops
 from .torch_linear import LinearKernels, TunedWeight
+
+#: Norms computing weight * x / sqrt(mean(x^2) + eps) (in float32, rounded to the input dtype before the
+#: weight), the formula cpu_layer_ops.add_rms_norm implements.
+RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
 
 #: Families whose decoder layer is: RMSNorm, attention (q, k, v, o; optional q/k/v bias), residual,
 #: RMSNorm, SiLU-gated MLP (gate, up, down), residual. Others (qk-norm, fused weights of their
@@ -77,6 +86,10 @@ class FusedDecoder:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self.rotary = apply_rotary_pos_emb
+        norms = [n for f in layers for n in (f.module.input_layernorm, f.module.post_attention_layernorm)] + [decoder.norm]
+        # Other norms (an offset weight, another eps name) keep their own modules.
+        self.compiled_ops = all(type(n).__name__ in RMS_NORMS and hasattr(n, "variance_epsilon") for n in norms) and all(
+            f.module.self_attn.head_dim <= cpu_layer_ops.MAX_HEAD_DIM and f.module.self_attn.head_dim % 2 == 0 for f in layers)
 
     @classmethod
     def build(cls, model: nn.Module, attention) -> "FusedDecoder | None":
@@ -110,16 +123,63 @@ class FusedDecoder:
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout, linear: LinearKernels) -> torch.Tensor:
         d = self.decoder
-        hidden = d.embed_tokens(input_ids)
-        cos, sin = d.rotary_emb(hidden, position_ids=position_ids)
-        n_tokens = hidden.shape[1]
-        for f in self.layers:
+        residual = d.embed_tokens(input_ids)  # a fresh tensor: the residual stream is added to in place
+        cos, sin = d.rotary_emb(residual, position_ids=position_ids)
+        ops = CompiledLayerOps(cos, sin) if self.compiled_ops and cpu_layer_ops.applies(residual) else TorchLayerOps(cos, sin, self.rotary)
+        n_tokens = residual.shape[1]
+        x = ops.add_norm(residual, None, self.layers[0].module.input_layernorm)
+        for i, f in enumerate(self.layers):
             layer, attn = f.module, f.module.self_attn
-            q, k, v = linear.forward(layer.input_layernorm(hidden), f.qkv).split(f.qkv_sizes, dim=-1)
-            shape = (1, n_tokens, -1, attn.head_dim)
-            q, k = self.rotary(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
-            out, _ = self.attention(attn, q, k, v.view(shape).transpose(1, 2), None, scaling=attn.scaling, pb_layout=layout)
-            hidden = hidden + attn.o_proj(out.reshape(1, n_tokens, -1))
-            gate, up = linear.forward(layer.post_attention_layernorm(hidden), f.gate_up).chunk(2, dim=-1)
-            hidden = hidden + layer.mlp.down_proj(F.silu(gate) * up)
-        return d.norm(hidden)
+            q, k, v = ops.rotate(linear.forward(x, f.qkv), f.qkv_sizes, attn.head_dim)
+            out, _ = self.attention(attn, q, k, v, None, scaling=attn.scaling, pb_layout=layout)
+            x = ops.add_norm(residual, attn.o_proj(out.reshape(1, n_tokens, -1)), layer.post_attention_layernorm)
+            mlp_out = layer.mlp.down_proj(ops.silu_mul(linear.forward(x, f.gate_up)))
+            following = self.layers[i + 1].module.input_layernorm if i + 1 < len(self.layers) else d.norm
+            x = ops.add_norm(residual, mlp_out, following)
+        return x
+
+
+class TorchLayerOps:
+    """A layer's elementwise work through transformers' modules and torch ops."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, rotary) -> None:
+        self.cos, self.sin, self.rotary = cos, sin, rotary
+
+    @staticmethod
+    def add_norm(residual: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module) -> torch.Tensor:
+        if delta is not None:
+            residual.add_(delta)
+        return norm(residual)
+
+    def rotate(self, qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int):
+        """q, k, v [1, heads, tokens, head_dim] from a fused qkv product [1, tokens, width], q and k rotated."""
+        shape = (1, qkv.shape[1], -1, head_dim)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in qkv.split(sizes, dim=-1))
+        q, k = self.rotary(q, k, self.cos, self.sin)
+        return q, k, v
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class CompiledLayerOps(TorchLayerOps):
+    """The same work through cpu_layer_ops' compiled loops (CPU, float32 or bfloat16)."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        super().__init__(cos.contiguous(), sin.contiguous(), None)
+
+    @staticmethod
+    def add_norm(residual: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module) -> torch.Tensor:
+        return cpu_layer_ops.add_rms_norm(residual, None if delta is None else delta.contiguous(), norm.weight, norm.variance_epsilon)
+
+    def rotate(self, qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int):
+        qkv = qkv.contiguous()
+        cpu_layer_ops.rotary_(qkv, self.cos, self.sin, (sizes[0] + sizes[1]) // head_dim, head_dim)
+        shape = (1, qkv.shape[1], -1, head_dim)
+        return tuple(t.view(shape).transpose(1, 2) for t in qkv.split(sizes, dim=-1))
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        return cpu_layer_ops.silu_mul(gate_up.contiguous())

@@ -1,0 +1,81 @@
+"""A layer's elementwise work through the compiled loops (cpu_layer_ops) against transformers' modules, whole steps.
+
+Steps of the default model through the torch backend, the two ways alternated rep
+by rep in one process (sets FusedDecoder.compiled_ops); medians and the paired
+median of the ratios; the logits of each step compared.
+
+    .venv/bin/python benchmarks/layer_ops.py [--dtype bfloat16] [--reps 9] [--context 1024]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_steps import Clock, time_both_ways  # noqa: E402
+
+from prefillbench.backends import cpu_layer_ops  # noqa: E402
+from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
+from prefillbench.models import default_model_path  # noqa: E402
+from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--context", type=int, default=1024, help="positions each decode attends to; the chunk's offset")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if cpu_layer_ops.status():
+        sys.exit(f"the layer kernels are {cpu_layer_ops.status()}")
+    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=args.dtype)
+    if backend.fused is None or not backend.fused.compiled_ops:
+        sys.exit("this model's layers do not take the compiled loops")
+    n_slots, max_len = 16, args.context + 520
+    backend.prepare(n_slots, max_len, max_len * n_slots)
+    for s in range(n_slots):
+        backend.slots.slot(s)
+    rng = np.random.default_rng(0)
+
+    def tokens(n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in rng.integers(0, backend.vocab_size, n))
+
+    def decodes(n: int, first: int = 0) -> tuple[DecodeToken, ...]:
+        return tuple(DecodeToken(first + i, 1, args.context) for i in range(n))
+
+    chunk = PrefillChunk(0, tokens(256), args.context, is_last=True)
+    steps = {
+        "pp512": Step(prefills=(PrefillChunk(0, tokens(512), 0, True),)),
+        "chunk 256": Step(prefills=(chunk,)),
+        "chunk 256 + 3 decodes": Step(prefills=(chunk,), decodes=decodes(3, first=1)),
+        **{f"decode x{n}": Step(decodes=decodes(n)) for n in (1, 4, 16)},
+    }
+
+    def run(step: Step, compiled: bool, logits: bool = False):
+        backend.fused.compiled_ops = compiled
+        try:
+            return backend.execute(step, return_logits=logits)
+        finally:
+            backend.fused.compiled_ops = True
+
+    diffs = {}
+    for name, step in steps.items():
+        on, off = (run(step, c, logits=True).logits for c in (True, False))
+        diffs[name] = max(float(np.abs(on[s] - off[s]).max()) for s in on)
+    times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
+    print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
+          f"decodes at {args.context} positions")
+    print("| step | compiled loops ms | torch ops ms | compiled / torch (medians) | paired median | logits max abs diff |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, (a, b) in times.items():
+        print(f"| {name} | {a.median * 1e3:.1f} | {b.median * 1e3:.1f} | {a.median / b.median:.3f} | {a.paired_ratio(b):.3f} | {diffs[name]:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
