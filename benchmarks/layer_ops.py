@@ -1,7 +1,7 @@
 """A layer's elementwise work through the compiled loops (cpu_layer_ops) against transformers' modules, whole steps.
 
 Steps of the default model through the torch backend, the two ways alternated rep
-by rep in one process (sets FusedDecoder.compiled_ops); medians and the paired
+by rep in one process (sets FusedDecoder.c_layer_ops); medians and the paired
 median of the ratios; the logits of each step compared.
 
     .venv/bin/python benchmarks/layer_ops.py [--dtype bfloat16] [--reps 9] [--context 1024]
@@ -35,7 +35,7 @@ def main() -> None:
     if cpu_layer_ops.status():
         sys.exit(f"the layer kernels are {cpu_layer_ops.status()}")
     backend = TorchBackend.load(default_model_path(), device="cpu", dtype=args.dtype)
-    if backend.fused is None or not backend.fused.compiled_ops:
+    if backend.fused is None or not backend.fused.c_layer_ops:
         sys.exit("this model's layers do not take the compiled loops")
     n_slots, max_len = 16, args.context + 520
     backend.prepare(n_slots, max_len, max_len * n_slots)
@@ -58,11 +58,11 @@ def main() -> None:
     }
 
     def run(step: Step, compiled: bool, logits: bool = False):
-        backend.fused.compiled_ops = compiled
+        backend.fused.c_layer_ops = compiled
         try:
             return backend.execute(step, return_logits=logits)
         finally:
-            backend.fused.compiled_ops = True
+            backend.fused.c_layer_ops = True
 
     diffs = {}
     for name, step in steps.items():

@@ -110,7 +110,7 @@ def _mixed_step_logits(backend: TorchBackend):
 def test_backend_runs_the_compiled_loops_with_the_torch_ops_logits(arch, monkeypatch):
     model, _ = tiny_model(arch)
     backend = TorchBackend(model, f"tiny-{arch}", "cpu")
-    assert backend.fused.compiled_ops
+    assert backend.fused.c_layer_ops
     calls = []
     for name in ("add_rms_norm", "rotary_", "silu_mul"):
         fn = getattr(cpu_layer_ops, name)
@@ -122,7 +122,7 @@ def test_backend_runs_the_compiled_loops_with_the_torch_ops_logits(arch, monkeyp
     assert calls.count("add_rms_norm") == 3 * (2 * backend.n_layers + 1)
     assert backend.metadata()["layer_ops"] == "compiled C loops"
 
-    backend.fused.compiled_ops = False
+    backend.fused.c_layer_ops = False
     calls.clear()
     backend.prepare(3, 128, 512)
     torch_ops = _mixed_step_logits(backend)
@@ -147,5 +147,5 @@ def test_a_norm_of_another_kind_keeps_the_torch_ops():
     model, _ = tiny_model("llama")
     model.model.layers[1].post_attention_layernorm.__class__ = type("OffsetRMSNorm", (LlamaRMSNorm,), {})
     backend = TorchBackend(model, "tiny-llama", "cpu")
-    assert backend.fused is not None and not backend.fused.compiled_ops
+    assert backend.fused is not None and not backend.fused.c_layer_ops
     assert backend.metadata()["layer_ops"].startswith("torch ops (this model's norms")

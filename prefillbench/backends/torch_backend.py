@@ -408,7 +408,7 @@ class TorchBackend(Backend):
         """Which path a layer's norms, rotary and SiLU gate take."""
         if self.fused is None:
             return "transformers' modules"
-        if not self.fused.compiled_ops:
+        if not self.fused.c_layer_ops:
             return "torch ops (this model's norms or heads are not the compiled loops' kind)"
         if self.torch_device.type != "cpu" or self.dtype not in cpu_layer_ops.DTYPES:
             return "torch ops"

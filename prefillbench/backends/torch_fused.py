@@ -88,7 +88,7 @@ class FusedDecoder:
         self.rotary = apply_rotary_pos_emb
         norms = [n for f in layers for n in (f.module.input_layernorm, f.module.post_attention_layernorm)] + [decoder.norm]
         # Other norms (an offset weight, another eps name) keep their own modules.
-        self.compiled_ops = all(type(n).__name__ in RMS_NORMS and hasattr(n, "variance_epsilon") for n in norms) and all(
+        self.c_layer_ops = all(type(n).__name__ in RMS_NORMS and hasattr(n, "variance_epsilon") for n in norms) and all(
             f.module.self_attn.head_dim <= cpu_layer_ops.MAX_HEAD_DIM and f.module.self_attn.head_dim % 2 == 0 for f in layers)
 
     @classmethod
@@ -125,7 +125,7 @@ class FusedDecoder:
         d = self.decoder
         residual = d.embed_tokens(input_ids)  # a fresh tensor: the residual stream is added to in place
         cos, sin = d.rotary_emb(residual, position_ids=position_ids)
-        ops = CompiledLayerOps(cos, sin) if self.compiled_ops and cpu_layer_ops.applies(residual) else TorchLayerOps(cos, sin, self.rotary)
+        ops = CLayerOps(cos, sin) if self.c_layer_ops and cpu_layer_ops.applies(residual) else TorchLayerOps(cos, sin, self.rotary)
         n_tokens = residual.shape[1]
         x = ops.add_norm(residual, None, self.layers[0].module.input_layernorm)
         for i, f in enumerate(self.layers):
@@ -164,7 +164,7 @@ class TorchLayerOps:
         return F.silu(gate) * up
 
 
-class CompiledLayerOps(TorchLayerOps):
+class CLayerOps(TorchLayerOps):
     """The same work through cpu_layer_ops' compiled loops (CPU, float32 or bfloat16)."""
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -172,7 +172,9 @@ class CompiledLayerOps(TorchLayerOps):
 
     @staticmethod
     def add_norm(residual: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module) -> torch.Tensor:
-        return cpu_layer_ops.add_rms_norm(residual, None if delta is None else delta.contiguous(), norm.weight, norm.variance_epsilon)
+        # A norm weight kept in another dtype (some checkpoints keep norms in float32) is cast, not refused.
+        weight = norm.weight.to(residual.dtype)
+        return cpu_layer_ops.add_rms_norm(residual, None if delta is None else delta.contiguous(), weight, norm.variance_epsilon)
 
     def rotate(self, qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int):
         qkv = qkv.contiguous()
