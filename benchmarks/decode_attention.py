@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, time_both_ways, time_interleaved  # noqa: E402
+from torch_steps import Clock, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
 
 from prefillbench.backends import cpu_decode_attention  # noqa: E402
 from prefillbench.backends.torch_attention import _matmul_attention, decode_mask  # noqa: E402
@@ -104,10 +104,7 @@ def steps(args) -> None:
     times = time_both_ways(run, cases, args.reps, Clock(torch.device("cpu")))
     print(f"# backend steps, {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, decodes at {context} positions, "
           f"{args.reps} interleaved reps; decode x16 logits, kernel against matmuls: max |diff| {diff:.1e}")
-    print("| step | kernel ms | matmuls/SDPA ms | kernel / matmuls (medians) | paired median |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for name, (k, m) in times.items():
-        print(f"| {name} | {k.median * 1e3:.1f} | {m.median * 1e3:.1f} | {k.median / m.median:.2f} | {k.paired_ratio(m):.2f} |")
+    print_both_ways(times, "step", "kernel", "matmuls/SDPA")
     for way, path in enumerate(("kernel", "matmuls")):
         extra = times["chunk + 3 decodes"][way].median - times["chunk"][way].median
         alone = times["3 decodes"][way].median

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, time_both_ways  # noqa: E402
+from torch_steps import Clock, print_both_ways, time_both_ways  # noqa: E402
 
 from prefillbench.backends import cpu_layer_ops  # noqa: E402
 from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
@@ -71,10 +71,7 @@ def main() -> None:
     times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
     print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
           f"decodes at {args.context} positions")
-    print("| step | compiled loops ms | torch ops ms | compiled / torch (medians) | paired median | logits max abs diff |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for name, (a, b) in times.items():
-        print(f"| {name} | {a.median * 1e3:.1f} | {b.median * 1e3:.1f} | {a.median / b.median:.3f} | {a.paired_ratio(b):.3f} | {diffs[name]:.1e} |")
+    print_both_ways(times, "step", "compiled loops", "torch ops", ("logits max abs diff", {n: f"{d:.1e}" for n, d in diffs.items()}))
 
 
 if __name__ == "__main__":

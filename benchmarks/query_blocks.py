@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, time_both_ways  # noqa: E402
+from torch_steps import Clock, print_both_ways, time_both_ways  # noqa: E402
 
 from prefillbench.backends import torch_attention  # noqa: E402
 from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
@@ -53,10 +53,7 @@ def main() -> None:
     print(f"# prompt steps, {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps, "
           f"query blocks of {torch_attention.QUERY_BLOCK}; pp{lengths[-1]} logits, blocks against one call: max |diff| "
           f"{float(np.abs(on - off).max()):.1e}; the backend cuts prompts of {cut_for.start}-{cut_for.stop - 1} tokens")
-    print("| prompt | blocks ms | one call ms | blocks / one call (medians) | paired median |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
-    for n, (a, b) in times.items():
-        print(f"| {n} | {a.median * 1e3:.1f} | {b.median * 1e3:.1f} | {a.median / b.median:.3f} | {a.paired_ratio(b):.3f} |")
+    print_both_ways(times, "prompt", "blocks", "one call")
 
 
 if __name__ == "__main__":

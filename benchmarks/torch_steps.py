@@ -110,6 +110,18 @@ def time_both_ways(run: Callable[[object, bool], object], cases: dict, reps: int
     return {name: (times[(name, True)], times[(name, False)]) for name in cases}
 
 
+def print_both_ways(times: dict[object, tuple[Timing, Timing]], case: str, on: str, off: str,
+                    extra: tuple[str, dict[object, str]] | None = None) -> None:
+    """time_both_ways' result as a table: each way's median, their ratio, the paired median of the ratios,
+    and an optional column of the caller's ((header, {case: text}))."""
+    head = f"| {case} | {on} ms | {off} ms | {on} / {off} (medians) | paired median |"
+    print(head + (f" {extra[0]} |" if extra else ""))
+    print("| --- | ---: | ---: | ---: | ---: |" + (" ---: |" if extra else ""))
+    for name, (a, b) in times.items():
+        row = f"| {name} | {a.median * 1e3:.1f} | {b.median * 1e3:.1f} | {a.median / b.median:.3f} | {a.paired_ratio(b):.3f} |"
+        print(row + (f" {extra[1][name]} |" if extra else ""))
+
+
 def gemm_peak(dtype: torch.dtype, device: torch.device, clock: Clock, reps: int) -> float:
     """FLOP/s: the best of a few large square matmuls, through every GEMM library the backend may use
     (on the CPU, MKL's `torch.mm` and oneDNN's product with a prepacked weight: the roofline is the
