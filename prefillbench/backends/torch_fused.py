@@ -139,6 +139,12 @@ class FusedDecoder:
         return x
 
 
+def split_heads(qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v [1, heads, tokens, head_dim], views of a fused qkv product [1, tokens, width]."""
+    shape = (1, qkv.shape[1], -1, head_dim)
+    return tuple(t.view(shape).transpose(1, 2) for t in qkv.split(sizes, dim=-1))
+
+
 class TorchLayerOps:
     """A layer's elementwise work through transformers' modules and torch ops."""
 
@@ -153,8 +159,7 @@ class TorchLayerOps:
 
     def rotate(self, qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int):
         """q, k, v [1, heads, tokens, head_dim] from a fused qkv product [1, tokens, width], q and k rotated."""
-        shape = (1, qkv.shape[1], -1, head_dim)
-        q, k, v = (t.view(shape).transpose(1, 2) for t in qkv.split(sizes, dim=-1))
+        q, k, v = split_heads(qkv, sizes, head_dim)
         q, k = self.rotary(q, k, self.cos, self.sin)
         return q, k, v
 
@@ -179,8 +184,7 @@ class CLayerOps(TorchLayerOps):
     def rotate(self, qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int):
         qkv = qkv.contiguous()
         cpu_layer_ops.rotary_(qkv, self.cos, self.sin, (sizes[0] + sizes[1]) // head_dim, head_dim)
-        shape = (1, qkv.shape[1], -1, head_dim)
-        return tuple(t.view(shape).transpose(1, 2) for t in qkv.split(sizes, dim=-1))
+        return split_heads(qkv, sizes, head_dim)
 
     @staticmethod
     def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
