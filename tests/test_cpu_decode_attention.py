@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from prefillbench.backends import cpu_decode_attention
 from prefillbench.backends.torch_backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
+from kernel_builds import forget_build
 from tiny_models import tiny_model
 
 
@@ -103,18 +104,13 @@ def test_backend_decodes_through_the_kernel_with_the_matmul_path_logits(monkeypa
 
 
 def test_without_a_compiler_the_kernel_is_off_with_the_reason(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_decode_attention.KERNEL, "_status", None)
-    monkeypatch.setattr(cpu_decode_attention.KERNEL, "library", None)
-    monkeypatch.setenv("CC", "no-such-compiler")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built yet under this key
+    forget_build(monkeypatch, cpu_decode_attention.KERNEL, tmp_path, compiler="no-such-compiler")  # nothing built there yet
     assert cpu_decode_attention.status().startswith("off (build failed")
     assert not cpu_decode_attention.applies(torch.randn(1, 2, 8), torch.randn(1, 2, 4, 8))
 
 
 def test_the_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_decode_attention.KERNEL, "_status", None)
-    monkeypatch.setattr(cpu_decode_attention.KERNEL, "library", None)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    forget_build(monkeypatch, cpu_decode_attention.KERNEL, tmp_path)
     assert cpu_decode_attention.status() == ""
     built = list((tmp_path / "prefillbench").glob("decode_attention-*.so"))
     assert len(built) == 1

@@ -10,6 +10,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 from prefillbench.backends import cpu_layer_ops
 from prefillbench.backends.torch_backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
+from kernel_builds import forget_build
 from tiny_models import tiny_model
 
 
@@ -132,10 +133,7 @@ def test_backend_runs_the_compiled_loops_with_the_torch_ops_logits(arch, monkeyp
 
 
 def test_without_the_kernels_the_torch_ops_run_and_say_why(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_layer_ops.KERNELS, "_status", None)
-    monkeypatch.setattr(cpu_layer_ops.KERNELS, "library", None)
-    monkeypatch.setenv("CC", "no-such-compiler")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built yet under this key
+    forget_build(monkeypatch, cpu_layer_ops.KERNELS, tmp_path, compiler="no-such-compiler")  # nothing built there yet
     model, _ = tiny_model("llama")
     backend = TorchBackend(model, "tiny-llama", "cpu")
     backend.prepare(3, 128, 512)

@@ -76,7 +76,3 @@ class CKernels:
                     first = detail.decode(errors="replace").strip().splitlines()[:1]
                     self._status = f"off (build failed: {first[0] if first else type(e).__name__})"
         return self._status
-
-    def reset(self) -> None:
-        """Forget the build and the status (tests: a new compiler or cache folder)."""
-        self.library, self._status = None, None
