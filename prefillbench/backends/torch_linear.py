@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_few_rows
+
 #: Row counts up to this one are tuned bucket by bucket; every larger count shares one choice.
 MAX_TUNED_ROWS = 64
 #: The row count at which that shared choice is timed: above MAX_TUNED_ROWS only `F.linear` and the
@@ -79,6 +81,10 @@ def _onednn_packed(x: torch.Tensor, layer: "TunedWeight") -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, layer.onednn_weight(), layer.bias, "none", [], "")
 
 
+def _few_rows_packed(x: torch.Tensor, layer: "TunedWeight") -> torch.Tensor:
+    return cpu_few_rows.multiply(x, layer.few_rows_weight(), layer.bias)
+
+
 #: Block counts tried by the split-rows kernels (used where they divide the weight's rows).
 SPLIT_PARTS = (2, 4, 8)
 
@@ -89,6 +95,7 @@ KERNELS: dict[str, Callable[[torch.Tensor, "TunedWeight"], torch.Tensor]] = {
     "transposed_weight": _transposed_weight,
     **{f"split_rows_{p}": _split_rows(p) for p in SPLIT_PARTS},
     "onednn_packed": _onednn_packed,
+    "few_rows_packed": _few_rows_packed,
 }
 
 #: The kernels that compete above MAX_TUNED_ROWS: the others exist for products of a few rows.
@@ -105,6 +112,8 @@ def _applies(name: str, layer: "TunedWeight", rows: int) -> bool:
         return False
     if name == "onednn_packed":
         return onednn_applies(layer.weight)
+    if name == "few_rows_packed":
+        return rows <= cpu_few_rows.MAX_ROWS and cpu_few_rows.applies(layer.weight)
     if name == "transposed_weight":
         return layer.weight_t is not None
     if name.startswith("split_rows_"):
@@ -120,11 +129,17 @@ class TunedWeight:
     bias: torch.Tensor | None
     weight_t: torch.Tensor | None = None  # W.T contiguous, kept only where "transposed_weight" may be used
     onednn: torch.Tensor | None = None  # W in oneDNN's blocked layout, made when first timed, kept if chosen
+    few_rows: torch.Tensor | None = None  # W packed for cpu_few_rows, with its peers, when first timed; kept if chosen
 
     def onednn_weight(self) -> torch.Tensor:
         if self.onednn is None:
             self.onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight)
         return self.onednn
+
+    def few_rows_weight(self) -> torch.Tensor:
+        if self.few_rows is None:  # LinearKernels packs a kind's weights together; a weight alone packs here
+            [self.few_rows] = cpu_few_rows.pack([self.weight])
+        return self.few_rows
 
     @property
     def kind(self) -> tuple[int, int, bool, bool]:
@@ -201,13 +216,14 @@ class LinearKernels:
         self.drop_unchosen()
 
     def drop_unchosen(self) -> None:
-        """Free the oneDNN copies of weights whose kind chose that kernel for no row count: each is
-        as large as its weight."""
-        chosen = {kind for (kind, _), name in self.choice.items() if name == "onednn_packed"}
-        for kind, peers in self.layers.items():
-            if kind not in chosen:
-                for peer in peers:
-                    peer.onednn = None
+        """Free the oneDNN and packed copies of weights whose kind chose that kernel for no row count:
+        each is as large as its weight."""
+        for name, attribute in (("onednn_packed", "onednn"), ("few_rows_packed", "few_rows")):
+            chosen = {kind for (kind, _), chosen_name in self.choice.items() if chosen_name == name}
+            for kind, peers in self.layers.items():
+                if kind not in chosen:
+                    for peer in peers:
+                        setattr(peer, attribute, None)
 
     def forward(self, x: torch.Tensor, layer: TunedWeight) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
@@ -225,6 +241,10 @@ class LinearKernels:
             return "linear"  # no timing inside a CUDA graph capture
         peers = self.layers.get(layer.kind) or [layer]
         names = [n for n in KERNELS if _applies(n, layer, x.shape[0])]
+        if "few_rows_packed" in names and layer.few_rows is None:
+            # one huge-page arena for every weight of the kind (see cpu_few_rows)
+            for peer, packed in zip(peers, cpu_few_rows.pack([p.weight for p in peers])):
+                peer.few_rows = packed
         if len(names) == 1:
             return names[0]
         best = {n: float("inf") for n in names}

@@ -1,0 +1,119 @@
+"""Decode steps with products of a few rows through cpu_few_rows' packed weights, against the torch kernels.
+
+The torch backend's kernel tuner picks per weight shape and row count; this runs the
+default model's steps with its choices and with the choices it makes when the packed
+kernel is not a candidate, alternated rep by rep in one process: medians, the paired
+median of the ratios, and the logits of each step compared. A second table times the
+model's 121 weights alone (every product of one decode step, nothing else) and prints
+the read speed each way against a plain read of as many bytes.
+
+    .venv/bin/python benchmarks/few_rows.py [--dtype bfloat16] [--reps 9] [--context 1024]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_steps import Clock, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+
+from prefillbench.backends import cpu_few_rows, torch_linear  # noqa: E402
+from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
+from prefillbench.models import default_model_path  # noqa: E402
+from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
+
+PACKED = "few_rows_packed"
+
+
+def choices_without_packed(kernels: torch_linear.LinearKernels) -> dict:
+    """The tuner's choices had the packed kernel not been a candidate (re-timed where it had won)."""
+    applies = torch_linear._applies
+    torch_linear._applies = lambda name, layer, rows: name != PACKED and applies(name, layer, rows)
+    try:
+        other = dict(kernels.choice)
+        for (kind, rows), name in kernels.choice.items():
+            if name == PACKED:
+                peer = kernels.layers[kind][0]
+                x = torch.zeros(rows, peer.weight.shape[1], dtype=peer.weight.dtype)
+                other[(kind, rows)] = kernels._pick(x, peer)
+        return other
+    finally:
+        torch_linear._applies = applies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--context", type=int, default=1024, help="positions each decode attends to; the chunk's offset")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if cpu_few_rows.status():
+        sys.exit(f"the few-rows kernel is {cpu_few_rows.status()}")
+    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=args.dtype)
+    n_slots, max_len = 8, args.context + 260
+    backend.prepare(n_slots, max_len, max_len * n_slots)
+    for s in range(n_slots):
+        backend.slots.slot(s)
+    kernels = backend.linear_kernels
+    with_packed = dict(kernels.choice)
+    if PACKED not in with_packed.values():
+        sys.exit("the tuner chose the packed kernel for no weight here")
+    without = choices_without_packed(kernels)
+    rng = np.random.default_rng(0)
+    chunk = PrefillChunk(0, tuple(int(t) for t in rng.integers(0, backend.vocab_size, 256)), args.context, is_last=False)
+
+    def decodes(n: int, first: int = 0) -> tuple[DecodeToken, ...]:
+        return tuple(DecodeToken(first + i, 1, args.context) for i in range(n))
+
+    steps = {**{f"decode x{n}": Step(decodes=decodes(n)) for n in (1, 2, 3, 4, 8)},
+             "chunk 256 + 3 decodes": Step(prefills=(chunk,), decodes=decodes(3, first=1))}
+
+    def run(step: Step, packed: bool, logits: bool = False):
+        kernels.choice = with_packed if packed else without
+        try:
+            return backend.execute(step, return_logits=logits)
+        finally:
+            kernels.choice = with_packed
+
+    diffs = {}
+    for name, step in steps.items():
+        on, off = (run(step, p, logits=True).logits for p in (True, False))
+        diffs[name] = max(float(np.abs(on[s] - off[s]).max()) for s in on)
+    clock = Clock(torch.device("cpu"))
+    times = time_both_ways(run, steps, args.reps, clock)
+    print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
+          f"decodes at {args.context} positions")
+    print(f"packed kernel chosen for: {', '.join(k for k, v in kernels.summary().items() if v == PACKED)}")
+    print()
+    print_both_ways(times, "step", "packed", "torch kernels", ("logits max abs diff", {n: f"{d:.1e}" for n, d in diffs.items()}))
+
+    weights = [w for peers in kernels.layers.values() for w in peers]
+    nbytes = sum(w.weight.numel() * w.weight.element_size() for w in weights)
+    plain = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
+    print()
+    print(f"every weight of a decode step ({len(weights)} weights, {nbytes / 1e6:.0f} MB), products alone:")
+    print("| rows | packed ms | GB/s | torch kernels ms | GB/s | plain read of as many bytes ms | GB/s |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for rows in (1, 2, 3, 4, 8):
+        inputs = {k: torch.randn(rows, k, dtype=backend.dtype) for k in {w.weight.shape[1] for w in weights}}
+
+        def products(choice: dict) -> None:
+            kernels.choice = choice
+            for w in weights:
+                kernels.forward(inputs[w.weight.shape[1]], w)
+            kernels.choice = with_packed
+
+        timed = time_interleaved({"packed": lambda: products(with_packed), "torch": lambda: products(without),
+                                  "read": lambda: plain.sum()}, args.reps, clock)
+        cells = [f"{timed[k].median * 1e3:.1f} | {nbytes / timed[k].median / 1e9:.1f}" for k in ("packed", "torch", "read")]
+        print(f"| {rows} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
