@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from prefillbench.backends import cpu_decode_attention, cpu_layer_ops
+from prefillbench.backends import cpu_decode_attention, cpu_few_rows, cpu_layer_ops, cpu_prefill_attention
 from prefillbench.backends.torch_backend import DTYPES, TorchBackend
 from prefillbench.backends.torch_linear import KERNELS, TunedWeight, onednn_applies
 from prefillbench.models import default_model_path
@@ -307,40 +307,42 @@ def print_profile(name: str, step: Callable[[], object], product_flops: float, a
     from torch.profiler import ProfilerActivity, profile
 
     step()
-    c_seconds = [0.0]
-    c_calls = [(cpu_layer_ops, n) for n in ("add_rms_norm", "rotary_", "silu_mul")] + [(cpu_decode_attention, "decode_attention")]
-    originals = [getattr(module, n) for module, n in c_calls]
+    # The compiled C kernels are not torch ops, so the profiler does not see them: they are timed here, each
+    # counted in its part of the step.
+    c_calls = [(cpu_layer_ops, n, "compiled C loops") for n in ("add_rms_norm", "rotary_", "silu_mul")] + [
+        (cpu_decode_attention, "decode_attention", "attention"), (cpu_prefill_attention, "prefill_attention", "attention"),
+        (cpu_few_rows, "multiply", "products")]
+    parts = {"products": 0.0, "attention": 0.0, "other ops": 0.0, "compiled C loops": 0.0}
+    originals = [getattr(module, n) for module, n, _ in c_calls]
 
-    def timed(fn: Callable) -> Callable:
+    def timed(fn: Callable, part: str) -> Callable:
         def call(*args):
             t0 = time.perf_counter()
             try:
                 return fn(*args)
             finally:
-                c_seconds[0] += time.perf_counter() - t0
+                parts[part] += time.perf_counter() - t0
         return call
 
-    # The compiled C loops are not torch ops, so the profiler does not see them: they are timed here.
-    for (module, n), fn in zip(c_calls, originals):
-        setattr(module, n, timed(fn))
+    for (module, n, part), fn in zip(c_calls, originals):
+        setattr(module, n, timed(fn, part))
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
             step()
             wall = time.perf_counter() - t0
     finally:
-        for (module, n), fn in zip(c_calls, originals):
+        for (module, n, _), fn in zip(c_calls, originals):
             setattr(module, n, fn)
-    parts = {"products": 0.0, "attention": 0.0, "other ops": 0.0}
     for event in prof.key_averages():
         part = "products" if event.key in PRODUCT_OPS else "attention" if event.key in ATTENTION_OPS else "other ops"
         parts[part] += event.self_cpu_time_total / 1e6
-    gaps = wall - sum(parts.values()) - c_seconds[0]
+    gaps = wall - sum(parts.values())
     print(f"{name} profiled (one run, {wall * 1e3:.0f} ms under the profiler): products {parts['products'] * 1e3:.0f} ms "
           f"({product_flops / parts['products'] / 1e9:.0f} GFLOP/s, {product_flops / parts['products'] / peak:.2f} of the peak); "
           f"attention {parts['attention'] * 1e3:.0f} ms ({attention_flops / max(parts['attention'], 1e-9) / 1e9:.0f} GFLOP/s, "
           f"{attention_flops / max(parts['attention'], 1e-9) / peak:.2f} of the peak); other ops {parts['other ops'] * 1e3:.0f} ms; "
-          f"compiled C loops {c_seconds[0] * 1e3:.0f} ms; between ops {gaps * 1e3:.0f} ms")
+          f"compiled C loops {parts['compiled C loops'] * 1e3:.0f} ms; between ops {gaps * 1e3:.0f} ms")
 
 
 def transformers_contenders(backend: TorchBackend, args, sizes: list[int], prompt) -> dict[str, Callable[[], object]]:

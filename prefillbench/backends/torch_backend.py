@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from prefillbench.step import PackedStep, Step, StepResult, pack
 
-from . import cpu_decode_attention, cpu_layer_ops, huge_pages
+from . import cpu_decode_attention, cpu_layer_ops, cpu_prefill_attention, huge_pages
 from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
 from .torch_attention import DecodeRun, QueryBlock, chunk_query_blocks, decode_mask, decode_runs, write_and_attend_decodes
@@ -127,6 +127,13 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
         v_cache[c.slot, :, c.start : c.start + c.length] = v[:, c.row : c.row + c.length]
     out = None if layout.single_call else q.new_empty((q.shape[1], q.shape[0], q.shape[2]))  # [T, heads, D]
     for c in layout.chunks:
+        if cpu_prefill_attention.applies(q, k_cache):
+            rows = slice(c.row, c.row + c.length)
+            o = cpu_prefill_attention.prefill_attention(q[:, rows], k_cache[c.slot], v_cache[c.slot], c.start, scaling)
+            if out is None:
+                return o.unsqueeze(0), None
+            out[rows] = o
+            continue
         for b in c.blocks:
             rows = slice(c.row + b.first, c.row + b.first + b.length)
             o = F.scaled_dot_product_attention(

@@ -1,0 +1,106 @@
+"""A chunk's causal attention on the CPU: the compiled kernel (cpu_prefill_attention) against the SDPA calls it replaced.
+
+First 30 layers of SmolLM2-135M's heads (9 query, 3 K/V, 64 wide) over one cache slot,
+by chunk offset and length, the two alternated rep by rep: medians, and GFLOP/s counting
+only the causal pairs. Then whole steps of the default model through the torch backend,
+kernel on and off alternated, with the logits compared.
+
+    .venv/bin/python benchmarks/prefill_attention.py [--reps 9] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_steps import Clock, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+
+from prefillbench.backends import cpu_prefill_attention  # noqa: E402
+from prefillbench.backends.torch_attention import chunk_query_blocks  # noqa: E402
+from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
+from prefillbench.models import default_model_path  # noqa: E402
+from prefillbench.step import PrefillChunk, Step  # noqa: E402
+
+HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
+CASES = ((0, 128), (0, 256), (0, 512), (0, 1024), (256, 256), (768, 256), (1000, 24))
+
+
+def sdpa_calls(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """The backend's SDPA path for one chunk: q [heads, T, D] -> [T, heads, D]."""
+    out = q.new_empty(q.shape[1], HEADS, DIM)
+    for b in chunk_query_blocks(start, q.shape[1], q.dtype, q.device):
+        rows = slice(b.first, b.first + b.length)
+        out[rows] = F.scaled_dot_product_attention(q[None, :, rows], keys[None, :, : b.kv_len], values[None, :, : b.kv_len],
+                                                   attn_mask=b.mask, is_causal=b.mask is None, scale=DIM**-0.5,
+                                                   enable_gqa=True)[0].transpose(0, 1)
+    return out
+
+
+def kernel_table(reps: int, clock: Clock) -> None:
+    print(f"# chunk attention, {LAYERS} layers of {HEADS}/{KV_HEADS} heads x {DIM}, float32, {torch.get_num_threads()} threads, "
+          f"{reps} interleaved reps; GFLOP/s of the causal pairs")
+    print("| offset | length | kernel ms | SDPA ms | kernel / SDPA | kernel GFLOP/s | SDPA GFLOP/s | max abs diff |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for start, length in CASES:
+        qkv = torch.randn(length, (HEADS + 2 * KV_HEADS) * DIM)
+        q = qkv[:, : HEADS * DIM].view(length, HEADS, DIM).transpose(0, 1)  # as the backend's qkv product lays it
+        keys, values = (torch.randn(KV_HEADS, start + length + 64, DIM) for _ in range(2))
+        diff = float((cpu_prefill_attention.prefill_attention(q, keys, values, start, DIM**-0.5)
+                      - sdpa_calls(q, keys, values, start)).abs().max())
+        t = time_interleaved({
+            "kernel": lambda: [cpu_prefill_attention.prefill_attention(q, keys, values, start, DIM**-0.5) for _ in range(LAYERS)],
+            "sdpa": lambda: [sdpa_calls(q, keys, values, start) for _ in range(LAYERS)]}, reps, clock)
+        kernel, sdpa = t["kernel"].median, t["sdpa"].median
+        flops = LAYERS * HEADS * 4 * DIM * sum(start + i + 1 for i in range(length))
+        print(f"| {start} | {length} | {kernel * 1e3:.1f} | {sdpa * 1e3:.1f} | {kernel / sdpa:.2f} | {flops / kernel / 1e9:.0f} | "
+              f"{flops / sdpa / 1e9:.0f} | {diff:.1e} |")
+
+
+def step_table(reps: int, clock: Clock) -> None:
+    backend = TorchBackend.load(default_model_path(), device="cpu", dtype="float32")
+    backend.prepare(2, 1100, 1100)
+    backend.slots.slot(0)
+    rng = np.random.default_rng(0)
+    tokens = tuple(int(t) for t in rng.integers(0, backend.vocab_size, 1024))
+    steps = {"pp512": Step(prefills=(PrefillChunk(0, tokens[:512], 0, True),)),
+             "chunk 256 at 768": Step(prefills=(PrefillChunk(0, tokens[768:], 768, True),))}
+    applies = cpu_prefill_attention.applies
+
+    def run(step: Step, kernel: bool, logits: bool = False):
+        cpu_prefill_attention.applies = applies if kernel else (lambda *a: False)
+        try:
+            return backend.execute(step, return_logits=logits)
+        finally:
+            cpu_prefill_attention.applies = applies
+
+    run(Step(prefills=(PrefillChunk(0, tokens[:768], 0, False),)), True)  # the cache the chunk at 768 attends to
+    diffs = {}
+    for name, step in steps.items():
+        on, off = (run(step, k, logits=True).logits for k in (True, False))
+        diffs[name] = max(float(np.abs(on[s] - off[s]).max()) for s in on)
+    times = time_both_ways(run, steps, reps, clock)
+    print()
+    print(f"# whole steps of {backend.model_name}, float32, {torch.get_num_threads()} threads, {reps} interleaved reps")
+    print_both_ways(times, "step", "kernel", "SDPA", ("logits max abs diff", {n: f"{d:.1e}" for n, d in diffs.items()}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if cpu_prefill_attention.status():
+        sys.exit(f"the prefill kernel is {cpu_prefill_attention.status()}")
+    clock = Clock(torch.device("cpu"))
+    kernel_table(args.reps, clock)
+    step_table(args.reps, clock)
+
+
+if __name__ == "__main__":
+    main()
