@@ -82,9 +82,9 @@ INLINE void values_tile(const float *p, const float *v, const float *alpha, floa
 #endif
 }
 
-/* One work item: queries [q0, q0 + nq) of head h. kt: the keys of h's K/V head transposed, [dim][kt_stride]
- * (zero past the last position). Scratch: qs [QB][dim], s [QB][KB], o [QB][dim]. */
-INLINE void attend_block(const float *q, int64_t q_stride, const float *kt, int64_t kt_stride, const float *values,
+/* One work item: queries [q0, q0 + nq) of head h. kt: the keys of h's K/V head transposed a block at a time,
+ * [key block][dim][KB] (zero past the last position). Scratch: qs [QB][dim], s [QB][KB], o [QB][dim]. */
+INLINE void attend_block(const float *q, int64_t q_stride, const float *kt, const float *values,
                          int64_t max_len, int64_t start, int64_t q0, int64_t nq, int64_t h, int64_t group, const int64_t dim,
                          float scale, float *out, int64_t heads, float *qs, float *s, float *o)
 {
@@ -102,7 +102,7 @@ INLINE void attend_block(const float *q, int64_t q_stride, const float *kt, int6
     const int64_t last = start + q0 + nq - 1; /* the last position any of these queries sees */
     for (int64_t k0 = 0; k0 <= last; k0 += KB) {
         const int64_t nk = last + 1 - k0 < KB ? last + 1 - k0 : KB;
-        for (int64_t r = 0; r < rows; r += ROWS) scores_tile(qs + r * dim, kt + k0, kt_stride, s + r * KB, dim);
+        for (int64_t r = 0; r < rows; r += ROWS) scores_tile(qs + r * dim, kt + k0 * dim, KB, s + r * KB, dim);
         for (int64_t r = 0; r < rows; r++) {
             float *row = s + r * KB;
             const int64_t seen = start + q0 + r - k0 + 1; /* keys of this block row r may see */
@@ -133,9 +133,10 @@ INLINE int attend_all(const float *q, int64_t q_stride, const float *keys, const
                       int64_t start, int64_t T, int64_t heads, int64_t kv_heads, const int64_t dim, float scale, float *out)
 {
     const int64_t blocks = (T + QB - 1) / QB, items = heads * blocks, group = heads / kv_heads;
-    const int64_t seen = start + T, kt_stride = (seen + KB - 1) / KB * KB, key_blocks = kt_stride / KB;
-    /* Keys transposed once per call and K/V head (16 positions fill a vector), shared by the heads of its group. */
-    float *kt = malloc(sizeof(float) * kv_heads * dim * kt_stride);
+    const int64_t seen = start + T, key_blocks = (seen + KB - 1) / KB;
+    /* Keys transposed once per call and K/V head (16 positions fill a vector), shared by the heads of its group;
+     * a block's tile contiguous: rows of one long transposed matrix, 4 KB apart, fell into the same L1 sets. */
+    float *kt = malloc(sizeof(float) * kv_heads * key_blocks * dim * KB);
     if (!kt) return 1;
     int failed = 0;
     #pragma omp parallel reduction(|| : failed)
@@ -143,10 +144,10 @@ INLINE int attend_all(const float *q, int64_t q_stride, const float *keys, const
         #pragma omp for schedule(static)
         for (int64_t t = 0; t < kv_heads * key_blocks; t++) {
             const int64_t kvh = t / key_blocks, k0 = (t % key_blocks) * KB;
-            const float *src = keys + kvh * max_len * dim;
-            float *dst = kt + kvh * dim * kt_stride;
-            for (int64_t j = k0; j < k0 + KB; j++)
-                for (int64_t x = 0; x < dim; x++) dst[x * kt_stride + j] = j < seen ? src[j * dim + x] : 0.f;
+            const float *src = keys + (kvh * max_len + k0) * dim;
+            float *dst = kt + t * dim * KB;
+            for (int64_t j = 0; j < KB; j++)
+                for (int64_t x = 0; x < dim; x++) dst[x * KB + j] = k0 + j < seen ? src[j * dim + x] : 0.f;
         }
         float *scratch = malloc(sizeof(float) * (2 * QB * dim + QB * KB));
         failed = !scratch;
@@ -157,7 +158,7 @@ INLINE int attend_all(const float *q, int64_t q_stride, const float *keys, const
             const int64_t b = blocks - 1 - t / heads, h = t % heads;
             const int64_t q0 = b * QB, nq = T - q0 < QB ? T - q0 : QB;
             float *qs = scratch, *o = qs + QB * dim, *s = o + QB * dim;
-            attend_block(q, q_stride, kt + (h / group) * dim * kt_stride, kt_stride, values, max_len, start, q0, nq, h, group,
+            attend_block(q, q_stride, kt + (h / group) * key_blocks * dim * KB, values, max_len, start, q0, nq, h, group,
                          dim, scale, out, heads, qs, s, o);
         }
         free(scratch);
