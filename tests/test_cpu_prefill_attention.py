@@ -69,6 +69,7 @@ def test_the_backend_attends_chunks_through_it_with_the_plain_forwards_logits(ar
     requests = [Request(tuple(int(t) for t in rng.integers(0, 512, size=n)), 4) for n in (70, 9, 33)]
     record = engine.run(backend, make_strategy("chunked", 16), requests, 3, keep_logits=True)
     assert 0 in calls and max(calls) >= 64  # whole prompts and chunks at an offset
+    assert backend.metadata()["prefill_attention"] == "compiled C kernel"
     for req, rec in zip(requests, record.requests):
         expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
         torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)
@@ -83,3 +84,4 @@ def test_without_a_compiler_sdpa_attends(monkeypatch, tmp_path):
     record = engine.run(backend, make_strategy("sequential", 4), [Request(prompt, 3)], 1, keep_logits=True)
     expected = reference_logits(reference, list(prompt) + record.requests[0].tokens[:-1])[len(prompt) - 1 :]
     torch.testing.assert_close(torch.tensor(np.stack(record.requests[0].logits)), expected, atol=2e-4, rtol=1e-4)
+    assert backend.metadata()["prefill_attention"].startswith("SDPA; kernel off (build failed")

@@ -403,6 +403,7 @@ class TorchBackend(Backend):
         if self.compiled is not None:
             meta["compile"] = f"decode-only steps, batch sizes 1-{max(self.compiled.batch_sizes, default=0)}, compiled in {self.compiled.compile_s:.0f} s"
         meta["decode_attention"] = self._decode_attention_note()
+        meta["prefill_attention"] = self._prefill_attention_note()
         meta["fused_projections"] = "qkv, gate_up" if self.fused is not None else "off (transformers' forward)"
         meta["layer_ops"] = self._layer_ops_note()
         if self.linear_kernels.choice:
@@ -418,6 +419,15 @@ class TorchBackend(Backend):
             return f"matmuls/SDPA (the compiled kernel reads {', '.join(str(d).removeprefix('torch.') for d in cpu_decode_attention.DTYPES)} caches)"
         why_not = cpu_decode_attention.status()
         return "compiled C kernel" if not why_not else f"matmuls/SDPA; kernel {why_not}"
+
+    def _prefill_attention_note(self) -> str:
+        """How prompt chunks attend: the compiled kernel or SDPA, and why not the kernel."""
+        if self.torch_device.type != "cpu" or self.dtype != torch.float32:
+            return "SDPA"
+        if self.head_dim not in cpu_prefill_attention.HEAD_DIMS:
+            return f"SDPA (the compiled kernel takes heads of {' or '.join(map(str, cpu_prefill_attention.HEAD_DIMS))})"
+        why_not = cpu_prefill_attention.status()
+        return "compiled C kernel" if not why_not else f"SDPA; kernel {why_not}"
 
     def _layer_ops_note(self) -> str:
         """Which path a layer's norms, rotary and SiLU gate take."""
