@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from torch_steps import Clock, print_both_ways, time_both_ways  # noqa: E402
 
-from prefillbench.backends import torch_attention  # noqa: E402
+from prefillbench.backends import cpu_prefill_attention, torch_attention  # noqa: E402
 from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
 from prefillbench.models import default_model_path  # noqa: E402
 from prefillbench.step import PrefillChunk, Step  # noqa: E402
@@ -32,6 +32,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # This compares two ways of calling SDPA: the compiled prefill kernel, which would attend fp32 prompts here, stays out.
+    cpu_prefill_attention.applies = lambda *a: False
     lengths = [int(n) for n in args.tokens.split(",")]
     backend = TorchBackend.load(default_model_path(), device="cpu", dtype=args.dtype)
     backend.prepare(1, max(lengths) + 8, max(lengths) + 8)

@@ -50,8 +50,9 @@ def test_contiguous_queries_and_the_default_scale():
 
 def test_inputs_it_cannot_take_are_refused():
     keys = torch.randn(2, 16, 64)
-    assert not cpu_prefill_attention.applies(torch.randn(4, 3, 32), keys)  # a head of 32
-    assert not cpu_prefill_attention.applies(torch.randn(4, 3, 64).bfloat16(), keys.bfloat16())
+    assert not cpu_prefill_attention.applies(torch.device("cpu"), torch.float32, 32)  # a head of 32
+    assert not cpu_prefill_attention.applies(torch.device("cpu"), torch.bfloat16, 64)
+    assert cpu_prefill_attention.applies(torch.device("cpu"), torch.float32, 64)
     with pytest.raises(ValueError):
         cpu_prefill_attention.prefill_attention(torch.randn(4, 10, 64), keys, keys, 10, None)  # 20 positions > 16
     with pytest.raises(ValueError):

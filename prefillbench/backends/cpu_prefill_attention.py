@@ -39,10 +39,9 @@ def status() -> str:
     return KERNEL.status()
 
 
-def applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """float32 queries and cache on the CPU, heads of 64 or 128, once the kernel is built."""
-    return (q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and q.shape[-1] in HEAD_DIMS
-            and status() == "")
+def applies(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """A float32 model (queries and cache) on the CPU with heads of 64 or 128, once the kernel is built."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and head_dim in HEAD_DIMS and status() == ""
 
 
 def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float | None) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import math
 import sys
 
@@ -20,12 +21,18 @@ HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14  # Linux's value on every architecture
 
 
+@functools.cache
+def _madvise():
+    """libc's madvise, looked up once: find_library runs a subprocess, and a K/V cache asks for 2 buffers a layer."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc.madvise
+
+
 def _advise(address: int, length: int) -> bool:
     if not sys.platform.startswith("linux") or length <= 0:
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc.madvise(address, length, MADV_HUGEPAGE) == 0
+    return _madvise()(address, length, MADV_HUGEPAGE) == 0
 
 
 def empty(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch.Tensor]:

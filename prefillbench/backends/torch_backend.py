@@ -48,7 +48,7 @@ class ChunkSpan:
     start: int  # first position
     row: int  # first packed row
     length: int  # tokens, pads included
-    blocks: list[QueryBlock]  # its SDPA calls: usually one
+    blocks: list[QueryBlock]  # its SDPA calls: usually one; none when the prefill kernel attends
 
 
 @dataclass
@@ -61,12 +61,14 @@ class StepLayout:
     decode_positions: torch.Tensor  # [m]
     decode_runs: list[DecodeRun]
     cache: "KVCache"
+    prefill_kernel: bool = False  # chunks attend through cpu_prefill_attention, one call each
     calls: int = 0
 
     @property
     def single_call(self) -> bool:
         """One chunk attending in one call: its output is the step's."""
-        return len(self.chunks) == 1 and len(self.chunks[0].blocks) == 1 and not self.decode_runs
+        return (len(self.chunks) == 1 and not self.decode_runs
+                and (self.prefill_kernel or len(self.chunks[0].blocks) == 1))
 
 
 class KVCache:
@@ -127,7 +129,7 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
         v_cache[c.slot, :, c.start : c.start + c.length] = v[:, c.row : c.row + c.length]
     out = None if layout.single_call else q.new_empty((q.shape[1], q.shape[0], q.shape[2]))  # [T, heads, D]
     for c in layout.chunks:
-        if cpu_prefill_attention.applies(q, k_cache):
+        if layout.prefill_kernel:
             rows = slice(c.row, c.row + c.length)
             o = cpu_prefill_attention.prefill_attention(q[:, rows], k_cache[c.slot], v_cache[c.slot], c.start, scaling)
             if out is None:
@@ -339,10 +341,13 @@ class TorchBackend(Backend):
     def _layout(self, step: Step, packed: PackedStep) -> StepLayout:
         dev, dtype = self.torch_device, self.dtype
         check_cache_room(step, self.cache.max_len)
+        # Decided once a step, so SDPA's masks are built only for the chunks SDPA attends.
+        prefill_kernel = bool(step.prefills) and cpu_prefill_attention.applies(dev, dtype, self.head_dim)
         chunks = []
         for chunk, row in zip(step.prefills, packed.chunk_offsets):
             n = len(chunk.tokens) + chunk.pad
-            chunks.append(ChunkSpan(self.slots.slot(chunk.seq_id), chunk.start, row, n, chunk_query_blocks(chunk.start, n, dtype, dev)))
+            blocks = [] if prefill_kernel else chunk_query_blocks(chunk.start, n, dtype, dev)
+            chunks.append(ChunkSpan(self.slots.slot(chunk.seq_id), chunk.start, row, n, blocks))
         slots = [self.slots.slot(d.seq_id) for d in step.decodes]
         positions = torch.from_numpy(packed.positions[packed.decode_from :]).to(dev)
         return StepLayout(
@@ -352,6 +357,7 @@ class TorchBackend(Backend):
             decode_positions=positions,
             decode_runs=decode_runs(slots, positions, dtype) if slots else [],
             cache=self.cache,
+            prefill_kernel=prefill_kernel,
         )
 
     @torch.inference_mode()
