@@ -1,6 +1,8 @@
 """The compiled CPU decode-attention kernel computes what softmax(q Kᵀ) V computes, and the backend uses it."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -117,3 +119,20 @@ def test_the_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_decode_attention.KERNEL, "_status", None)
     assert cpu_decode_attention.status() == ""  # loaded from the cache: no second file, no temporary left
     assert list((tmp_path / "prefillbench").iterdir()) == built
+
+
+def test_a_header_the_kernels_share_is_part_of_the_build_key(monkeypatch, tmp_path):
+    """A change to bf16.h must rebuild the kernels that include it, not load a stale library."""
+    import shutil
+
+    from prefillbench.backends import c_kernels
+
+    source_dir = tmp_path / "src"
+    source_dir.mkdir()
+    source = Path(shutil.copy(cpu_decode_attention.KERNEL.source, source_dir))
+    header = Path(shutil.copy(cpu_decode_attention.KERNEL.source.with_name("bf16.h"), source_dir))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    c_kernels._build(source)
+    header.write_text(header.read_text() + "\n/* changed */\n")
+    c_kernels._build(source)
+    assert len(list((tmp_path / "cache" / "prefillbench").glob("decode_attention-*.so"))) == 2

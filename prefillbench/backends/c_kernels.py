@@ -3,7 +3,7 @@
 Each source is compiled with `cc -O3 -march=native -ffast-math -fopenmp` (and linked
 without -ffast-math, which would set flush-to-zero in every process that loads it) in under a
 second and cached in `~/.cache/prefillbench` under a key made of the source, the
-compiler and the CPU's flags. OpenMP resolves to the libgomp that torch loaded
+headers beside it (bf16.h), the compiler and the CPU's flags. OpenMP resolves to the libgomp that torch loaded
 (torch's Linux wheels ship one), so a kernel's threads are torch's own: a JIT with
 a pool of its own (numba was tried) lost what it gained to two pools spinning on
 two cores. Without a C compiler, or with the kernel's switch set to 0, a kernel is
@@ -35,7 +35,9 @@ def _build(source: Path) -> ctypes.CDLL:
     compiler = compiler.split()[0]
     cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
     flags_line = next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
-    key = hashlib.sha256(source.read_bytes() + " ".join([compiler, *FLAGS, *LINK_FLAGS, flags_line]).encode()).hexdigest()[:16]
+    # Every header beside the source counts: a kernel that includes one must rebuild when it changes.
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = hashlib.sha256(text + " ".join([compiler, *FLAGS, *LINK_FLAGS, flags_line]).encode()).hexdigest()[:16]
     target = _cache_dir() / f"{source.stem}-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -15,14 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 /* Element x of a cache row, as float32: bfloat16 is the top 16 bits of a float32. */
 static inline __attribute__((always_inline)) float cache_at(const void *row, int64_t x, const int bf16)
 {
-    if (!bf16) return ((const float *)row)[x];
-    uint32_t bits = (uint32_t)((const uint16_t *)row)[x] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
+    return bf16 ? bf16_to_f32(((const uint16_t *)row)[x]) : ((const float *)row)[x];
 }
 
 static inline __attribute__((always_inline)) void attend_span(

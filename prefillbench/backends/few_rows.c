@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <omp.h>
+#include "bf16.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -21,22 +22,6 @@
 #define UNIT 64            /* bytes of one row in one step of a block */
 #define PREFETCH_AHEAD 2048 /* bytes; the best of 1, 2 and 4 KB measured */
 #define MAX_ROWS 8
-
-static inline float bf16_to_f32(uint16_t h)
-{
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float v)
-{
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN stays NaN */
-    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
 
 int few_rows_block_rows(void) { return NB; }
 int few_rows_unit_bytes(void) { return UNIT; }

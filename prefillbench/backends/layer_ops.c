@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 /* Elements per call below which one thread does it all. */
 #define PARALLEL_FROM 16384
 /* The widest head the rotary kernel takes (its callers check). */
@@ -20,34 +22,21 @@
 
 static inline __attribute__((always_inline)) float load(const void *p, int64_t i, const int bf16)
 {
-    if (!bf16) return ((const float *)p)[i];
-    uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
+    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-/* Round to bfloat16 (to nearest, ties to even) and back: what a bfloat16 op's result holds. */
+/* Rounded to bfloat16 and back: what a bfloat16 op's result holds. */
 static inline __attribute__((always_inline)) float rounded(float v, const int bf16)
 {
-    if (!bf16) return v;
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-    memcpy(&v, &bits, sizeof v);
-    return v;
+    return bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
 }
 
 static inline __attribute__((always_inline)) void store(void *p, int64_t i, float v, const int bf16)
 {
-    if (!bf16) {
+    if (bf16)
+        ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else
         ((float *)p)[i] = v;
-        return;
-    }
-    uint32_t bits;
-    v = rounded(v, 1);
-    memcpy(&bits, &v, sizeof bits);
-    ((uint16_t *)p)[i] = (uint16_t)(bits >> 16);
 }
 
 /* residual += delta (when delta is given), then out = weight * RMSNorm(residual), for row r. */

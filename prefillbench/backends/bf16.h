@@ -1,0 +1,26 @@
+/* bfloat16 as this package's C kernels read and write it: the top 16 bits of a float32.
+ * Included by each kernel's source; c_kernels hashes every header here into a build's cache key. */
+#ifndef PREFILLBENCH_BF16_H
+#define PREFILLBENCH_BF16_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline __attribute__((always_inline)) float bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Rounded to nearest, ties to even, as torch rounds float32 to bfloat16; a NaN stays a NaN. */
+static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float v)
+{
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+#endif
