@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+from torch_steps import Clock, default_backend, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
 
 from prefillbench.backends import cpu_decode_attention  # noqa: E402
 from prefillbench.backends.torch_attention import _matmul_attention, decode_mask  # noqa: E402
@@ -76,15 +76,10 @@ def main() -> None:
 
 def steps(args) -> None:
     """Backend steps with the kernel and with the matmul/SDPA path, alternated rep by rep; logits compared."""
-    from prefillbench.backends.torch_backend import TorchBackend
-    from prefillbench.models import default_model_path
     from prefillbench.step import DecodeToken, PrefillChunk, Step
 
-    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=args.dtype)
-    context, n_slots = 1024, 17
-    backend.prepare(n_slots, context + 300, (context + 300) * n_slots)
-    for s in range(n_slots):
-        backend.slots.slot(s)
+    context = 1024
+    backend = default_backend(args.dtype, 17, context + 300)
     decodes = lambda n, first=0: tuple(DecodeToken(first + i, 1, context) for i in range(n))  # noqa: E731
     chunk = PrefillChunk(0, tuple(range(1000, 1256)), context, is_last=False)
     cases = {f"decode x{n}": Step(decodes=decodes(n)) for n in (1, 4, 16)}

@@ -19,11 +19,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+from torch_steps import Clock, default_backend, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
 
 from prefillbench.backends import cpu_few_rows, torch_linear  # noqa: E402
-from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
-from prefillbench.models import default_model_path  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
 
 PACKED = "few_rows_packed"
@@ -55,11 +53,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if cpu_few_rows.status():
         sys.exit(f"the few-rows kernel is {cpu_few_rows.status()}")
-    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=args.dtype)
-    n_slots, max_len = 8, args.context + 260
-    backend.prepare(n_slots, max_len, max_len * n_slots)
-    for s in range(n_slots):
-        backend.slots.slot(s)
+    backend = default_backend(args.dtype, 8, args.context + 260)
     kernels = backend.linear_kernels
     with_packed = dict(kernels.choice)
     if PACKED not in with_packed.values():

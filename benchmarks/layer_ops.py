@@ -16,11 +16,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, print_both_ways, time_both_ways  # noqa: E402
+from torch_steps import Clock, default_backend, print_both_ways, time_both_ways  # noqa: E402
 
 from prefillbench.backends import cpu_layer_ops  # noqa: E402
-from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
-from prefillbench.models import default_model_path  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
 
 
@@ -34,13 +32,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if cpu_layer_ops.status():
         sys.exit(f"the layer kernels are {cpu_layer_ops.status()}")
-    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=args.dtype)
+    backend = default_backend(args.dtype, 16, args.context + 520)
     if backend.fused is None or not backend.fused.c_layer_ops:
         sys.exit("this model's layers do not take the compiled loops")
-    n_slots, max_len = 16, args.context + 520
-    backend.prepare(n_slots, max_len, max_len * n_slots)
-    for s in range(n_slots):
-        backend.slots.slot(s)
     rng = np.random.default_rng(0)
 
     def tokens(n: int) -> tuple[int, ...]:

@@ -18,12 +18,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+from torch_steps import Clock, default_backend, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
 
 from prefillbench.backends import cpu_prefill_attention  # noqa: E402
 from prefillbench.backends.torch_attention import chunk_query_blocks  # noqa: E402
-from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
-from prefillbench.models import default_model_path  # noqa: E402
 from prefillbench.step import PrefillChunk, Step  # noqa: E402
 
 HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
@@ -62,9 +60,7 @@ def kernel_table(reps: int, clock: Clock) -> None:
 
 
 def step_table(reps: int, clock: Clock) -> None:
-    backend = TorchBackend.load(default_model_path(), device="cpu", dtype="float32")
-    backend.prepare(2, 1100, 1100)
-    backend.slots.slot(0)
+    backend = default_backend("float32", 1, 1100)
     rng = np.random.default_rng(0)
     tokens = tuple(int(t) for t in rng.integers(0, backend.vocab_size, 1024))
     steps = {"pp512": Step(prefills=(PrefillChunk(0, tokens[:512], 0, True),)),

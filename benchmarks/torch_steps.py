@@ -122,6 +122,16 @@ def print_both_ways(times: dict[object, tuple[Timing, Timing]], case: str, on: s
         print(row + (f" {extra[1][name]} |" if extra else ""))
 
 
+def default_backend(dtype: str, n_slots: int, max_len: int) -> TorchBackend:
+    """The default model on the CPU, prepared for `n_slots` sequences of `max_len` positions, every slot held
+    (slot i for sequence i), as the benchmarks that time single steps set it up."""
+    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=dtype)
+    backend.prepare(n_slots, max_len, max_len * n_slots)
+    for s in range(n_slots):
+        backend.slots.slot(s)
+    return backend
+
+
 def gemm_peak(dtype: torch.dtype, device: torch.device, clock: Clock, reps: int) -> float:
     """FLOP/s: the best of a few large square matmuls, through every GEMM library the backend may use
     (on the CPU, MKL's `torch.mm` and oneDNN's product with a prepacked weight: the roofline is the
