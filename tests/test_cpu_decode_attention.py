@@ -29,8 +29,10 @@ def test_the_kernel_builds_here():
     assert cpu_decode_attention.status() == ""
 
 
-# (heads, kv heads, head dim): SmolLM2's 9/3/64, a Llama-8B-like group of 4 at 128, no grouping at an odd width.
-SHAPES = [(9, 3, 64), (8, 2, 128), (4, 4, 24)]
+# (heads, kv heads, head dim): SmolLM2's 9/3/64, a Llama-8B-like group of 4 at 128, no grouping at an odd width;
+# then the AVX-512 path's edges: groups whose V sums take two passes (8 at 64) or end in a part pass (7 at 128),
+# one query per K/V head at 64, and a group past the sizes it is compiled for (12), which takes the plain loop.
+SHAPES = [(9, 3, 64), (8, 2, 128), (4, 4, 24), (8, 1, 64), (7, 1, 128), (2, 2, 64), (12, 1, 64)]
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
@@ -56,11 +58,12 @@ def test_a_non_contiguous_query_is_read_correctly():
     torch.testing.assert_close(got, reference(q, k_cache, v_cache, slots, positions, 0.25), atol=2e-5, rtol=1e-4)
 
 
-def test_a_bfloat16_cache_is_read_as_its_float32_values():
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 128)])
+def test_a_bfloat16_cache_is_read_as_its_float32_values(heads, kv_heads, dim):
     # The kernel widens bf16 to float32 exactly and computes in float32: the reference gets the same inputs widened.
     gen = torch.Generator().manual_seed(3)
-    k_cache, v_cache = (torch.randn(4, 3, 200, 64, generator=gen).bfloat16() for _ in range(2))
-    q = torch.randn(3, 9, 64, generator=gen).bfloat16()
+    k_cache, v_cache = (torch.randn(4, kv_heads, 200, dim, generator=gen).bfloat16() for _ in range(2))
+    q = torch.randn(3, heads, dim, generator=gen).bfloat16()
     slots, positions = torch.tensor([3, 1, 0]), torch.tensor([199, 0, 64])
     got = cpu_decode_attention.decode_attention(q, k_cache, v_cache, slots, positions, 0.125)
     assert got.dtype == torch.bfloat16

@@ -23,6 +23,10 @@
 #define KB 64 /* keys per block */
 #define ROWS 4 /* query rows per register tile */
 #define INLINE static inline __attribute__((always_inline))
+/* Keeps a loaded vector in a register: left to itself, GCC folds the load into each FMA that uses it,
+ * and a tile's ROWS FMAs per vector then load it ROWS times (20 loads per 16 FMAs, more than the
+ * load ports take; measured in perf annotate). */
+#define IN_REGISTER(v) __asm__("" : "+v"(v))
 
 /* s[r][0..KB) = sum_x q[r][x] * kt[x][0..KB), for ROWS rows of q (row stride dim); kt's rows `kt_stride` apart. */
 INLINE void scores_tile(const float *q, const float *kt, int64_t kt_stride, float *s, const int64_t dim)
@@ -33,7 +37,10 @@ INLINE void scores_tile(const float *q, const float *kt, int64_t kt_stride, floa
         for (int v = 0; v < KB / 16; v++) acc[r][v] = _mm512_setzero_ps();
     for (int64_t x = 0; x < dim; x++) {
         __m512 k[KB / 16];
-        for (int v = 0; v < KB / 16; v++) k[v] = _mm512_loadu_ps(kt + x * kt_stride + v * 16);
+        for (int v = 0; v < KB / 16; v++) {
+            k[v] = _mm512_loadu_ps(kt + x * kt_stride + v * 16);
+            IN_REGISTER(k[v]);
+        }
         for (int r = 0; r < ROWS; r++) {
             const __m512 qx = _mm512_set1_ps(q[r * dim + x]);
             for (int v = 0; v < KB / 16; v++) acc[r][v] = _mm512_fmadd_ps(qx, k[v], acc[r][v]);
@@ -64,7 +71,10 @@ INLINE void values_tile(const float *p, const float *v, const float *alpha, floa
     }
     for (int64_t j = 0; j < keys; j++) {
         __m512 w[4];
-        for (int c = 0; c < 4; c++) w[c] = _mm512_loadu_ps(v + j * dim + c0 + c * 16);
+        for (int c = 0; c < 4; c++) {
+            w[c] = _mm512_loadu_ps(v + j * dim + c0 + c * 16);
+            IN_REGISTER(w[c]);
+        }
         for (int r = 0; r < ROWS; r++) {
             const __m512 pj = _mm512_set1_ps(p[r * KB + j]);
             for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(pj, w[c], acc[r][c]);
