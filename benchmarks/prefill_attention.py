@@ -5,7 +5,7 @@ by chunk offset and length, the two alternated rep by rep: medians, and GFLOP/s 
 only the causal pairs. Then whole steps of the default model through the torch backend,
 kernel on and off alternated, with the logits compared.
 
-    .venv/bin/python benchmarks/prefill_attention.py [--reps 9] [--threads 2]
+    .venv/bin/python benchmarks/prefill_attention.py [--reps 9] [--threads 2] [--dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -39,17 +39,18 @@ def sdpa_calls(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start:
     return out
 
 
-def kernel_table(reps: int, clock: Clock) -> None:
-    print(f"# chunk attention, {LAYERS} layers of {HEADS}/{KV_HEADS} heads x {DIM}, float32, {torch.get_num_threads()} threads, "
+def kernel_table(reps: int, clock: Clock, dtype: torch.dtype) -> None:
+    print(f"# chunk attention, {LAYERS} layers of {HEADS}/{KV_HEADS} heads x {DIM}, {str(dtype).removeprefix('torch.')}, "
+          f"{torch.get_num_threads()} threads, "
           f"{reps} interleaved reps; GFLOP/s of the causal pairs")
     print("| offset | length | kernel ms | SDPA ms | kernel / SDPA | kernel GFLOP/s | SDPA GFLOP/s | max abs diff |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for start, length in CASES:
-        qkv = torch.randn(length, (HEADS + 2 * KV_HEADS) * DIM)
+        qkv = torch.randn(length, (HEADS + 2 * KV_HEADS) * DIM, dtype=dtype)
         q = qkv[:, : HEADS * DIM].view(length, HEADS, DIM).transpose(0, 1)  # as the backend's qkv product lays it
-        keys, values = (torch.randn(KV_HEADS, start + length + 64, DIM) for _ in range(2))
-        diff = float((cpu_prefill_attention.prefill_attention(q, keys, values, start, DIM**-0.5)
-                      - sdpa_calls(q, keys, values, start)).abs().max())
+        keys, values = (torch.randn(KV_HEADS, start + length + 64, DIM, dtype=dtype) for _ in range(2))
+        diff = float((cpu_prefill_attention.prefill_attention(q, keys, values, start, DIM**-0.5).float()
+                      - sdpa_calls(q, keys, values, start).float()).abs().max())
         t = time_interleaved({
             "kernel": lambda: [cpu_prefill_attention.prefill_attention(q, keys, values, start, DIM**-0.5) for _ in range(LAYERS)],
             "sdpa": lambda: [sdpa_calls(q, keys, values, start) for _ in range(LAYERS)]}, reps, clock)
@@ -59,8 +60,8 @@ def kernel_table(reps: int, clock: Clock) -> None:
               f"{flops / sdpa / 1e9:.0f} | {diff:.1e} |")
 
 
-def step_table(reps: int, clock: Clock) -> None:
-    backend = default_backend("float32", 1, 1100)
+def step_table(reps: int, clock: Clock, dtype: str) -> None:
+    backend = default_backend(dtype, 1, 1100)
     rng = np.random.default_rng(0)
     tokens = tuple(int(t) for t in rng.integers(0, backend.vocab_size, 1024))
     steps = {"pp512": Step(prefills=(PrefillChunk(0, tokens[:512], 0, True),)),
@@ -81,7 +82,7 @@ def step_table(reps: int, clock: Clock) -> None:
         diffs[name] = max(float(np.abs(on[s] - off[s]).max()) for s in on)
     times = time_both_ways(run, steps, reps, clock)
     print()
-    print(f"# whole steps of {backend.model_name}, float32, {torch.get_num_threads()} threads, {reps} interleaved reps")
+    print(f"# whole steps of {backend.model_name}, {dtype}, {torch.get_num_threads()} threads, {reps} interleaved reps")
     print_both_ways(times, "step", "kernel", "SDPA", ("logits max abs diff", {n: f"{d:.1e}" for n, d in diffs.items()}))
 
 
@@ -89,13 +90,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if cpu_prefill_attention.status():
         sys.exit(f"the prefill kernel is {cpu_prefill_attention.status()}")
     clock = Clock(torch.device("cpu"))
-    kernel_table(args.reps, clock)
-    step_table(args.reps, clock)
+    kernel_table(args.reps, clock, getattr(torch, args.dtype))
+    step_table(args.reps, clock, args.dtype)
 
 
 if __name__ == "__main__":

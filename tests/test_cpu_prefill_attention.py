@@ -41,6 +41,20 @@ def test_causal_attention_at_any_offset_matches_sdpa(heads, kv_heads, dim, start
     torch.testing.assert_close(got, _reference(q, keys, values, start, 0.3), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 2, 128)])
+@pytest.mark.parametrize("start,length", [(0, 3), (0, 200), (63, 2), (130, 140)])
+def test_bfloat16_is_attended_as_its_float32_values(heads, kv_heads, dim, start, length):
+    # Widened exactly and summed in float32: the reference gets the same inputs widened; the output is rounded once.
+    torch.manual_seed(start * 1000 + length)
+    qkv = torch.randn(length, (heads + 2 * kv_heads) * dim).bfloat16()
+    q = qkv[:, : heads * dim].view(length, heads, dim).transpose(0, 1)
+    keys, values = (torch.randn(kv_heads, start + length + 7, dim).bfloat16() for _ in range(2))
+    got = cpu_prefill_attention.prefill_attention(q, keys, values, start, 0.3)
+    assert got.dtype == torch.bfloat16
+    want = _reference(q.float(), keys.float(), values.float(), start, 0.3)
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+
+
 def test_contiguous_queries_and_the_default_scale():
     q = torch.randn(4, 10, 64)  # [heads, T, D] contiguous: not a qkv view
     keys, values = torch.randn(2, 16, 64), torch.randn(2, 16, 64)
@@ -51,12 +65,15 @@ def test_contiguous_queries_and_the_default_scale():
 def test_inputs_it_cannot_take_are_refused():
     keys = torch.randn(2, 16, 64)
     assert not cpu_prefill_attention.applies(torch.device("cpu"), torch.float32, 32)  # a head of 32
-    assert not cpu_prefill_attention.applies(torch.device("cpu"), torch.bfloat16, 64)
+    assert not cpu_prefill_attention.applies(torch.device("cpu"), torch.float16, 64)
     assert cpu_prefill_attention.applies(torch.device("cpu"), torch.float32, 64)
+    assert cpu_prefill_attention.applies(torch.device("cpu"), torch.bfloat16, 128)
     with pytest.raises(ValueError):
         cpu_prefill_attention.prefill_attention(torch.randn(4, 10, 64), keys, keys, 10, None)  # 20 positions > 16
     with pytest.raises(ValueError):
         cpu_prefill_attention.prefill_attention(torch.randn(3, 4, 64), keys, keys, 0, None)  # 3 heads over 2 K/V heads
+    with pytest.raises(ValueError):
+        cpu_prefill_attention.prefill_attention(torch.randn(4, 10, 64).bfloat16(), keys, keys, 2, None)  # mixed dtypes
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -86,3 +103,24 @@ def test_without_a_compiler_sdpa_attends(monkeypatch, tmp_path):
     expected = reference_logits(reference, list(prompt) + record.requests[0].tokens[:-1])[len(prompt) - 1 :]
     torch.testing.assert_close(torch.tensor(np.stack(record.requests[0].logits)), expected, atol=2e-4, rtol=1e-4)
     assert backend.metadata()["prefill_attention"].startswith("SDPA; kernel off (build failed")
+
+
+def test_a_bfloat16_backend_attends_chunks_through_it_as_close_to_float32_as_sdpa(monkeypatch):
+    # The same chunked run in bf16 with the kernel and with SDPA, each against the float32 model: bf16 rounding
+    # moves both, and the kernel (float32 sums, one rounding) must be no further off than SDPA is.
+    model, reference = tiny_model("llama", hidden_size=256)
+    backend = TorchBackend(model.to(torch.bfloat16), "tiny-llama", "cpu")
+    rng = np.random.default_rng(3)
+    requests = [Request(tuple(int(t) for t in rng.integers(0, 512, size=n)), 1) for n in (70, 9, 33)]
+    calls = []
+    kernel = cpu_prefill_attention.prefill_attention
+    monkeypatch.setattr(cpu_prefill_attention, "prefill_attention", lambda *a: calls.append(a[3]) or kernel(*a))
+    with_kernel = engine.run(backend, make_strategy("chunked", 16), requests, 3, keep_logits=True)
+    assert 0 in calls and max(calls) >= 64
+    monkeypatch.setattr(cpu_prefill_attention, "applies", lambda *a: False)
+    with_sdpa = engine.run(backend, make_strategy("chunked", 16), requests, 3, keep_logits=True)
+    for req, a, b in zip(requests, with_kernel.requests, with_sdpa.requests):
+        exact = reference_logits(reference, list(req.prompt))[-1]
+        off_kernel = float((torch.tensor(a.logits[0]) - exact).abs().max())
+        off_sdpa = float((torch.tensor(b.logits[0]) - exact).abs().max())
+        assert off_kernel <= 1.5 * off_sdpa + 0.02

@@ -10,8 +10,10 @@ exponentials 16 at a time (libmvec). Measured against the SDPA calls the backend
 before (30 layers, 9/3 heads of 64, 2 threads): pp512 0.66x the time, a 256-token chunk
 at offset 768 0.88x, a 1,024-token prompt 0.70x.
 
-float32 on the CPU with heads of 64 or 128; built and switched as the other kernels
-(c_kernels; `PREFILLBENCH_PREFILL_KERNEL=0` turns it off, and SDPA runs).
+float32 or bfloat16 on the CPU with heads of 64 or 128; bfloat16 is widened as it is read
+and summed in float32, as SDPA's CPU kernel does, so its output is one bf16 rounding of
+the float32 result. Built and switched as the other kernels (c_kernels;
+`PREFILLBENCH_PREFILL_KERNEL=0` turns it off, and SDPA runs).
 """
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ import torch
 from .c_kernels import CKernels
 
 HEAD_DIMS = (64, 128)
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _declare(library: ctypes.CDLL) -> None:
     p, i = ctypes.c_void_p, ctypes.c_int64
-    library.prefill_attention.argtypes = [p, i, p, p, i, i, i, i, i, i, ctypes.c_float, p]
+    library.prefill_attention.argtypes = [p, i, p, p, i, i, i, i, i, i, ctypes.c_float, p, i]
     library.prefill_attention.restype = ctypes.c_int
 
 
@@ -40,8 +43,8 @@ def status() -> str:
 
 
 def applies(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """A float32 model (queries and cache) on the CPU with heads of 64 or 128, once the kernel is built."""
-    return torch.device(device).type == "cpu" and dtype == torch.float32 and head_dim in HEAD_DIMS and status() == ""
+    """A float32 or bfloat16 model (queries and cache) on the CPU with heads of 64 or 128, once the kernel is built."""
+    return torch.device(device).type == "cpu" and dtype in DTYPES and head_dim in HEAD_DIMS and status() == ""
 
 
 def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float | None) -> torch.Tensor:
@@ -54,13 +57,14 @@ def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     if status():
         raise RuntimeError(f"the prefill attention kernel is {status()}")
     if not (keys.is_contiguous() and values.is_contiguous() and values.shape == keys.shape and dim in HEAD_DIMS
-            and heads % kv_heads == 0 and start + length <= max_len and q.dtype == keys.dtype == values.dtype == torch.float32):
-        raise ValueError("the prefill kernel takes float32 heads of 64 or 128 over a contiguous slot of the cache")
+            and heads % kv_heads == 0 and start + length <= max_len and q.dtype == keys.dtype == values.dtype
+            and q.dtype in DTYPES):
+        raise ValueError("the prefill kernel takes float32 or bfloat16 heads of 64 or 128 over a contiguous slot of the cache")
     if q.stride(0) != dim or q.stride(2) != 1:
         q = q.transpose(0, 1).contiguous().transpose(0, 1)  # rows of all heads side by side, as a qkv product lays them
     out = torch.empty(length, heads, dim, dtype=torch.float32)
     failed = KERNEL.library.prefill_attention(q.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), max_len, start,
-                                              length, heads, kv_heads, dim, scaling, out.data_ptr())
+                                              length, heads, kv_heads, dim, scaling, out.data_ptr(), int(q.dtype == torch.bfloat16))
     if failed:
         raise MemoryError("the prefill attention kernel could not allocate its scratch tiles")
-    return out
+    return out.to(q.dtype)

@@ -1,6 +1,7 @@
 /* Causal attention of a prompt chunk over its own slot of the cache, flash style (see cpu_prefill_attention.py).
  *
- * float32. Query t of the chunk (row t of q, head h at q + t * q_stride + h * dim) sits at position
+ * float32, or bfloat16 inputs widened as they are read (sums in float32, as SDPA's CPU kernel keeps them;
+ * out is float32 either way). Query t of the chunk (row t of q, head h at q + t * q_stride + h * dim) sits at position
  * start + t and attends positions 0 .. start + t of its slot: keys and values [kv_heads, max_len, dim]
  * (the slot's part of the cache, contiguous). out [T, heads, dim], contiguous.
  * Work items are (head, block of QB queries), heaviest first, over torch's OpenMP threads. An item
@@ -15,6 +16,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bf16.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -27,6 +30,12 @@
  * and a tile's ROWS FMAs per vector then load it ROWS times (20 loads per 16 FMAs, more than the
  * load ports take; measured in perf annotate). */
 #define IN_REGISTER(v) __asm__("" : "+v"(v))
+
+/* Element i of a float32 or bfloat16 array, as float32. */
+INLINE float element(const void *a, int64_t i, const int bf16)
+{
+    return bf16 ? bf16_to_f32(((const uint16_t *)a)[i]) : ((const float *)a)[i];
+}
 
 /* s[r][0..KB) = sum_x q[r][x] * kt[x][0..KB), for ROWS rows of q (row stride dim); kt's rows `kt_stride` apart. */
 INLINE void scores_tile(const float *q, const float *kt, int64_t kt_stride, float *s, const int64_t dim)
@@ -60,8 +69,8 @@ INLINE void scores_tile(const float *q, const float *kt, int64_t kt_stride, floa
 
 /* o[r][c0..c0+64) = o[r] * alpha[r] + sum_j p[r][j] * v[j][c0..c0+64), for ROWS rows and `keys` rows of v
  * (row stride dim). 64 output columns at a time keep the 16 sums in registers for any head size. */
-INLINE void values_tile(const float *p, const float *v, const float *alpha, float *o, int64_t keys, const int64_t dim,
-                        int64_t c0)
+INLINE void values_tile(const float *p, const void *v, const float *alpha, float *o, int64_t keys, const int64_t dim,
+                        int64_t c0, const int bf16)
 {
 #ifdef __AVX512F__
     __m512 acc[ROWS][4];
@@ -72,7 +81,10 @@ INLINE void values_tile(const float *p, const float *v, const float *alpha, floa
     for (int64_t j = 0; j < keys; j++) {
         __m512 w[4];
         for (int c = 0; c < 4; c++) {
-            w[c] = _mm512_loadu_ps(v + j * dim + c0 + c * 16);
+            const int64_t at = j * dim + c0 + c * 16;
+            w[c] = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                              _mm256_loadu_si256((const __m256i *)((const uint16_t *)v + at))), 16))
+                        : _mm512_loadu_ps((const float *)v + at);
             IN_REGISTER(w[c]);
         }
         for (int r = 0; r < ROWS; r++) {
@@ -86,7 +98,7 @@ INLINE void values_tile(const float *p, const float *v, const float *alpha, floa
     for (int r = 0; r < ROWS; r++)
         for (int64_t x = c0; x < c0 + 64; x++) {
             float a = o[r * dim + x] * alpha[r];
-            for (int64_t j = 0; j < keys; j++) a += p[r * KB + j] * v[j * dim + x];
+            for (int64_t j = 0; j < keys; j++) a += p[r * KB + j] * element(v, j * dim + x, bf16);
             o[r * dim + x] = a;
         }
 #endif
@@ -94,16 +106,16 @@ INLINE void values_tile(const float *p, const float *v, const float *alpha, floa
 
 /* One work item: queries [q0, q0 + nq) of head h. kt: the keys of h's K/V head transposed a block at a time,
  * [key block][dim][KB] (zero past the last position). Scratch: qs [QB][dim], s [QB][KB], o [QB][dim]. */
-INLINE void attend_block(const float *q, int64_t q_stride, const float *kt, const float *values,
+INLINE void attend_block(const void *q, int64_t q_stride, const float *kt, const void *values,
                          int64_t max_len, int64_t start, int64_t q0, int64_t nq, int64_t h, int64_t group, const int64_t dim,
-                         float scale, float *out, int64_t heads, float *qs, float *s, float *o)
+                         float scale, float *out, int64_t heads, float *qs, float *s, float *o, const int bf16)
 {
-    const float *vh = values + (h / group) * max_len * dim;
+    const char *vh = (const char *)values + (h / group) * max_len * dim * (bf16 ? 2 : 4);
     const int64_t rows = (nq + ROWS - 1) / ROWS * ROWS; /* a short chunk computes only the tiles it fills */
     float top[QB], sum[QB], alpha[QB];
     /* the queries, scaled; rows past nq zero (their results are dropped) */
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t x = 0; x < dim; x++) qs[r * dim + x] = r < nq ? q[(q0 + r) * q_stride + h * dim + x] * scale : 0.f;
+        for (int64_t x = 0; x < dim; x++) qs[r * dim + x] = r < nq ? element(q, (q0 + r) * q_stride + h * dim + x, bf16) * scale : 0.f;
     memset(o, 0, sizeof(float) * rows * dim);
     for (int64_t r = 0; r < rows; r++) {
         top[r] = -FLT_MAX;
@@ -130,7 +142,7 @@ INLINE void attend_block(const float *q, int64_t q_stride, const float *kt, cons
             top[r] = m;
         }
         for (int64_t r = 0; r < rows; r += ROWS)
-            for (int64_t c0 = 0; c0 < dim; c0 += 64) values_tile(s + r * KB, vh + k0 * dim, alpha + r, o + r * dim, nk, dim, c0);
+            for (int64_t c0 = 0; c0 < dim; c0 += 64) values_tile(s + r * KB, vh + k0 * dim * (bf16 ? 2 : 4), alpha + r, o + r * dim, nk, dim, c0, bf16);
     }
     for (int64_t r = 0; r < nq; r++) {
         const float inv = 1.f / sum[r];
@@ -139,8 +151,9 @@ INLINE void attend_block(const float *q, int64_t q_stride, const float *kt, cons
     }
 }
 
-INLINE int attend_all(const float *q, int64_t q_stride, const float *keys, const float *values, int64_t max_len,
-                      int64_t start, int64_t T, int64_t heads, int64_t kv_heads, const int64_t dim, float scale, float *out)
+INLINE int attend_all(const void *q, int64_t q_stride, const void *keys, const void *values, int64_t max_len,
+                      int64_t start, int64_t T, int64_t heads, int64_t kv_heads, const int64_t dim, float scale, float *out,
+                      int bf16)
 {
     const int64_t blocks = (T + QB - 1) / QB, items = heads * blocks, group = heads / kv_heads;
     const int64_t seen = start + T, key_blocks = (seen + KB - 1) / KB;
@@ -154,10 +167,10 @@ INLINE int attend_all(const float *q, int64_t q_stride, const float *keys, const
         #pragma omp for schedule(static)
         for (int64_t t = 0; t < kv_heads * key_blocks; t++) {
             const int64_t kvh = t / key_blocks, k0 = (t % key_blocks) * KB;
-            const float *src = keys + (kvh * max_len + k0) * dim;
+            const int64_t first = (kvh * max_len + k0) * dim;
             float *dst = kt + t * dim * KB;
             for (int64_t j = 0; j < KB; j++)
-                for (int64_t x = 0; x < dim; x++) dst[x * KB + j] = k0 + j < seen ? src[j * dim + x] : 0.f;
+                for (int64_t x = 0; x < dim; x++) dst[x * KB + j] = k0 + j < seen ? element(keys, first + j * dim + x, bf16) : 0.f;
         }
         float *scratch = malloc(sizeof(float) * (2 * QB * dim + QB * KB));
         failed = !scratch;
@@ -168,8 +181,14 @@ INLINE int attend_all(const float *q, int64_t q_stride, const float *keys, const
             const int64_t b = blocks - 1 - t / heads, h = t % heads;
             const int64_t q0 = b * QB, nq = T - q0 < QB ? T - q0 : QB;
             float *qs = scratch, *o = qs + QB * dim, *s = o + QB * dim;
-            attend_block(q, q_stride, kt + (h / group) * key_blocks * dim * KB, values, max_len, start, q0, nq, h, group,
-                         dim, scale, out, heads, qs, s, o);
+            /* The dtype a literal here, inside the parallel region (GCC outlines a region's body before it
+             * inlines, so a constant from outside would not reach the loops): one copy of the loops each. */
+            if (bf16)
+                attend_block(q, q_stride, kt + (h / group) * key_blocks * dim * KB, values, max_len, start, q0, nq, h,
+                             group, dim, scale, out, heads, qs, s, o, 1);
+            else
+                attend_block(q, q_stride, kt + (h / group) * key_blocks * dim * KB, values, max_len, start, q0, nq, h,
+                             group, dim, scale, out, heads, qs, s, o, 0);
         }
         free(scratch);
     }
@@ -178,10 +197,10 @@ INLINE int attend_all(const float *q, int64_t q_stride, const float *keys, const
 }
 
 /* 0; 1 if scratch memory could not be had; 2 for a head size it does not take (64 and 128 only). */
-int prefill_attention(const float *q, int64_t q_stride, const float *keys, const float *values, int64_t max_len,
-                      int64_t start, int64_t T, int64_t heads, int64_t kv_heads, int64_t dim, float scale, float *out)
+int prefill_attention(const void *q, int64_t q_stride, const void *keys, const void *values, int64_t max_len,
+                      int64_t start, int64_t T, int64_t heads, int64_t kv_heads, int64_t dim, float scale, float *out,
+                      int64_t bf16)
 {
-    if (dim == 64) return attend_all(q, q_stride, keys, values, max_len, start, T, heads, kv_heads, 64, scale, out);
-    if (dim == 128) return attend_all(q, q_stride, keys, values, max_len, start, T, heads, kv_heads, 128, scale, out);
-    return 2;
+    if (dim != 64 && dim != 128) return 2;
+    return attend_all(q, q_stride, keys, values, max_len, start, T, heads, kv_heads, dim, scale, out, (int)bf16);
 }

@@ -428,7 +428,7 @@ class TorchBackend(Backend):
 
     def _prefill_attention_note(self) -> str:
         """How prompt chunks attend: the compiled kernel or SDPA, and why not the kernel."""
-        if self.torch_device.type != "cpu" or self.dtype != torch.float32:
+        if self.torch_device.type != "cpu" or self.dtype not in cpu_prefill_attention.DTYPES:
             return "SDPA"
         if self.head_dim not in cpu_prefill_attention.HEAD_DIMS:
             return f"SDPA (the compiled kernel takes heads of {' or '.join(map(str, cpu_prefill_attention.HEAD_DIMS))})"
