@@ -23,4 +23,14 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float v)
     return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+/* 16 consecutive bfloat16 values, widened to float32 in one vector. */
+static inline __attribute__((always_inline)) __m512 bf16x16_load(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#endif
+
 #endif

@@ -80,10 +80,7 @@ static inline __attribute__((always_inline)) void attend_span(
 
 INLINE __m512 load16(const char *row, int64_t x, const int bf16)
 {
-    if (bf16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + x))), 16));
-    return _mm512_loadu_ps((const float *)row + x);
+    return bf16 ? bf16x16_load((const uint16_t *)row + x) : _mm512_loadu_ps((const float *)row + x);
 }
 
 /* Lane b of the result: the sum of a[b]'s 16 lanes. */

@@ -82,9 +82,7 @@ INLINE void values_tile(const float *p, const void *v, const float *alpha, float
         __m512 w[4];
         for (int c = 0; c < 4; c++) {
             const int64_t at = j * dim + c0 + c * 16;
-            w[c] = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                              _mm256_loadu_si256((const __m256i *)((const uint16_t *)v + at))), 16))
-                        : _mm512_loadu_ps((const float *)v + at);
+            w[c] = bf16 ? bf16x16_load((const uint16_t *)v + at) : _mm512_loadu_ps((const float *)v + at);
             IN_REGISTER(w[c]);
         }
         for (int r = 0; r < ROWS; r++) {
