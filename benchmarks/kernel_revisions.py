@@ -14,16 +14,17 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from prefillbench.backends import c_kernels, cpu_decode_attention, cpu_prefill_attention, huge_pages
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_steps import Clock, time_interleaved  # noqa: E402
+
+from prefillbench.backends import c_kernels, cpu_decode_attention, huge_pages  # noqa: E402
 
 HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
 BACKENDS = Path(__file__).resolve().parent.parent / "prefillbench" / "backends"
@@ -41,7 +42,7 @@ def build_at(revision: str, name: str, folder: Path) -> ctypes.CDLL:
 
 
 def decode_cases(libraries: dict[str, ctypes.CDLL], dtype: torch.dtype):
-    """(label, work per run, unit, {revision: run}) per case; every revision's run reads the same inputs."""
+    """(label, bytes read per run, {revision: run}) per case; every revision's run reads the same inputs."""
     for library in libraries.values():
         fn = library.decode_attention
         fn.restype = ctypes.c_int
@@ -60,13 +61,16 @@ def decode_cases(libraries: dict[str, ctypes.CDLL], dtype: torch.dtype):
             return out.clone()
 
         runs = {name: functools.partial(run, lib.decode_attention) for name, lib in libraries.items()}
-        yield f"{n} decodes at {length}", LAYERS * 2 * n * KV_HEADS * length * DIM * keys[0].element_size(), "GB/s", runs
+        yield f"{n} decodes at {length}", LAYERS * 2 * n * KV_HEADS * length * DIM * keys[0].element_size(), runs
 
 
 def prefill_cases(libraries: dict[str, ctypes.CDLL], dtype: torch.dtype):
+    """(label, FLOPs per run, {revision: run}) per case; every revision's run reads the same inputs."""
     p, i = ctypes.c_void_p, ctypes.c_int64
     for library in libraries.values():
-        library.prefill_attention.argtypes = [p, i, p, p, i, i, i, i, i, i, ctypes.c_float, p]
+        # The last argument, 0, asks for float32. Revisions before the bf16 path take one argument fewer; the
+        # extra one then sits in a register they never read (x86-64 and AArch64 pass the first 8 integers so).
+        library.prefill_attention.argtypes = [p, i, p, p, i, i, i, i, i, i, ctypes.c_float, p, i]
         library.prefill_attention.restype = ctypes.c_int
     for start, length in ((0, 256), (0, 512), (768, 256), (0, 1024)):
         max_len = start + length + 64
@@ -78,12 +82,12 @@ def prefill_cases(libraries: dict[str, ctypes.CDLL], dtype: torch.dtype):
         def run(fn, out=out, keys=keys, values=values, q=q, start=start, length=length, max_len=max_len):
             for k, v in zip(keys, values):
                 fn(q.data_ptr(), q.stride(1), k.data_ptr(), v.data_ptr(), max_len, start, length, HEADS, KV_HEADS, DIM,
-                   DIM**-0.5, out.data_ptr())
+                   DIM**-0.5, out.data_ptr(), 0)
             return out.clone()
 
         flops = LAYERS * HEADS * DIM * 4 * sum(start + t + 1 for t in range(length))  # causal pairs, QK and PV
         runs = {name: functools.partial(run, lib.prefill_attention) for name, lib in libraries.items()}
-        yield f"{length} queries at offset {start}", flops, "GFLOP/s", runs
+        yield f"{length} queries at offset {start}", flops, runs
 
 
 def main() -> None:
@@ -108,18 +112,13 @@ def main() -> None:
     unit = "GB/s" if args.kernel == "decode_attention" else "GFLOP/s"
     print(f"| case | now ms | {args.revision} ms | now {unit} | {args.revision} {unit} | now / {args.revision} (paired) | largest difference |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for label, work, _, runs in rows:
-        outputs = {name: run() for name, run in runs.items()}  # warm-up, and the outputs to compare
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(args.reps):
-            for name, run in runs.items():
-                t0 = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - t0)
-        now, old = (statistics.median(times[n]) for n in libraries)
-        paired = statistics.median(a / b for a, b in zip(*times.values()))
-        diff = (outputs["now"].float() - outputs[args.revision].float()).abs().max().item()
-        print(f"| {label} | {now * 1e3:.2f} | {old * 1e3:.2f} | {work / now / 1e9:.1f} | {work / old / 1e9:.1f} | {paired:.3f} | {diff:.1e} |")
+    clock = Clock(torch.device("cpu"))
+    for label, work, runs in rows:
+        times = time_interleaved(runs, args.reps, clock)
+        now, old = times["now"], times[args.revision]
+        diff = (runs["now"]().float() - runs[args.revision]().float()).abs().max().item()
+        print(f"| {label} | {now.median * 1e3:.2f} | {old.median * 1e3:.2f} | {work / now.median / 1e9:.1f} | "
+              f"{work / old.median / 1e9:.1f} | {now.paired_ratio(old):.3f} | {diff:.1e} |")
 
 
 if __name__ == "__main__":
