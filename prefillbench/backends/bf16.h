@@ -23,13 +23,22 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float v)
     return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
+/* Element i of a float32 array, or of a bfloat16 one widened: how the kernels read either dtype. */
+static inline __attribute__((always_inline)) float element_f32(const void *p, int64_t i, const int bf16)
+{
+    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
 #ifdef __AVX512F__
 #include <immintrin.h>
 
-/* 16 consecutive bfloat16 values, widened to float32 in one vector. */
-static inline __attribute__((always_inline)) __m512 bf16x16_load(const uint16_t *p)
+/* Elements i .. i + 15 in one float32 vector, as element_f32 reads each. */
+static inline __attribute__((always_inline)) __m512 vector_f32(const void *p, int64_t i, const int bf16)
 {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    if (bf16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16));
+    return _mm512_loadu_ps((const float *)p + i);
 }
 #endif
 

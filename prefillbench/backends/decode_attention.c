@@ -21,12 +21,6 @@
 #include <immintrin.h>
 #endif
 
-/* Element x of a cache row, as float32: bfloat16 is the top 16 bits of a float32. */
-static inline __attribute__((always_inline)) float cache_at(const void *row, int64_t x, const int bf16)
-{
-    return bf16 ? bf16_to_f32(((const uint16_t *)row)[x]) : ((const float *)row)[x];
-}
-
 static inline __attribute__((always_inline)) void attend_span(
     const float *q, const char *kc, const char *vc, int64_t slot, int64_t h, int64_t j0, int64_t width,
     int64_t group, int64_t kv_heads, int64_t max_len, const int64_t dim, float scale,
@@ -41,7 +35,7 @@ static inline __attribute__((always_inline)) void attend_span(
         for (int64_t g = 0; g < group; g++) {
             const float *qg = q + g * dim;
             float s = 0.f;
-            for (int64_t x = 0; x < dim; x++) s += qg[x] * cache_at(key, x, bf16);
+            for (int64_t x = 0; x < dim; x++) s += qg[x] * element_f32(key, x, bf16);
             scores[g * width + j] = s * scale;
         }
     }
@@ -63,7 +57,7 @@ static inline __attribute__((always_inline)) void attend_span(
         for (int64_t g = 0; g < group; g++) {
             const float p = scores[g * width + j];
             float *a = acc + g * dim;
-            for (int64_t x = 0; x < dim; x++) a[x] += p * cache_at(value, x, bf16);
+            for (int64_t x = 0; x < dim; x++) a[x] += p * element_f32(value, x, bf16);
         }
     }
 }
@@ -77,11 +71,6 @@ static inline __attribute__((always_inline)) void attend_span(
  * registers: 27-34 GB/s, 0.76x the time at 1 and 16 sequences, 0.91x at 4 (paired in one process).
  * Software prefetch 2 or 4 KB ahead was slower (0.84-0.92x against 0.76x), so there is none. */
 #define INLINE static inline __attribute__((always_inline))
-
-INLINE __m512 load16(const char *row, int64_t x, const int bf16)
-{
-    return bf16 ? bf16x16_load((const uint16_t *)row + x) : _mm512_loadu_ps((const float *)row + x);
-}
 
 /* Lane b of the result: the sum of a[b]'s 16 lanes. */
 INLINE __m512 hsum16(const __m512 a[16])
@@ -117,8 +106,8 @@ INLINE void attend_span_avx512(
             __m512 qv[8], a[16];
             for (int64_t c = 0; c < chunks; c++) qv[c] = _mm512_loadu_ps(q + g * dim + 16 * c);
             for (int b = 0; b < 16; b++) {
-                a[b] = _mm512_mul_ps(qv[0], load16(block + b * dim * elt, 0, bf16));
-                for (int64_t c = 1; c < chunks; c++) a[b] = _mm512_fmadd_ps(qv[c], load16(block + b * dim * elt, 16 * c, bf16), a[b]);
+                a[b] = _mm512_mul_ps(qv[0], vector_f32(block + b * dim * elt, 0, bf16));
+                for (int64_t c = 1; c < chunks; c++) a[b] = _mm512_fmadd_ps(qv[c], vector_f32(block + b * dim * elt, 16 * c, bf16), a[b]);
             }
             _mm512_storeu_ps(scores + g * width + j, _mm512_mul_ps(hsum16(a), scale16));
         }
@@ -127,7 +116,7 @@ INLINE void attend_span_avx512(
         const char *key = keys + j * dim * elt;
         for (int64_t g = 0; g < group; g++) {
             __m512 s = _mm512_setzero_ps();
-            for (int64_t c = 0; c < chunks; c++) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * dim + 16 * c), load16(key, 16 * c, bf16), s);
+            for (int64_t c = 0; c < chunks; c++) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * dim + 16 * c), vector_f32(key, 16 * c, bf16), s);
             scores[g * width + j] = _mm512_reduce_add_ps(s) * scale;
         }
     }
@@ -151,7 +140,7 @@ INLINE void attend_span_avx512(
         for (int64_t i = 0; i < width; i++) {
             const char *value = values + i * dim * elt;
             __m512 v[8];
-            for (int64_t c = 0; c < chunks; c++) v[c] = load16(value, 16 * c, bf16);
+            for (int64_t c = 0; c < chunks; c++) v[c] = vector_f32(value, 16 * c, bf16);
             for (int64_t g = 0; g < per_pass; g++) {
                 if (g0 + g >= group) break;  /* per_pass and group are constants: the loop unrolls, sums stay in registers */
                 const __m512 p = _mm512_set1_ps(scores[(g0 + g) * width + i]);

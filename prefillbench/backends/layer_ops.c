@@ -20,11 +20,6 @@
 /* The widest head the rotary kernel takes (its callers check). */
 #define MAX_HEAD_DIM 512
 
-static inline __attribute__((always_inline)) float load(const void *p, int64_t i, const int bf16)
-{
-    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
 /* Rounded to bfloat16 and back: what a bfloat16 op's result holds. */
 static inline __attribute__((always_inline)) float rounded(float v, const int bf16)
 {
@@ -48,19 +43,19 @@ static inline __attribute__((always_inline)) void add_rms_norm_row(
     float squares = 0.0f;
     if (delta) {
         for (int64_t i = 0; i < dim; i++) {
-            float x = rounded(load(residual, base + i, bf16) + load(delta, base + i, bf16), bf16);
+            float x = rounded(element_f32(residual, base + i, bf16) + element_f32(delta, base + i, bf16), bf16);
             store(residual, base + i, x, bf16);
             squares += x * x;
         }
     } else {
         for (int64_t i = 0; i < dim; i++) {
-            float x = load(residual, base + i, bf16);
+            float x = element_f32(residual, base + i, bf16);
             squares += x * x;
         }
     }
     const float inv = 1.0f / sqrtf(squares / (float)dim + eps);
     for (int64_t i = 0; i < dim; i++)
-        store(out, base + i, load(weight, i, bf16) * rounded(load(residual, base + i, bf16) * inv, bf16), bf16);
+        store(out, base + i, element_f32(weight, i, bf16) * rounded(element_f32(residual, base + i, bf16) * inv, bf16), bf16);
 }
 
 /* Rotary embedding in place on the first `heads` heads of row r (q's and k's heads of a fused qkv
@@ -73,14 +68,14 @@ static inline __attribute__((always_inline)) void rotary_row(
     const int64_t half = dim / 2;
     float c[MAX_HEAD_DIM], s[MAX_HEAD_DIM], a[MAX_HEAD_DIM / 2], b[MAX_HEAD_DIM / 2];
     for (int64_t i = 0; i < dim; i++) {
-        c[i] = load(cos, r * dim + i, bf16);
-        s[i] = load(sin, r * dim + i, bf16);
+        c[i] = element_f32(cos, r * dim + i, bf16);
+        s[i] = element_f32(sin, r * dim + i, bf16);
     }
     for (int64_t h = 0; h < heads; h++) {
         const int64_t x0 = r * width + h * dim;
         for (int64_t i = 0; i < half; i++) {
-            a[i] = load(qkv, x0 + i, bf16);
-            b[i] = load(qkv, x0 + half + i, bf16);
+            a[i] = element_f32(qkv, x0 + i, bf16);
+            b[i] = element_f32(qkv, x0 + half + i, bf16);
         }
         for (int64_t i = 0; i < half; i++)
             store(qkv, x0 + i, rounded(a[i] * c[i], bf16) - rounded(b[i] * s[i], bf16), bf16);
@@ -95,10 +90,10 @@ static inline __attribute__((always_inline)) void silu_mul_row(
 {
     const int64_t g0 = r * 2 * inner;
     for (int64_t i = 0; i < inner; i++) {
-        const float g = load(gate_up, g0 + i, bf16);
+        const float g = element_f32(gate_up, g0 + i, bf16);
         /* exp of at most 88 stays finite: -ffast-math lets the compiler assume no infinities. */
         const float silu = rounded(g / (1.0f + expf(fminf(-g, 88.0f))), bf16);
-        store(out, r * inner + i, silu * load(gate_up, g0 + inner + i, bf16), bf16);
+        store(out, r * inner + i, silu * element_f32(gate_up, g0 + inner + i, bf16), bf16);
     }
 }
 

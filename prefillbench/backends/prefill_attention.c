@@ -31,12 +31,6 @@
  * load ports take; measured in perf annotate). */
 #define IN_REGISTER(v) __asm__("" : "+v"(v))
 
-/* Element i of a float32 or bfloat16 array, as float32. */
-INLINE float element(const void *a, int64_t i, const int bf16)
-{
-    return bf16 ? bf16_to_f32(((const uint16_t *)a)[i]) : ((const float *)a)[i];
-}
-
 /* s[r][0..KB) = sum_x q[r][x] * kt[x][0..KB), for ROWS rows of q (row stride dim); kt's rows `kt_stride` apart. */
 INLINE void scores_tile(const float *q, const float *kt, int64_t kt_stride, float *s, const int64_t dim)
 {
@@ -81,8 +75,7 @@ INLINE void values_tile(const float *p, const void *v, const float *alpha, float
     for (int64_t j = 0; j < keys; j++) {
         __m512 w[4];
         for (int c = 0; c < 4; c++) {
-            const int64_t at = j * dim + c0 + c * 16;
-            w[c] = bf16 ? bf16x16_load((const uint16_t *)v + at) : _mm512_loadu_ps((const float *)v + at);
+            w[c] = vector_f32(v, j * dim + c0 + c * 16, bf16);
             IN_REGISTER(w[c]);
         }
         for (int r = 0; r < ROWS; r++) {
@@ -96,7 +89,7 @@ INLINE void values_tile(const float *p, const void *v, const float *alpha, float
     for (int r = 0; r < ROWS; r++)
         for (int64_t x = c0; x < c0 + 64; x++) {
             float a = o[r * dim + x] * alpha[r];
-            for (int64_t j = 0; j < keys; j++) a += p[r * KB + j] * element(v, j * dim + x, bf16);
+            for (int64_t j = 0; j < keys; j++) a += p[r * KB + j] * element_f32(v, j * dim + x, bf16);
             o[r * dim + x] = a;
         }
 #endif
@@ -113,7 +106,7 @@ INLINE void attend_block(const void *q, int64_t q_stride, const float *kt, const
     float top[QB], sum[QB], alpha[QB];
     /* the queries, scaled; rows past nq zero (their results are dropped) */
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t x = 0; x < dim; x++) qs[r * dim + x] = r < nq ? element(q, (q0 + r) * q_stride + h * dim + x, bf16) * scale : 0.f;
+        for (int64_t x = 0; x < dim; x++) qs[r * dim + x] = r < nq ? element_f32(q, (q0 + r) * q_stride + h * dim + x, bf16) * scale : 0.f;
     memset(o, 0, sizeof(float) * rows * dim);
     for (int64_t r = 0; r < rows; r++) {
         top[r] = -FLT_MAX;
@@ -168,7 +161,7 @@ INLINE int attend_all(const void *q, int64_t q_stride, const void *keys, const v
             const int64_t first = (kvh * max_len + k0) * dim;
             float *dst = kt + t * dim * KB;
             for (int64_t j = 0; j < KB; j++)
-                for (int64_t x = 0; x < dim; x++) dst[x * KB + j] = k0 + j < seen ? element(keys, first + j * dim + x, bf16) : 0.f;
+                for (int64_t x = 0; x < dim; x++) dst[x * KB + j] = k0 + j < seen ? element_f32(keys, first + j * dim + x, bf16) : 0.f;
         }
         float *scratch = malloc(sizeof(float) * (2 * QB * dim + QB * KB));
         failed = !scratch;
