@@ -21,6 +21,22 @@
 #include <immintrin.h>
 #endif
 
+/* Each of `group` rows of `width` scores becomes exp(score - its maximum): the maximum into top, the sum into total. */
+static inline __attribute__((always_inline)) void softmax_rows(float *scores, int64_t width, int64_t group, float *top,
+                                                               float *total)
+{
+    for (int64_t g = 0; g < group; g++) {
+        float *row = scores + g * width, m = -FLT_MAX, sum = 0.f;
+        for (int64_t j = 0; j < width; j++) m = row[j] > m ? row[j] : m;
+        for (int64_t j = 0; j < width; j++) {
+            row[j] = expf(row[j] - m);
+            sum += row[j];
+        }
+        top[g] = m;
+        total[g] = sum;
+    }
+}
+
 static inline __attribute__((always_inline)) void attend_span(
     const float *q, const char *kc, const char *vc, int64_t slot, int64_t h, int64_t j0, int64_t width,
     int64_t group, int64_t kv_heads, int64_t max_len, const int64_t dim, float scale,
@@ -39,19 +55,8 @@ static inline __attribute__((always_inline)) void attend_span(
             scores[g * width + j] = s * scale;
         }
     }
-    for (int64_t g = 0; g < group; g++) {
-        float m = -FLT_MAX;
-        for (int64_t j = 0; j < width; j++) m = scores[g * width + j] > m ? scores[g * width + j] : m;
-        float sum = 0.f;
-        for (int64_t j = 0; j < width; j++) {
-            float e = expf(scores[g * width + j] - m);
-            scores[g * width + j] = e;
-            sum += e;
-        }
-        top[g] = m;
-        total[g] = sum;
-        for (int64_t x = 0; x < dim; x++) acc[g * dim + x] = 0.f;
-    }
+    softmax_rows(scores, width, group, top, total);
+    for (int64_t x = 0; x < group * dim; x++) acc[x] = 0.f;
     for (int64_t j = 0; j < width; j++) {
         const char *value = values + j * dim * elt;
         for (int64_t g = 0; g < group; g++) {
@@ -120,18 +125,7 @@ INLINE void attend_span_avx512(
             scores[g * width + j] = _mm512_reduce_add_ps(s) * scale;
         }
     }
-    for (int64_t g = 0; g < group; g++) {
-        float m = -FLT_MAX;
-        for (int64_t i = 0; i < width; i++) m = scores[g * width + i] > m ? scores[g * width + i] : m;
-        float sum = 0.f;
-        for (int64_t i = 0; i < width; i++) {
-            float e = expf(scores[g * width + i] - m);
-            scores[g * width + i] = e;
-            sum += e;
-        }
-        top[g] = m;
-        total[g] = sum;
-    }
+    softmax_rows(scores, width, group, top, total);
     /* V: as many queries at a time as keep their sums in 16 registers; further ones read the span again, from cache. */
     const int64_t per_pass = 16 / chunks > 0 ? 16 / chunks : 1;
     for (int64_t g0 = 0; g0 < group; g0 += per_pass) {
