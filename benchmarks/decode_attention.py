@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+from torch_steps import Clock, default_backend, kernel_switch, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
 
 from prefillbench.backends import cpu_decode_attention  # noqa: E402
 from prefillbench.backends.torch_attention import _matmul_attention, decode_mask  # noqa: E402
@@ -85,14 +85,7 @@ def steps(args) -> None:
     cases = {f"decode x{n}": Step(decodes=decodes(n)) for n in (1, 4, 16)}
     cases.update({"chunk": Step(prefills=(chunk,)), "chunk + 3 decodes": Step(prefills=(chunk,), decodes=decodes(3, 1)),
                   "3 decodes": Step(decodes=decodes(3, 1))})
-    kernel_applies = cpu_decode_attention.applies
-
-    def run(step: Step, kernel: bool, logits: bool = False):
-        cpu_decode_attention.applies = kernel_applies if kernel else (lambda *a: False)
-        try:
-            return backend.execute(step, return_logits=logits)
-        finally:
-            cpu_decode_attention.applies = kernel_applies
+    run = kernel_switch(backend, cpu_decode_attention)
 
     on, off = (run(cases["decode x16"], k, logits=True).logits for k in (True, False))
     diff = max(float(abs(on[s] - off[s]).max()) for s in on)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+from torch_steps import Clock, default_backend, kernel_switch, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
 
 from prefillbench.backends import cpu_prefill_attention  # noqa: E402
 from prefillbench.backends.torch_attention import chunk_query_blocks  # noqa: E402
@@ -66,14 +66,7 @@ def step_table(reps: int, clock: Clock, dtype: str) -> None:
     tokens = tuple(int(t) for t in rng.integers(0, backend.vocab_size, 1024))
     steps = {"pp512": Step(prefills=(PrefillChunk(0, tokens[:512], 0, True),)),
              "chunk 256 at 768": Step(prefills=(PrefillChunk(0, tokens[768:], 768, True),))}
-    applies = cpu_prefill_attention.applies
-
-    def run(step: Step, kernel: bool, logits: bool = False):
-        cpu_prefill_attention.applies = applies if kernel else (lambda *a: False)
-        try:
-            return backend.execute(step, return_logits=logits)
-        finally:
-            cpu_prefill_attention.applies = applies
+    run = kernel_switch(backend, cpu_prefill_attention)
 
     run(Step(prefills=(PrefillChunk(0, tokens[:768], 0, False),)), True)  # the cache the chunk at 768 attends to
     diffs = {}

@@ -132,6 +132,21 @@ def default_backend(dtype: str, n_slots: int, max_len: int) -> TorchBackend:
     return backend
 
 
+def kernel_switch(backend: TorchBackend, kernel) -> Callable[..., object]:
+    """run(step, on, logits=False): the backend's step with the C kernel module `kernel` as it is (on), or with its
+    applies() refusing every call, so the step takes the kernel's fallback (off)."""
+    applies = kernel.applies
+
+    def run(step: Step, on: bool, logits: bool = False):
+        kernel.applies = applies if on else (lambda *a: False)
+        try:
+            return backend.execute(step, return_logits=logits)
+        finally:
+            kernel.applies = applies
+
+    return run
+
+
 def gemm_peak(dtype: torch.dtype, device: torch.device, clock: Clock, reps: int) -> float:
     """FLOP/s: the best of a few large square matmuls, through every GEMM library the backend may use
     (on the CPU, MKL's `torch.mm` and oneDNN's product with a prepacked weight: the roofline is the
