@@ -8,8 +8,8 @@ hand-written AVX-512 loop) read the weights at 18-23 GB/s. Two causes, each meas
 - a block of output rows read together is as many short streams (2,304 bytes a row
   here), too short for the hardware prefetcher to get ahead of;
 - 4 KB pages: the same plain read ran at 31 GB/s without huge pages.
-So few_rows.c reads weights packed into blocks that are one sequential stream each,
-prefetched 2 KB ahead, and every weight of one shape is packed into one buffer
+So few_rows.c reads weights packed into blocks that are one sequential stream each
+(left to the hardware prefetcher: a software prefetch measured slower), and every weight of one shape is packed into one buffer
 in 2 MB pages (huge_pages). The LM head alone: 22 GB/s as nn.Linear's layout, 41-45
 packed in huge pages.
 
