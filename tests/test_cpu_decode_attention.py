@@ -87,6 +87,7 @@ def _decode_steps(backend: TorchBackend, prompts):
 
 
 def test_backend_decodes_through_the_kernel_with_the_matmul_path_logits(monkeypatch):
+    monkeypatch.setenv("PREFILLBENCH_DECODE_PLAN", "0")  # the eager path's attention (the plan is tested on its own)
     model, _ = tiny_model("llama")
     backend = TorchBackend(model, "tiny-llama", "cpu")
     prompts = [tuple(range(3, 40)), tuple(range(5, 12)), tuple(range(1, 60))]

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from prefillbench import engine
-from prefillbench.backends import cpu_prefill_attention
+from prefillbench.backends import cpu_decode_attention, cpu_few_rows, cpu_layer_ops, cpu_prefill_attention
 from prefillbench.backends.torch_attention import causal_offset_mask
 from prefillbench.backends.torch_backend import TorchBackend
 from prefillbench.workloads import Request
@@ -94,7 +94,9 @@ def test_the_backend_attends_chunks_through_it_with_the_plain_forwards_logits(ar
 
 
 def test_without_a_compiler_sdpa_attends(monkeypatch, tmp_path):
-    forget_build(monkeypatch, cpu_prefill_attention.KERNEL, tmp_path, compiler="no-such-compiler")
+    # No compiler builds none of the kernels: the whole step takes torch's paths.
+    for kernels in (cpu_prefill_attention.KERNEL, cpu_decode_attention.KERNEL, cpu_few_rows.KERNEL, cpu_layer_ops.KERNELS):
+        forget_build(monkeypatch, kernels, tmp_path, compiler="no-such-compiler")
     assert cpu_prefill_attention.status().startswith("off (build failed")
     model, reference = tiny_model("llama", hidden_size=256)
     backend = TorchBackend(model, "tiny-llama", "cpu")
@@ -103,6 +105,7 @@ def test_without_a_compiler_sdpa_attends(monkeypatch, tmp_path):
     expected = reference_logits(reference, list(prompt) + record.requests[0].tokens[:-1])[len(prompt) - 1 :]
     torch.testing.assert_close(torch.tensor(np.stack(record.requests[0].logits)), expected, atol=2e-4, rtol=1e-4)
     assert backend.metadata()["prefill_attention"].startswith("SDPA; kernel off (build failed")
+    assert backend.metadata()["decode_plan"].startswith("off (layer ops kernel off (build failed")
 
 
 def test_a_bfloat16_backend_attends_chunks_through_it_as_close_to_float32_as_sdpa(monkeypatch):

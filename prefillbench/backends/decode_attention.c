@@ -253,3 +253,29 @@ int decode_attention(const float *q, const char *kc, const char *vc, const int64
 {
     return attend_all(q, kc, vc, slots, positions, n, heads, kv_heads, max_len, dim, scale, parts, out, (int)bf16);
 }
+
+/* A decode step's fused q/k/v product, qkv [n, width] (q's heads, then k's, then v's, head_dim each, in the
+ * model's dtype), made ready for decode_attention: q widened into q_out [n, heads, dim] float32, k and v written
+ * into the caches at (slots[i], :, positions[i]). cpu_decode_plan's step, where the eager path takes a
+ * .to(float32) and two index_put calls a layer. */
+void stage_decode_qkv(const void *qkv, int64_t n, int64_t width, int64_t heads, int64_t kv_heads, int64_t dim,
+                      float *q_out, char *kc, char *vc, const int64_t *slots, const int64_t *positions,
+                      int64_t max_len, int64_t bf16)
+{
+    const int64_t size = bf16 ? 2 : 4;
+    for (int64_t i = 0; i < n; i++) {
+        const char *row = (const char *)qkv + i * width * size;
+        for (int64_t x = 0; x < heads * dim; x++) q_out[i * heads * dim + x] = element_f32(row, x, (int)bf16);
+        for (int64_t h = 0; h < kv_heads; h++) {
+            const int64_t at = ((slots[i] * kv_heads + h) * max_len + positions[i]) * dim * size;
+            memcpy(kc + at, row + (heads + h) * dim * size, dim * size);
+            memcpy(vc + at, row + (heads + kv_heads + h) * dim * size, dim * size);
+        }
+    }
+}
+
+/* float32 [count] -> bfloat16, rounded as torch rounds. */
+void round_to_bf16(const float *in, uint16_t *out, int64_t count)
+{
+    for (int64_t i = 0; i < count; i++) out[i] = f32_to_bf16(in[i]);
+}

@@ -23,6 +23,7 @@ from . import cpu_decode_attention, cpu_layer_ops, cpu_prefill_attention, huge_p
 from .base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from .distributed import TensorParallel, check_heads_divide
 from .torch_attention import DecodeRun, QueryBlock, chunk_query_blocks, decode_mask, decode_runs, write_and_attend_decodes
+from .cpu_decode_plan import CpuDecodePlan
 from .torch_compiled import CompiledDecode
 from .torch_fused import FusedDecoder
 from .torch_graphs import DecodeGraphs
@@ -266,6 +267,10 @@ class TorchBackend(Backend):
             if self.fused is None:
                 raise BackendError(f"--compile needs a Llama-family decoder (llama, mistral, qwen2), not {config.model_type!r}")
             self.compiled = CompiledDecode(self.fused, self.lm_head)
+        self.decode_plan: CpuDecodePlan | None = None
+        # None until the first prepare() decides (the plan needs the tuner's packed weights and a cache).
+        self.decode_plan_note: str | None = None if self.torch_device.type == "cpu" and self.compiled is None else (
+            "off (--compile runs decode-only steps)" if self.compiled is not None else "off (CPU only; CUDA replays graphs)")
 
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
@@ -302,6 +307,11 @@ class TorchBackend(Backend):
             self.compiled.warm(range(1, self.cache.n_slots + 1), self.cache.scratch_slot, self.cache.keys, self.cache.values)
         with torch.inference_mode():
             self.linear_kernels.tune_ahead(max_step_tokens, max_sequences)
+            if self.decode_plan_note is None:
+                self.decode_plan, self.decode_plan_note = CpuDecodePlan.build(
+                    self.fused, self.lm_head, self.linear_kernels, self.torch_device, self.dtype)
+        if self.decode_plan is not None:
+            self.decode_plan.bind(self.cache)
         self.slots = SlotTable(self.cache.n_slots)
 
     def make_decode_graphs(self, capture: bool) -> DecodeGraphs | None:
@@ -368,6 +378,12 @@ class TorchBackend(Backend):
             check_cache_room(step, self.cache.max_len)
             logits = self.decode_graphs.run(step, [self.slots.slot(d.seq_id) for d in step.decodes])
             return self._result(step.emitting_seq_ids, logits, return_logits)
+        if self.decode_plan is not None and self.decode_plan.fits(len(step.prefills), len(step.decodes)):
+            check_cache_room(step, self.cache.max_len)
+            logits = self.decode_plan.run([d.token for d in step.decodes], [d.position for d in step.decodes],
+                                          [self.slots.slot(d.seq_id) for d in step.decodes])
+            # The plan's logits are a static buffer: what is handed out must outlive the next step.
+            return self._result(step.emitting_seq_ids, logits.clone() if return_logits else logits, return_logits)
         if self.compiled is not None and not step.prefills and step.decodes:
             check_cache_room(step, self.cache.max_len)
             dev = self.torch_device
@@ -406,6 +422,8 @@ class TorchBackend(Backend):
             meta["gpu"] = torch.cuda.get_device_name(self.torch_device)
             meta["cuda_graphs"] = self.graphs_note
         meta["tune_linear"] = "on" if self.linear_kernels.tune else "off"
+        if self.torch_device.type == "cpu":
+            meta["decode_plan"] = self.decode_plan_note or "off (not prepared)"
         if self.compiled is not None:
             meta["compile"] = f"decode-only steps, batch sizes 1-{max(self.compiled.batch_sizes, default=0)}, compiled in {self.compiled.compile_s:.0f} s"
         meta["decode_attention"] = self._decode_attention_note()

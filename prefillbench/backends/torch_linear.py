@@ -172,6 +172,7 @@ class LinearKernels:
     tune: bool = True
     layers: dict[tuple, list[TunedWeight]] = field(default_factory=dict)
     choice: dict[tuple[tuple, int], str] = field(default_factory=dict)
+    by_module: dict[nn.Module, TunedWeight] = field(default_factory=dict)  # the installed layers' own
 
     def install(self, model: nn.Module, transposed_for: set[nn.Module] = frozenset(), skip: set[nn.Module] = frozenset()) -> int:
         """Route every plain nn.Linear of `model` through `forward`; returns how many.
@@ -189,6 +190,7 @@ class LinearKernels:
             if module in transposed_for:
                 tuned.weight_t = w.t().contiguous()
             self.layers.setdefault(tuned.kind, []).append(tuned)
+            self.by_module[module] = tuned
             module.forward = types.MethodType(lambda mod, x, t=tuned: self.forward(x, t), module)
             n += 1
         return n
