@@ -1,0 +1,64 @@
+"""Decode-only steps through cpu_decode_plan (one list of C calls per batch size) against the eager forward.
+
+Steps of the default model through the torch backend, the two ways alternated rep by rep
+in one process (sets TorchBackend.decode_plan); medians and the paired median of the
+ratios; the logits of each step compared. The eager side is what runs with
+PREFILLBENCH_DECODE_PLAN=0: the tuner's kernel per product, the fused layer's torch ops
+and C calls one by one.
+
+    .venv/bin/python benchmarks/decode_plan.py [--dtype bfloat16] [--reps 9] [--context 1024]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_steps import Clock, default_backend, print_both_ways, time_both_ways  # noqa: E402
+
+from prefillbench.backends import cpu_decode_plan  # noqa: E402
+from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--context", type=int, default=1024, help="positions each decode attends to")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    sizes = (1, 2, 4, cpu_decode_plan.MAX_BATCH)
+    backend = default_backend(args.dtype, max(sizes), args.context + 8)
+    plan = backend.decode_plan
+    if plan is None:
+        sys.exit(f"the decode plan is {backend.decode_plan_note}")
+    rng = np.random.default_rng(0)
+    for slot in range(max(sizes)):  # real K/V to attend to: each slot's prompt prefilled
+        prompt = tuple(int(t) for t in rng.integers(0, backend.vocab_size, args.context))
+        backend.execute(Step(prefills=(PrefillChunk(slot, prompt, 0, is_last=True),)))
+    steps = {f"decode x{n}": Step(decodes=tuple(DecodeToken(i, 1, args.context) for i in range(n))) for n in sizes}
+
+    def run(step: Step, planned: bool, logits: bool = False):
+        backend.decode_plan = plan if planned else None
+        try:
+            return backend.execute(step, return_logits=logits)
+        finally:
+            backend.decode_plan = plan
+
+    diffs = {}
+    for name, step in steps.items():
+        on, off = (run(step, p, logits=True).logits for p in (True, False))
+        diffs[name] = max(float(np.abs(on[s] - off[s]).max()) for s in on)
+    times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
+    print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
+          f"decodes at {args.context} positions")
+    print_both_ways(times, "step", "plan", "eager", ("logits max abs diff", {n: f"{d:.1e}" for n, d in diffs.items()}))
+
+
+if __name__ == "__main__":
+    main()
