@@ -62,6 +62,7 @@ class _Program:
     slots: torch.Tensor
     positions: torch.Tensor
     logits: torch.Tensor
+    buffers: list[torch.Tensor]  # every other buffer the bound addresses point into, alive as long as the calls
 
 
 class CpuDecodePlan:
@@ -126,7 +127,9 @@ class CpuDecodePlan:
         """Logits [m, vocab] of one decode step: decode i feeds tokens[i] at positions[i] in cache slot slots[i].
         A static buffer, overwritten by the next step of as many decodes."""
         m = len(tokens)
-        program = self.programs.get(m) or self.programs.setdefault(m, self._program(m))
+        if m not in self.programs:
+            self.programs[m] = self._program(m)
+        program = self.programs[m]
         decoder = self.fused.decoder
         program.slots.copy_(torch.tensor(slots))
         program.positions.copy_(torch.tensor(positions))
@@ -140,7 +143,7 @@ class CpuDecodePlan:
 
     def _program(self, m: int) -> _Program:
         dt, bf16 = self.dtype, int(self.dtype == torch.bfloat16)
-        threads = torch.get_num_threads()
+        threads = torch.get_num_threads()  # the backend's, set when it loads
         first = self.fused.layers[0].module.self_attn
         dim = first.head_dim
         hidden = self.products["o"][0].shape[0]
@@ -158,7 +161,6 @@ class CpuDecodePlan:
         logits = buffer(self.lm_head.shape[0])
         cos, sin = buffer(dim), buffer(dim)
         slots, positions = torch.zeros(m, dtype=torch.long), torch.zeros(m, dtype=torch.long)
-        keep = [residual, normed, qkv, query, attended, attended_dt, o_out, gate_up, act, down]
 
         ops, attention, few_rows = cpu_layer_ops.KERNELS.library, cpu_decode_attention.KERNEL.library, cpu_few_rows.KERNEL.library
 
@@ -197,6 +199,5 @@ class CpuDecodePlan:
             ]
             delta = down
         calls += [norm(delta, self.final_weight, self.final_norm), product(self.lm_head, normed, logits)]
-        program = _Program(m, calls, residual, cos, sin, slots, positions, logits)
-        program.keep = keep  # the buffers the bound addresses point into live as long as the program
-        return program
+        return _Program(m, calls, residual, cos, sin, slots, positions, logits,
+                        [normed, qkv, query, attended, attended_dt, o_out, gate_up, act, down])
