@@ -30,7 +30,8 @@ from .torch_fused import FusedDecoder
 from .torch_linear import LinearKernels, TunedWeight
 
 SWITCH = "PREFILLBENCH_DECODE_PLAN"
-#: The most decodes a plan takes: the most rows few_rows multiplies in one call.
+#: The most decodes a plan takes: the most rows few_rows multiplies in one call. Plans of 12 and 16 decodes, their
+#: products in groups of 8, were tried: 0.975x and 1.01x the eager step's time (oneDNN reads each weight once).
 MAX_BATCH = cpu_few_rows.MAX_ROWS
 
 
