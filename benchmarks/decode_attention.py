@@ -79,7 +79,8 @@ def steps(args) -> None:
     from prefillbench.step import DecodeToken, PrefillChunk, Step
 
     context = 1024
-    backend = default_backend(args.dtype, 17, context + 300)
+    # decode_plan=False: the plan calls the decode kernel whatever applies() says
+    backend = default_backend(args.dtype, 17, context + 300, decode_plan=False)
     decodes = lambda n, first=0: tuple(DecodeToken(first + i, 1, context) for i in range(n))  # noqa: E731
     chunk = PrefillChunk(0, tuple(range(1000, 1256)), context, is_last=False)
     cases = {f"decode x{n}": Step(decodes=decodes(n)) for n in (1, 4, 16)}

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, print_both_ways, time_both_ways  # noqa: E402
+from torch_steps import Clock, default_backend, logit_column, print_both_ways, time_both_ways  # noqa: E402
 
 from prefillbench.backends import cpu_decode_plan  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
@@ -50,14 +50,11 @@ def main() -> None:
         finally:
             backend.decode_plan = plan
 
-    diffs = {}
-    for name, step in steps.items():
-        on, off = (run(step, p, logits=True).logits for p in (True, False))
-        diffs[name] = max(float(np.abs(on[s] - off[s]).max()) for s in on)
+    logits = logit_column(run, steps)
     times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
     print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
           f"decodes at {args.context} positions")
-    print_both_ways(times, "step", "plan", "eager", ("logits max abs diff", {n: f"{d:.1e}" for n, d in diffs.items()}))
+    print_both_ways(times, "step", "plan", "eager", logits)
 
 
 if __name__ == "__main__":

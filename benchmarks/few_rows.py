@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+from torch_steps import Clock, default_backend, logit_column, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
 
 from prefillbench.backends import cpu_few_rows, torch_linear  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
@@ -53,7 +53,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if cpu_few_rows.status():
         sys.exit(f"the few-rows kernel is {cpu_few_rows.status()}")
-    backend = default_backend(args.dtype, 8, args.context + 260)
+    # decode_plan=False: the plan multiplies decode-only steps through few_rows whatever the tuner chose
+    backend = default_backend(args.dtype, 8, args.context + 260, decode_plan=False)
     kernels = backend.linear_kernels
     with_packed = dict(kernels.choice)
     if PACKED not in with_packed.values():
@@ -75,17 +76,14 @@ def main() -> None:
         finally:
             kernels.choice = with_packed
 
-    diffs = {}
-    for name, step in steps.items():
-        on, off = (run(step, p, logits=True).logits for p in (True, False))
-        diffs[name] = max(float(np.abs(on[s] - off[s]).max()) for s in on)
+    logits = logit_column(run, steps)
     clock = Clock(torch.device("cpu"))
     times = time_both_ways(run, steps, args.reps, clock)
     print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
           f"decodes at {args.context} positions")
     print(f"packed kernel chosen for: {', '.join(k for k, v in kernels.summary().items() if v == PACKED)}")
     print()
-    print_both_ways(times, "step", "packed", "torch kernels", ("logits max abs diff", {n: f"{d:.1e}" for n, d in diffs.items()}))
+    print_both_ways(times, "step", "packed", "torch kernels", logits)
 
     weights = [w for peers in kernels.layers.values() for w in peers]
     nbytes = sum(w.weight.numel() * w.weight.element_size() for w in weights)

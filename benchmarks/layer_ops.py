@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, print_both_ways, time_both_ways  # noqa: E402
+from torch_steps import Clock, default_backend, logit_column, print_both_ways, time_both_ways  # noqa: E402
 
 from prefillbench.backends import cpu_layer_ops  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
@@ -32,7 +32,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if cpu_layer_ops.status():
         sys.exit(f"the layer kernels are {cpu_layer_ops.status()}")
-    backend = default_backend(args.dtype, 16, args.context + 520)
+    # decode_plan=False: the plan runs decode-only steps through the compiled loops whatever c_layer_ops says
+    backend = default_backend(args.dtype, 16, args.context + 520, decode_plan=False)
     if backend.fused is None or not backend.fused.c_layer_ops:
         sys.exit("this model's layers do not take the compiled loops")
     rng = np.random.default_rng(0)
@@ -58,14 +59,11 @@ def main() -> None:
         finally:
             backend.fused.c_layer_ops = True
 
-    diffs = {}
-    for name, step in steps.items():
-        on, off = (run(step, c, logits=True).logits for c in (True, False))
-        diffs[name] = max(float(np.abs(on[s] - off[s]).max()) for s in on)
+    logits = logit_column(run, steps)
     times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
     print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
           f"decodes at {args.context} positions")
-    print_both_ways(times, "step", "compiled loops", "torch ops", ("logits max abs diff", {n: f"{d:.1e}" for n, d in diffs.items()}))
+    print_both_ways(times, "step", "compiled loops", "torch ops", logits)
 
 
 if __name__ == "__main__":

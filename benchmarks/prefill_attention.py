@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, kernel_switch, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+from torch_steps import Clock, default_backend, kernel_switch, logit_column, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
 
 from prefillbench.backends import cpu_prefill_attention  # noqa: E402
 from prefillbench.backends.torch_attention import chunk_query_blocks  # noqa: E402
@@ -69,14 +69,11 @@ def step_table(reps: int, clock: Clock, dtype: str) -> None:
     run = kernel_switch(backend, cpu_prefill_attention)
 
     run(Step(prefills=(PrefillChunk(0, tokens[:768], 0, False),)), True)  # the cache the chunk at 768 attends to
-    diffs = {}
-    for name, step in steps.items():
-        on, off = (run(step, k, logits=True).logits for k in (True, False))
-        diffs[name] = max(float(np.abs(on[s] - off[s]).max()) for s in on)
+    logits = logit_column(run, steps)
     times = time_both_ways(run, steps, reps, clock)
     print()
     print(f"# whole steps of {backend.model_name}, {dtype}, {torch.get_num_threads()} threads, {reps} interleaved reps")
-    print_both_ways(times, "step", "kernel", "SDPA", ("logits max abs diff", {n: f"{d:.1e}" for n, d in diffs.items()}))
+    print_both_ways(times, "step", "kernel", "SDPA", logits)
 
 
 def main() -> None:

@@ -110,6 +110,16 @@ def time_both_ways(run: Callable[[object, bool], object], cases: dict, reps: int
     return {name: (times[(name, True)], times[(name, False)]) for name in cases}
 
 
+def logit_column(run: Callable[..., object], cases: dict) -> tuple[str, dict[object, str]]:
+    """print_both_ways' extra column: each case's largest |logit| difference between run(case, True, logits=True)
+    and run(case, False, logits=True)."""
+    diffs = {}
+    for name, case in cases.items():
+        on, off = (run(case, way, logits=True).logits for way in (True, False))
+        diffs[name] = f"{max(float(np.abs(on[s] - off[s]).max()) for s in on):.1e}"
+    return "logits max abs diff", diffs
+
+
 def print_both_ways(times: dict[object, tuple[Timing, Timing]], case: str, on: str, off: str,
                     extra: tuple[str, dict[object, str]] | None = None) -> None:
     """time_both_ways' result as a table: each way's median, their ratio, the paired median of the ratios,
@@ -122,10 +132,10 @@ def print_both_ways(times: dict[object, tuple[Timing, Timing]], case: str, on: s
         print(row + (f" {extra[1][name]} |" if extra else ""))
 
 
-def default_backend(dtype: str, n_slots: int, max_len: int) -> TorchBackend:
+def default_backend(dtype: str, n_slots: int, max_len: int, **options) -> TorchBackend:
     """The default model on the CPU, prepared for `n_slots` sequences of `max_len` positions, every slot held
-    (slot i for sequence i), as the benchmarks that time single steps set it up."""
-    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=dtype)
+    (slot i for sequence i), as the benchmarks that time single steps set it up; `options` as TorchBackend.load's."""
+    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=dtype, **options)
     backend.prepare(n_slots, max_len, max_len * n_slots)
     for s in range(n_slots):
         backend.slots.slot(s)

@@ -94,6 +94,9 @@ def test_it_can_be_switched_off_and_says_why(monkeypatch):
     backend = _prefilled(model, 1)
     assert backend.decode_plan is None and backend.metadata()["decode_plan"] == f"off ({cpu_decode_plan.SWITCH}=0)"
     monkeypatch.delenv(cpu_decode_plan.SWITCH)
+    declined = TorchBackend(model, "tiny", "cpu", decode_plan=False)
+    declined.prepare(1, 64, 64)
+    assert declined.decode_plan is None and declined.metadata()["decode_plan"] == "off (decode_plan=False)"
     untuned = TorchBackend(tiny_model("llama")[0], "tiny", "cpu", tune_linear=False)
     untuned.prepare(1, 64, 64)
     assert untuned.decode_plan is None and untuned.metadata()["decode_plan"].startswith("off (the kernel tuner is off")

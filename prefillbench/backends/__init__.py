@@ -8,7 +8,7 @@ from .base import Backend, BackendError, SlotTable
 
 BACKEND_CHOICES = ("auto", "torch", "gguf", "sim")
 #: Options the torch backend takes (see TorchBackend.__init__); others belong to other backends.
-TORCH_OPTIONS = ("tune_linear", "cuda_graphs", "compile_decode")
+TORCH_OPTIONS = ("tune_linear", "cuda_graphs", "compile_decode", "decode_plan")
 
 
 def cuda_available() -> bool:

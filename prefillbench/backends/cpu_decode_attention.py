@@ -34,10 +34,9 @@ def _declare(library: ctypes.CDLL) -> None:
     fn = library.decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-    # cpu_decode_plan's staging of a step's q, k and v, and its rounding of the float32 output to bf16
+    # cpu_decode_plan's staging of a step's q, k and v
     library.stage_decode_qkv.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2
-    library.round_to_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    library.stage_decode_qkv.restype = library.round_to_bf16.restype = None
+    library.stage_decode_qkv.restype = None
 
 
 KERNEL = CKernels(Path(__file__).with_name("decode_attention.c"), "PREFILLBENCH_DECODE_KERNEL", _declare)

@@ -27,7 +27,7 @@ from torch import nn
 
 from . import cpu_decode_attention, cpu_few_rows, cpu_layer_ops
 from .torch_fused import FusedDecoder
-from .torch_linear import LinearKernels, TunedWeight
+from .torch_linear import LinearKernels
 
 SWITCH = "PREFILLBENCH_DECODE_PLAN"
 #: The most decodes a plan takes: the most rows few_rows multiplies in one call. Plans of 12 and 16 decodes, their
@@ -53,9 +53,8 @@ class _Product:
 
 @dataclass
 class _Program:
-    """The calls of one step of `batch` decodes, and the static buffers they read and write."""
+    """The calls of one step of a given number of decodes, and the static buffers they read and write."""
 
-    batch: int
     calls: list[tuple[Callable, tuple]]
     residual: torch.Tensor
     cos: torch.Tensor
@@ -97,16 +96,16 @@ class CpuDecodePlan:
             if status:
                 return None, f"off ({name} kernel {status})"
 
-        def tuned(module: nn.Module) -> TunedWeight:
-            return kernels.by_module.get(module) or TunedWeight(module.weight.detach(), None if module.bias is None else module.bias.detach())
-
+        if lm_head not in kernels.by_module:  # o_proj and down_proj are plain nn.Linear in every fusable layer
+            return None, "off (the LM head is not a plain linear layer)"
+        tuned = kernels.by_module
         weights = {
             "qkv": [f.qkv for f in fused.layers],
-            "o": [tuned(f.module.self_attn.o_proj) for f in fused.layers],
+            "o": [tuned[f.module.self_attn.o_proj] for f in fused.layers],
             "gate_up": [f.gate_up for f in fused.layers],
-            "down": [tuned(f.module.mlp.down_proj) for f in fused.layers],
+            "down": [tuned[f.module.mlp.down_proj] for f in fused.layers],
         }
-        head = tuned(lm_head)
+        head = tuned[lm_head]
         refused = [tuple(w.weight.shape) for w in [head, *(w for ws in weights.values() for w in ws)] if not cpu_few_rows.applies(w.weight)]
         if refused:
             return None, f"off (few_rows does not take weights of shape {refused[0]})"
@@ -189,8 +188,8 @@ class CpuDecodePlan:
                                               positions.data_ptr(), m, heads, kv_heads, self.cache.max_len, dim, attn.scaling,
                                               cpu_decode_attention.PARTS, attended.data_ptr(), bf16)),
             ]
-            if bf16:
-                calls.append((attention.round_to_bf16, (attended.data_ptr(), attended_dt.data_ptr(), m * heads * dim)))
+            if bf16:  # rounded as the eager path's .to(q.dtype) rounds
+                calls.append((attended_dt.copy_, (attended,)))
             calls += [
                 product(self.products["o"][i], attended_dt, o_out),
                 norm(o_out, w_post, n_post),
@@ -200,5 +199,5 @@ class CpuDecodePlan:
             ]
             delta = down
         calls += [norm(delta, self.final_weight, self.final_norm), product(self.lm_head, normed, logits)]
-        return _Program(m, calls, residual, cos, sin, slots, positions, logits,
+        return _Program(calls, residual, cos, sin, slots, positions, logits,
                         [normed, qkv, query, attended, attended_dt, o_out, gate_up, act, down])

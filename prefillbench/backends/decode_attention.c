@@ -273,9 +273,3 @@ void stage_decode_qkv(const void *qkv, int64_t n, int64_t width, int64_t heads, 
         }
     }
 }
-
-/* float32 [count] -> bfloat16, rounded as torch rounds. */
-void round_to_bf16(const float *in, uint16_t *out, int64_t count)
-{
-    for (int64_t i = 0; i < count; i++) out[i] = f32_to_bf16(in[i]);
-}

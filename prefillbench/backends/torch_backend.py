@@ -217,10 +217,11 @@ class TorchBackend(Backend):
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
                  parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True,
-                 compile_decode: bool = False) -> None:
+                 compile_decode: bool = False, decode_plan: bool = True) -> None:
         """`tune_linear`: time the linear-layer kernels per row count (torch_linear); `cuda_graphs`:
         replay decode-only steps from CUDA graphs on a CUDA device (torch_graphs); `compile_decode`: run
-        decode-only steps on the CPU through inductor-compiled graphs (torch_compiled)."""
+        decode-only steps on the CPU through inductor-compiled graphs (torch_compiled); `decode_plan`: run
+        them on the CPU as one list of C calls where it applies (cpu_decode_plan)."""
         _register_attention()
         config = model.config
         if getattr(config, "is_encoder_decoder", False):
@@ -268,14 +269,13 @@ class TorchBackend(Backend):
                 raise BackendError(f"--compile needs a Llama-family decoder (llama, mistral, qwen2), not {config.model_type!r}")
             self.compiled = CompiledDecode(self.fused, self.lm_head)
         self.decode_plan: CpuDecodePlan | None = None
-        # None until the first prepare() decides (the plan needs the tuner's packed weights and a cache).
-        self.decode_plan_note: str | None = None if self.torch_device.type == "cpu" and self.compiled is None else (
-            "off (--compile runs decode-only steps)" if self.compiled is not None else "off (CPU only; CUDA replays graphs)")
+        # Decided at the first prepare(): the plan needs the tuner's packed weights.
+        self.decode_plan_note: str | None = None if decode_plan else "off (decode_plan=False)"
 
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
              tp: int = 1, **options: Any) -> "TorchBackend":
-        """`options`: `tune_linear`, `cuda_graphs` (both default True), `compile_decode`, see TorchBackend.__init__."""
+        """`options`: `tune_linear`, `cuda_graphs`, `decode_plan` (default True), `compile_decode`, see TorchBackend.__init__."""
         if dtype not in DTYPES:
             raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
         if threads is not None:
@@ -307,7 +307,9 @@ class TorchBackend(Backend):
             self.compiled.warm(range(1, self.cache.n_slots + 1), self.cache.scratch_slot, self.cache.keys, self.cache.values)
         with torch.inference_mode():
             self.linear_kernels.tune_ahead(max_step_tokens, max_sequences)
-            if self.decode_plan_note is None:
+            if self.decode_plan_note is None and self.compiled is not None:
+                self.decode_plan_note = "off (--compile runs decode-only steps)"
+            elif self.decode_plan_note is None:
                 self.decode_plan, self.decode_plan_note = CpuDecodePlan.build(
                     self.fused, self.lm_head, self.linear_kernels, self.torch_device, self.dtype)
         if self.decode_plan is not None:
