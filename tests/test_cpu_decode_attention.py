@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefillbench.backends import cpu_decode_attention
+from prefillbench.backends import cpu_decode_attention, torch_fused
 from prefillbench.backends.torch_backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 from kernel_builds import forget_build
@@ -93,8 +93,9 @@ def test_backend_decodes_through_the_kernel_with_the_matmul_path_logits(monkeypa
     prompts = [tuple(range(3, 40)), tuple(range(5, 12)), tuple(range(1, 60))]
     backend.prepare(len(prompts), 128, 512)
     calls = []
-    kernel = cpu_decode_attention.decode_attention
-    monkeypatch.setattr(cpu_decode_attention, "decode_attention", lambda *a: calls.append(1) or kernel(*a))
+    for name in ("decode_attention", "stage_and_attend"):  # the fused decoder stages decodes and attends in one call
+        kernel = getattr(cpu_decode_attention, name)
+        monkeypatch.setattr(cpu_decode_attention, name, lambda *a, kernel=kernel: calls.append(1) or kernel(*a))
     with_kernel = _decode_steps(backend, prompts)
     assert len(calls) == backend.n_layers  # one call per layer covers every decode of the step
     assert backend.metadata()["decode_attention"] == "compiled C kernel"
@@ -140,3 +141,37 @@ def test_a_header_the_kernels_share_is_part_of_the_build_key(monkeypatch, tmp_pa
     header.write_text(header.read_text() + "\n/* changed */\n")
     c_kernels._build(source)
     assert len(list((tmp_path / "cache" / "prefillbench").glob("decode_attention-*.so"))) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_staging_decodes_from_the_fused_product_writes_and_attends_as_index_put_does(monkeypatch, dtype):
+    # A mixed step (a chunk at an offset, decodes in shuffled slots) through stage_and_attend, and again
+    # through the unfused write (index_put) and decode_attention: the same logits and the same caches.
+    monkeypatch.setenv("PREFILLBENCH_DECODE_PLAN", "0")
+    model, _ = tiny_model("llama")
+    backend = TorchBackend(model.to(dtype), "tiny-llama", "cpu")
+    prompts = [tuple(range(3, 40)), tuple(range(5, 12)), tuple(range(1, 60)), tuple(range(7, 30))]
+    staged = []
+    stage = cpu_decode_attention.stage_and_attend
+    monkeypatch.setattr(cpu_decode_attention, "stage_and_attend", lambda *a: staged.append(1) or stage(*a))
+
+    def mixed_step():
+        backend.prepare(len(prompts), 128, 512)  # a fresh cache
+        for i, p in enumerate(prompts[1:], start=1):
+            backend.execute(Step(prefills=(PrefillChunk(i, p, 0, is_last=True),)))
+        backend.execute(Step(prefills=(PrefillChunk(0, prompts[0][:20], 0, is_last=False),)))
+        step = Step(prefills=(PrefillChunk(0, prompts[0][20:], 20, is_last=True),),
+                    decodes=tuple(DecodeToken(i, 7, len(prompts[i])) for i in (3, 1, 2)))
+        logits = backend.execute(step, return_logits=True).logits
+        return logits, [c.clone() for c in backend.cache.keys + backend.cache.values]
+
+    with_staging, caches_staged = mixed_step()
+    assert len(staged) == backend.n_layers
+    monkeypatch.setattr(torch_fused.CLayerOps, "rotates_in_place", False)  # the fused product is not handed over
+    staged.clear()
+    without, caches = mixed_step()
+    assert not staged
+    for a, b in zip(caches_staged, caches):
+        assert torch.equal(a, b)
+    for seq in with_staging:
+        np.testing.assert_array_equal(with_staging[seq], without[seq])

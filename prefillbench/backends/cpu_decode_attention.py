@@ -34,7 +34,7 @@ def _declare(library: ctypes.CDLL) -> None:
     fn = library.decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-    # cpu_decode_plan's staging of a step's q, k and v
+    # the staging of a step's q, k and v (cpu_decode_plan, stage_and_attend)
     library.stage_decode_qkv.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2
     library.stage_decode_qkv.restype = None
 
@@ -76,3 +76,36 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if failed:
         raise MemoryError("the decode attention kernel could not allocate its partial results")
     return out.to(q.dtype)
+
+
+def stage_and_attend(qkv: torch.Tensor, heads: int, kv_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slots: torch.Tensor, positions: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Decodes given as rows of a fused, rotated q|k|v product [m, width]: each row's K and V written into
+    the cache at its slot and position, then its queries attended as `decode_attention` does: [m, heads, D].
+
+    One C pass stages them where the unfused path takes two `index_put` calls and a widening copy of q a
+    layer. Small, measured (the default model, decodes at 1,024 positions, 11 alternated reps, paired
+    medians, three runs): eager steps of 3 decodes 0.3-1.0 ms less (0.95-0.99x), of 16 decodes -3.0 to
+    +0.3 ms, a 256-token chunk with 3 decodes -3.8 to +0.9 ms (that step's own spread is tens of ms)."""
+    if status():
+        raise RuntimeError(f"the decode attention kernel is {status()}")
+    m, width = qkv.shape
+    n_slots, cache_heads, max_len, dim = k_cache.shape
+    if not (qkv.is_contiguous() and qkv.dtype == k_cache.dtype and cache_heads == kv_heads
+            and width == (heads + 2 * kv_heads) * dim and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype and k_cache.dtype in DTYPES):
+        raise ValueError("stage_and_attend takes contiguous q|k|v rows in the dtype of whole contiguous caches")
+    slots = slots.to(torch.int64).contiguous()
+    positions = positions.to(torch.int64).contiguous()
+    query = torch.empty(m, heads, dim, dtype=torch.float32)
+    out = torch.empty_like(query)
+    bf16 = int(k_cache.dtype == torch.bfloat16)
+    library = KERNEL.library
+    library.stage_decode_qkv(qkv.data_ptr(), m, width, heads, kv_heads, dim, query.data_ptr(), k_cache.data_ptr(),
+                             v_cache.data_ptr(), slots.data_ptr(), positions.data_ptr(), max_len, bf16)
+    failed = library.decode_attention(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                                      positions.data_ptr(), m, heads, kv_heads, max_len, dim, scaling, PARTS,
+                                      out.data_ptr(), bf16)
+    if failed:
+        raise MemoryError("the decode attention kernel could not allocate its partial results")
+    return out.to(qkv.dtype)

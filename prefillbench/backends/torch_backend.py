@@ -111,12 +111,15 @@ def static_decode_layout(cache: KVCache, positions: torch.Tensor, slots: torch.T
     return StepLayout(chunks=[], decode_from=0, decode_slots=slots, decode_positions=positions, decode_runs=[run], cache=cache)
 
 
-def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pb_layout: StepLayout | None = None, **kwargs):
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pb_layout: StepLayout | None = None,
+                     pb_qkv: torch.Tensor | None = None, **kwargs):
     """Attention over a packed step; registered with transformers' AttentionInterface.
 
     Each chunk attends with one SDPA call over a view of its own slot's cache;
     each run of decodes in consecutive slots with one call over a slice of the
     cache. Nothing is gathered: the cost follows the K/V actually read.
+    `pb_qkv` (the fused decoder's): the rotated q|k|v product [1, T, width] that
+    query, key and value are views of, from which the CPU kernel stages decodes.
     """
     if pb_layout is None:
         raise RuntimeError("prefillbench attention called without a step layout")
@@ -148,6 +151,10 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
             out[rows] = o
     if layout.decode_runs:
         decodes = slice(layout.decode_from, None)
+        if pb_qkv is not None and cpu_decode_attention.applies(q, k_cache):
+            out[decodes] = cpu_decode_attention.stage_and_attend(pb_qkv[0, decodes], q.shape[0], k.shape[0], k_cache, v_cache,
+                                                                 layout.decode_slots, layout.decode_positions, scaling)
+            return out.unsqueeze(0), None
         write_and_attend_decodes(*(t[:, decodes].transpose(0, 1) for t in (q, k, v)), k_cache, v_cache, layout.decode_slots,
                                  layout.decode_positions, layout.decode_runs, scaling, out[decodes])
     return out.unsqueeze(0), None

@@ -130,8 +130,10 @@ class FusedDecoder:
         x = ops.add_norm(residual, None, self.layers[0].module.input_layernorm)
         for i, f in enumerate(self.layers):
             layer, attn = f.module, f.module.self_attn
-            q, k, v = ops.rotate(linear.forward(x, f.qkv), f.qkv_sizes, attn.head_dim)
-            out, _ = self.attention(attn, q, k, v, None, scaling=attn.scaling, pb_layout=layout)
+            qkv = linear.forward(x, f.qkv)
+            q, k, v = ops.rotate(qkv, f.qkv_sizes, attn.head_dim)
+            rotated = qkv if ops.rotates_in_place and qkv.is_contiguous() else None
+            out, _ = self.attention(attn, q, k, v, None, scaling=attn.scaling, pb_layout=layout, pb_qkv=rotated)
             x = ops.add_norm(residual, attn.o_proj(out.reshape(1, n_tokens, -1)), layer.post_attention_layernorm)
             mlp_out = layer.mlp.down_proj(ops.silu_mul(linear.forward(x, f.gate_up)))
             following = self.layers[i + 1].module.input_layernorm if i + 1 < len(self.layers) else d.norm
@@ -147,6 +149,9 @@ def split_heads(qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int) -
 
 class TorchLayerOps:
     """A layer's elementwise work through transformers' modules and torch ops."""
+
+    #: Whether `rotate` leaves q and k rotated inside the qkv product it was given (else in new tensors).
+    rotates_in_place = False
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor, rotary) -> None:
         self.cos, self.sin, self.rotary = cos, sin, rotary
@@ -171,6 +176,8 @@ class TorchLayerOps:
 
 class CLayerOps(TorchLayerOps):
     """The same work through cpu_layer_ops' compiled loops (CPU, float32 or bfloat16)."""
+
+    rotates_in_place = True
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
         super().__init__(cos.contiguous(), sin.contiguous(), None)
