@@ -56,26 +56,35 @@ def applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return q.device.type == "cpu" and k_cache.dtype in DTYPES and status() == ""
 
 
+def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if status():
+        raise RuntimeError(f"the decode attention kernel is {status()}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
+            and k_cache.dtype == v_cache.dtype and k_cache.dtype in DTYPES):
+        raise ValueError("the decode kernel reads whole contiguous float32 or bfloat16 caches")
+
+
+def _attend(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+            positions: torch.Tensor, scaling: float) -> torch.Tensor:
+    """The kernel on float32 queries [m, heads, D] and int64 slots and positions: float32 [m, heads, D]."""
+    out = torch.empty_like(query)
+    n_slots, kv_heads, max_len, dim = k_cache.shape
+    failed = KERNEL.library.decode_attention(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                                             positions.data_ptr(), query.shape[0], query.shape[1], kv_heads, max_len, dim,
+                                             scaling, PARTS, out.data_ptr(), int(k_cache.dtype == torch.bfloat16))
+    if failed:
+        raise MemoryError("the decode attention kernel could not allocate its partial results")
+    return out
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                      positions: torch.Tensor, scaling: float) -> torch.Tensor:
     """Attention of decode queries q [m, heads, D], decode i at `positions[i]` in cache slot `slots[i]`,
     over positions 0 .. positions[i] of its own slot: [m, heads, D]."""
-    if status():
-        raise RuntimeError(f"the decode attention kernel is {status()}")
+    _check_caches(k_cache, v_cache)
     query = q.to(torch.float32).contiguous()
-    slots = slots.to(torch.int64).contiguous()
-    positions = positions.to(torch.int64).contiguous()
-    out = torch.empty_like(query)
-    n_slots, kv_heads, max_len, dim = k_cache.shape
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
-            and k_cache.dtype == v_cache.dtype and k_cache.dtype in DTYPES):
-        raise ValueError("the decode kernel reads whole contiguous float32 or bfloat16 caches")
-    failed = KERNEL.library.decode_attention(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
-                                       positions.data_ptr(), q.shape[0], q.shape[1], kv_heads, max_len, dim, scaling,
-                                       PARTS, out.data_ptr(), int(k_cache.dtype == torch.bfloat16))
-    if failed:
-        raise MemoryError("the decode attention kernel could not allocate its partial results")
-    return out.to(q.dtype)
+    slots, positions = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
+    return _attend(query, k_cache, v_cache, slots, positions, scaling).to(q.dtype)
 
 
 def stage_and_attend(qkv: torch.Tensor, heads: int, kv_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -87,25 +96,15 @@ def stage_and_attend(qkv: torch.Tensor, heads: int, kv_heads: int, k_cache: torc
     layer. Small, measured (the default model, decodes at 1,024 positions, 11 alternated reps, paired
     medians, three runs): eager steps of 3 decodes 0.3-1.0 ms less (0.95-0.99x), of 16 decodes -3.0 to
     +0.3 ms, a 256-token chunk with 3 decodes -3.8 to +0.9 ms (that step's own spread is tens of ms)."""
-    if status():
-        raise RuntimeError(f"the decode attention kernel is {status()}")
+    _check_caches(k_cache, v_cache)
     m, width = qkv.shape
     n_slots, cache_heads, max_len, dim = k_cache.shape
     if not (qkv.is_contiguous() and qkv.dtype == k_cache.dtype and cache_heads == kv_heads
-            and width == (heads + 2 * kv_heads) * dim and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype and k_cache.dtype in DTYPES):
-        raise ValueError("stage_and_attend takes contiguous q|k|v rows in the dtype of whole contiguous caches")
-    slots = slots.to(torch.int64).contiguous()
-    positions = positions.to(torch.int64).contiguous()
+            and width == (heads + 2 * kv_heads) * dim):
+        raise ValueError("stage_and_attend takes contiguous q|k|v rows of the caches' heads and dtype")
+    slots, positions = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     query = torch.empty(m, heads, dim, dtype=torch.float32)
-    out = torch.empty_like(query)
-    bf16 = int(k_cache.dtype == torch.bfloat16)
-    library = KERNEL.library
-    library.stage_decode_qkv(qkv.data_ptr(), m, width, heads, kv_heads, dim, query.data_ptr(), k_cache.data_ptr(),
-                             v_cache.data_ptr(), slots.data_ptr(), positions.data_ptr(), max_len, bf16)
-    failed = library.decode_attention(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
-                                      positions.data_ptr(), m, heads, kv_heads, max_len, dim, scaling, PARTS,
-                                      out.data_ptr(), bf16)
-    if failed:
-        raise MemoryError("the decode attention kernel could not allocate its partial results")
-    return out.to(qkv.dtype)
+    KERNEL.library.stage_decode_qkv(qkv.data_ptr(), m, width, heads, kv_heads, dim, query.data_ptr(), k_cache.data_ptr(),
+                                    v_cache.data_ptr(), slots.data_ptr(), positions.data_ptr(), max_len,
+                                    int(k_cache.dtype == torch.bfloat16))
+    return _attend(query, k_cache, v_cache, slots, positions, scaling).to(qkv.dtype)
