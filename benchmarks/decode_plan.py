@@ -10,7 +10,6 @@ and C calls one by one.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -18,20 +17,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, logit_column, print_both_ways, time_both_ways  # noqa: E402
+from torch_steps import Clock, both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run, time_both_ways  # noqa: E402
 
 from prefillbench.backends import cpu_decode_plan  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--reps", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--context", type=int, default=1024, help="positions each decode attends to")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = both_ways_arguments(__doc__.splitlines()[0], "positions each decode attends to")
     sizes = (1, 2, 4, cpu_decode_plan.MAX_BATCH)
     backend = default_backend(args.dtype, max(sizes), args.context + 8)
     plan = backend.decode_plan
@@ -43,12 +36,10 @@ def main() -> None:
         backend.execute(Step(prefills=(PrefillChunk(slot, prompt, 0, is_last=True),)))
     steps = {f"decode x{n}": Step(decodes=tuple(DecodeToken(i, 1, args.context) for i in range(n))) for n in sizes}
 
-    def run(step: Step, planned: bool, logits: bool = False):
+    def switch(planned: bool) -> None:
         backend.decode_plan = plan if planned else None
-        try:
-            return backend.execute(step, return_logits=logits)
-        finally:
-            backend.decode_plan = plan
+
+    run = switched_run(backend, switch)
 
     logits = logit_column(run, steps)
     times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))

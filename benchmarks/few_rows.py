@@ -11,7 +11,6 @@ the read speed each way against a plain read of as many bytes.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, logit_column, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+from torch_steps import (Clock, both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run,  # noqa: E402
+                         time_both_ways, time_interleaved)
 
 from prefillbench.backends import cpu_few_rows, torch_linear  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
@@ -44,13 +44,7 @@ def choices_without_packed(kernels: torch_linear.LinearKernels) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--reps", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--context", type=int, default=1024, help="positions each decode attends to; the chunk's offset")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = both_ways_arguments(__doc__.splitlines()[0], "positions each decode attends to; the chunk's offset")
     if cpu_few_rows.status():
         sys.exit(f"the few-rows kernel is {cpu_few_rows.status()}")
     # decode_plan=False: the plan multiplies decode-only steps through few_rows whatever the tuner chose
@@ -69,12 +63,10 @@ def main() -> None:
     steps = {**{f"decode x{n}": Step(decodes=decodes(n)) for n in (1, 2, 3, 4, 8)},
              "chunk 256 + 3 decodes": Step(prefills=(chunk,), decodes=decodes(3, first=1))}
 
-    def run(step: Step, packed: bool, logits: bool = False):
+    def switch(packed: bool) -> None:
         kernels.choice = with_packed if packed else without
-        try:
-            return backend.execute(step, return_logits=logits)
-        finally:
-            kernels.choice = with_packed
+
+    run = switched_run(backend, switch)
 
     logits = logit_column(run, steps)
     clock = Clock(torch.device("cpu"))

@@ -8,7 +8,6 @@ median of the ratios; the logits of each step compared.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -16,20 +15,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, logit_column, print_both_ways, time_both_ways  # noqa: E402
+from torch_steps import Clock, both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run, time_both_ways  # noqa: E402
 
 from prefillbench.backends import cpu_layer_ops  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--reps", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--context", type=int, default=1024, help="positions each decode attends to; the chunk's offset")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = both_ways_arguments(__doc__.splitlines()[0], "positions each decode attends to; the chunk's offset")
     if cpu_layer_ops.status():
         sys.exit(f"the layer kernels are {cpu_layer_ops.status()}")
     # decode_plan=False: the plan runs decode-only steps through the compiled loops whatever c_layer_ops says
@@ -52,12 +45,10 @@ def main() -> None:
         **{f"decode x{n}": Step(decodes=decodes(n)) for n in (1, 4, 16)},
     }
 
-    def run(step: Step, compiled: bool, logits: bool = False):
+    def switch(compiled: bool) -> None:
         backend.fused.c_layer_ops = compiled
-        try:
-            return backend.execute(step, return_logits=logits)
-        finally:
-            backend.fused.c_layer_ops = True
+
+    run = switched_run(backend, switch)
 
     logits = logit_column(run, steps)
     times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))

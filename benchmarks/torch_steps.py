@@ -146,19 +146,42 @@ def default_backend(dtype: str, n_slots: int, max_len: int, **options) -> TorchB
     return backend
 
 
-def kernel_switch(backend: TorchBackend, kernel) -> Callable[..., object]:
-    """run(step, on, logits=False): the backend's step with the C kernel module `kernel` as it is (on), or with its
-    applies() refusing every call, so the step takes the kernel's fallback (off)."""
-    applies = kernel.applies
+def switched_run(backend: TorchBackend, switch: Callable[[bool], None]) -> Callable[..., object]:
+    """run(step, on, logits=False) for time_both_ways: the backend's step with `switch(on)` applied, and
+    `switch(True)` again after it, whatever happened."""
 
     def run(step: Step, on: bool, logits: bool = False):
-        kernel.applies = applies if on else (lambda *a: False)
+        switch(on)
         try:
             return backend.execute(step, return_logits=logits)
         finally:
-            kernel.applies = applies
+            switch(True)
 
     return run
+
+
+def kernel_switch(backend: TorchBackend, kernel) -> Callable[..., object]:
+    """switched_run with the C kernel module `kernel` as it is (on), or with its applies() refusing every call,
+    so the step takes the kernel's fallback (off)."""
+    applies = kernel.applies
+
+    def switch(on: bool) -> None:
+        kernel.applies = applies if on else (lambda *a: False)
+
+    return switched_run(backend, switch)
+
+
+def both_ways_arguments(description: str, context_help: str) -> argparse.Namespace:
+    """The flags of the scripts that time one switch both ways on the default model (--dtype, --reps,
+    --threads, --context), parsed, with torch's thread count set."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--context", type=int, default=1024, help=context_help)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
 
 
 def gemm_peak(dtype: torch.dtype, device: torch.device, clock: Clock, reps: int) -> float:
