@@ -256,8 +256,8 @@ int decode_attention(const float *q, const char *kc, const char *vc, const int64
 
 /* A decode step's fused q/k/v product, qkv [n, width] (q's heads, then k's, then v's, head_dim each, in the
  * model's dtype), made ready for decode_attention: q widened into q_out [n, heads, dim] float32, k and v written
- * into the caches at (slots[i], :, positions[i]). cpu_decode_plan's step, where the eager path takes a
- * .to(float32) and two index_put calls a layer. */
+ * into the caches at (slots[i], :, positions[i]). The decode plan's step and the fused eager path's decodes
+ * (stage_and_attend) both stage through it; the unfused path takes a .to(float32) and two index_put a layer. */
 void stage_decode_qkv(const void *qkv, int64_t n, int64_t width, int64_t heads, int64_t kv_heads, int64_t dim,
                       float *q_out, char *kc, char *vc, const int64_t *slots, const int64_t *positions,
                       int64_t max_len, int64_t bf16)
