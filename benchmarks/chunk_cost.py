@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from torch_steps import Clock, time_interleaved  # noqa: E402
 
-from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
+from prefillbench.backends.torch.backend import TorchBackend  # noqa: E402
 from prefillbench.models import default_model_path  # noqa: E402
 from prefillbench.step import PrefillChunk, Step  # noqa: E402
 

@@ -6,7 +6,7 @@ Run: .venv/bin/python benchmarks/compiled_decode.py 32 1,4   (prompt length, bat
 """
 import torch, time, sys
 torch.set_num_threads(2)
-from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.models import default_model_path
 from prefillbench.step import Step, PrefillChunk, DecodeToken
 P=int(sys.argv[1]); Ms=[int(a) for a in sys.argv[2].split(",")]

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 from torch_steps import Clock, default_backend, kernel_switch, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
 
-from prefillbench.backends import cpu_decode_attention  # noqa: E402
-from prefillbench.backends.torch_attention import _matmul_attention, decode_mask  # noqa: E402
+from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention  # noqa: E402
+from prefillbench.backends.torch.attention import _matmul_attention, decode_mask  # noqa: E402
 
 HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
 

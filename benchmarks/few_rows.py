@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from torch_steps import (Clock, both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run,  # noqa: E402
                          time_both_ways, time_interleaved)
 
-from prefillbench.backends import cpu_few_rows, torch_linear  # noqa: E402
+from prefillbench.backends.torch.cpu import few_rows as cpu_few_rows
+from prefillbench.backends.torch import linear as torch_linear  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
 
 PACKED = "few_rows_packed"

@@ -39,10 +39,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prefillbench import engine  # noqa: E402
-from prefillbench.backends.gguf_backend import GGUFBackend, _install_log  # noqa: E402
+from prefillbench.backends.gguf import GGUFBackend, _install_log  # noqa: E402
 from prefillbench.models import default_model_path  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
-from prefillbench.workloads import Request  # noqa: E402
+from prefillbench.sequence import Request  # noqa: E402
 from strategies import make_strategy  # noqa: E402
 
 

@@ -24,7 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from torch_steps import Clock, time_interleaved  # noqa: E402
 
-from prefillbench.backends import c_kernels, cpu_decode_attention, huge_pages  # noqa: E402
+from prefillbench.backends.torch.cpu import build as c_kernels
+from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention
+from prefillbench.backends.torch.cpu import huge_pages  # noqa: E402
 
 HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
 BACKENDS = Path(__file__).resolve().parent.parent / "prefillbench" / "backends"

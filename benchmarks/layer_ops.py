@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from torch_steps import Clock, both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run, time_both_ways  # noqa: E402
 
-from prefillbench.backends import cpu_layer_ops  # noqa: E402
+from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops  # noqa: E402
 from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
 
 

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 from torch_steps import Clock, default_backend, kernel_switch, logit_column, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
 
-from prefillbench.backends import cpu_prefill_attention  # noqa: E402
-from prefillbench.backends.torch_attention import chunk_query_blocks  # noqa: E402
+from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention  # noqa: E402
+from prefillbench.backends.torch.attention import chunk_query_blocks  # noqa: E402
 from prefillbench.step import PrefillChunk, Step  # noqa: E402
 
 HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30

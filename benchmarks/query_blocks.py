@@ -18,8 +18,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from torch_steps import Clock, print_both_ways, time_both_ways  # noqa: E402
 
-from prefillbench.backends import cpu_prefill_attention, torch_attention  # noqa: E402
-from prefillbench.backends.torch_backend import TorchBackend  # noqa: E402
+from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention
+from prefillbench.backends.torch import attention as torch_attention  # noqa: E402
+from prefillbench.backends.torch.backend import TorchBackend  # noqa: E402
 from prefillbench.models import default_model_path  # noqa: E402
 from prefillbench.step import PrefillChunk, Step  # noqa: E402
 

@@ -17,9 +17,9 @@ from collections import defaultdict
 
 from prefillbench import engine
 from prefillbench.backends import load_backend
-from prefillbench.metrics import strategy_label
+from prefillbench.bench.metrics import strategy_label
 from prefillbench.models import default_model_path
-from prefillbench.workloads import TestSpec, make_requests
+from prefillbench.bench.workloads import TestSpec, make_requests
 from strategies import make_strategy
 
 

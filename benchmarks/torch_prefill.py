@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.models import default_model_path
 from prefillbench.step import PrefillChunk, Step
-from prefillbench.workloads import random_prompt
+from prefillbench.bench.workloads import random_prompt
 
 import numpy as np
 

@@ -29,11 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from prefillbench.backends import cpu_decode_attention, cpu_few_rows, cpu_layer_ops, cpu_prefill_attention
-from prefillbench.backends.torch_backend import DTYPES, TorchBackend
-from prefillbench.backends.torch_linear import KERNELS, TunedWeight, onednn_applies
+from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention
+from prefillbench.backends.torch.cpu import few_rows as cpu_few_rows
+from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
+from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention
+from prefillbench.backends.torch.backend import DTYPES, TorchBackend
+from prefillbench.backends.torch.linear import KERNELS, TunedWeight, onednn_applies
 from prefillbench.models import default_model_path
-from prefillbench.stats import ci_half_width
+from prefillbench.bench.stats import ci_half_width
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 
 #: Random-weight models built from a config, for devices with no model on disk (GPU checks).

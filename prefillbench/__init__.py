@@ -9,7 +9,7 @@ def __getattr__(name: str):
     # Lazy, so that `import strategies` first (strategies -> prefillbench.step) does not
     # loop back through the API into a half-initialised strategies package.
     if name == "generate":
-        from .api import generate
+        from prefillbench.api import generate
 
         return generate
     raise AttributeError(f"module 'prefillbench' has no attribute {name!r}")

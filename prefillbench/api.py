@@ -5,10 +5,10 @@ from collections.abc import Sequence
 
 from strategies import make_strategy
 
-from . import engine
-from .backends import load_backend
-from .backends.base import Backend
-from .workloads import Request
+from prefillbench import engine
+from prefillbench.backends import load_backend
+from prefillbench.backends.base import Backend
+from prefillbench.sequence import Request
 
 
 def generate(

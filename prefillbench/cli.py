@@ -20,16 +20,24 @@ import typer
 
 from strategies import STRATEGIES
 
-from . import __version__, abtest, capacity, compare, interleave, plots, reports, traces
-from .backends import BACKEND_CHOICES, backend_class, choose_backend, load_backend
-from .backends.base import Backend, BackendError
-from .backends.distributed import is_rank_zero, process_rank
-from .bench import DEFAULT_OPEN_LOOP_REQUESTS, BenchConfig, CaseResult, run_case, verify_logits
-from .calibrate import calibrate_command
-from .meta import run_metadata
-from .metrics import SLO, strategy_label
-from .sim.cli import Calibration, PipelineStages, SimGpu, SimModel, TensorParallel, Trace, sim_options
-from .workloads import ARRIVALS, TestSpec, load_workload, make_tests, workload_test
+from prefillbench import __version__
+from prefillbench.commands import ab as abtest
+from prefillbench.bench import capacity
+from prefillbench.report import capacity as capacity_report
+from prefillbench.report import compare
+from prefillbench.bench import interleave
+from prefillbench.report import plots
+from prefillbench.report import tables as reports
+from prefillbench.report import traces
+from prefillbench.backends import BACKEND_CHOICES, backend_class, choose_backend, load_backend
+from prefillbench.backends.base import Backend, BackendError
+from prefillbench.backends.distributed import is_rank_zero, process_rank
+from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS, BenchConfig, CaseResult, run_case, verify_logits
+from prefillbench.commands.calibrate import calibrate_command
+from prefillbench.meta import run_metadata
+from prefillbench.bench.metrics import SLO, strategy_label
+from prefillbench.sim_options import Calibration, PipelineStages, SimGpu, SimModel, TensorParallel, Trace, sim_options
+from prefillbench.bench.workloads import ARRIVALS, TestSpec, load_workload, make_tests, workload_test
 
 MODEL_PANEL, TESTS_PANEL, OUTPUT_PANEL = "model and backend", "tests", "output"
 LOAD_PANEL, CAPACITY_PANEL = "arrivals and SLOs (serving)", "capacity search"
@@ -703,7 +711,7 @@ def cmd_capacity(args: Any) -> int:
     meta.update(model_path=args.model or "default", backend_name=loaded.name, device=loaded.device,
                 **workload_settings(args), **config.settings())
     if rows and rank_zero:
-        text = capacity.render_md(results, args.relative_to) if args.output == "md" else reports.render(args.output, rows, meta)
+        text = capacity_report.render_md(results, args.relative_to) if args.output == "md" else reports.render(args.output, rows, meta)
         sys.stdout.write(text)
         sys.stdout.flush()
         if args.export:

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 from strategies import Strategy
 
-from .backends.base import Backend, BackendError, Launched
-from .sequence import Sequence
-from .step import Step
-from .workloads import Request
+from prefillbench.backends.base import Backend, BackendError, Launched
+from prefillbench.sequence import Sequence
+from prefillbench.step import Step
+from prefillbench.sequence import Request
 
 
 @dataclass

@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .workloads import Request
+
+@dataclass(frozen=True)
+class Request:
+    prompt: tuple[int, ...]
+    n_gen: int
+    arrival_s: float | None = None  # seconds after the run starts; None: closed loop (arrives when admitted)
+    #: Teacher forcing (for --verify): feed these tokens back instead of the model's own choices.
+    forced_tokens: tuple[int, ...] | None = None
 
 
 @dataclass

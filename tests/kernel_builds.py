@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefillbench.backends.c_kernels import CKernels
+from prefillbench.backends.torch.cpu.build import CKernels
 
 
 def forget_build(monkeypatch, kernels: CKernels, cache_home: Path, compiler: str | None = None) -> None:

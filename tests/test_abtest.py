@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 import prefillbench
-from prefillbench import abtest, cli
-from prefillbench.metrics import ResultRow
+from prefillbench.commands import ab as abtest
+from prefillbench import cli
+from prefillbench.bench.metrics import ResultRow
 
 # ---------------------------------------------------------------- statistics on made-up rounds
 
@@ -186,7 +187,7 @@ def repo(tmp_path_factory):
     git(root, "commit", "-q", "-m", "base")
     git(root, "tag", "base")
     git(root, "checkout", "-q", "-b", "slow")
-    with open(root / "prefillbench" / "backends" / "gguf_backend.py", "a") as f:
+    with open(root / "prefillbench" / "backends" / "gguf.py", "a") as f:
         f.write(SLOW_STEPS)
     git(root, "commit", "-q", "-am", "every gguf step 20 ms slower")
     git(root, "checkout", "-q", "main")

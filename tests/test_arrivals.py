@@ -7,12 +7,10 @@ import numpy as np
 import pytest
 
 from prefillbench import engine
-from prefillbench.backends.sim_backend import SimBackend
-from prefillbench.bench import BenchConfig, Case
-from prefillbench.workloads import (
-    ArrivalSpec, Request, TestSpec, WorkloadError, load_workload, make_requests, make_tests, request_lengths,
-    workload_test,
-)
+from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.bench.cases import BenchConfig, Case
+from prefillbench.bench.workloads import ArrivalSpec, TestSpec, WorkloadError, load_workload, make_requests, make_tests, request_lengths, workload_test
+from prefillbench.sequence import Request
 from strategies import make_strategy
 from fake_backend import FakeBackend
 

@@ -5,12 +5,10 @@ import math
 
 import pytest
 
-from prefillbench.backends.sim_backend import SimBackend
-from prefillbench.capacity import (
-    MAX_BRACKET_STEPS, CapacityConfig, Criteria, Probe, find_capacity, relative_capacities, search,
-)
-from prefillbench.metrics import ResultRow
-from prefillbench.workloads import TestSpec
+from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.bench.capacity import MAX_BRACKET_STEPS, CapacityConfig, Criteria, Probe, find_capacity, relative_capacities, search
+from prefillbench.bench.metrics import ResultRow
+from prefillbench.bench.workloads import TestSpec
 from fake_backend import FakeBackend
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from prefillbench import cli
-from prefillbench.metrics import ResultRow
+from prefillbench.bench.metrics import ResultRow
 from tiny_models import tiny_model
 
 
@@ -133,7 +133,7 @@ def test_interrupt_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_pat
 
 def test_a_failing_step_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_path):
     from prefillbench.backends.base import BackendError
-    from prefillbench.backends.torch_backend import TorchBackend
+    from prefillbench.backends.torch.backend import TorchBackend
 
     real = TorchBackend.execute
     calls = {"n": 0}
@@ -287,7 +287,7 @@ def test_unwritable_export_is_refused_before_the_first_case(capsys, monkeypatch)
 
 
 def test_a_failed_write_still_prints_the_rows(capsys, monkeypatch, tmp_path):
-    from prefillbench import reports
+    from prefillbench.report import tables as reports
 
     def disk_full(path, rows, meta):
         raise OSError(28, "No space left on device", str(path))
@@ -314,7 +314,7 @@ def test_exported_files_get_the_umask_permissions(capsys, tmp_path):
 
 
 def test_concurrency_above_the_backend_limit_is_refused_before_loading(capsys, monkeypatch):
-    from prefillbench.backends.gguf_backend import GGUFBackend
+    from prefillbench.backends.gguf import GGUFBackend
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("the backend was loaded")

@@ -6,8 +6,10 @@ import math
 
 import pytest
 
-from prefillbench import cli, compare, reports
-from prefillbench.metrics import ResultRow, results_frame
+from prefillbench import cli
+from prefillbench.report import compare
+from prefillbench.report import tables as reports
+from prefillbench.bench.metrics import ResultRow, results_frame
 
 
 def row(**kw) -> ResultRow:

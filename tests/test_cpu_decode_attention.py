@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefillbench.backends import cpu_decode_attention, torch_fused
-from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention
+from prefillbench.backends.torch import fused as torch_fused
+from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 from kernel_builds import forget_build
 from tiny_models import tiny_model
@@ -130,7 +131,7 @@ def test_a_header_the_kernels_share_is_part_of_the_build_key(monkeypatch, tmp_pa
     """A change to bf16.h must rebuild the kernels that include it, not load a stale library."""
     import shutil
 
-    from prefillbench.backends import c_kernels
+    from prefillbench.backends.torch.cpu import build as c_kernels
 
     source_dir = tmp_path / "src"
     source_dir.mkdir()

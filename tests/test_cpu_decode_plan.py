@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from prefillbench import engine
-from prefillbench.backends import cpu_decode_plan
-from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.backends.torch.cpu import decode_plan as cpu_decode_plan
+from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
-from prefillbench.workloads import Request
+from prefillbench.sequence import Request
 from strategies import make_strategy
 from tiny_models import reference_logits, tiny_model
 

@@ -7,10 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from prefillbench import engine
-from prefillbench.backends import cpu_few_rows, huge_pages, torch_linear
-from prefillbench.backends.torch_backend import TorchBackend
-from prefillbench.backends.torch_linear import LinearKernels
-from prefillbench.workloads import Request
+from prefillbench.backends.torch.cpu import few_rows as cpu_few_rows
+from prefillbench.backends.torch.cpu import huge_pages
+from prefillbench.backends.torch import linear as torch_linear
+from prefillbench.backends.torch.backend import TorchBackend
+from prefillbench.backends.torch.linear import LinearKernels
+from prefillbench.sequence import Request
 from strategies import make_strategy
 from kernel_builds import forget_build
 from tiny_models import reference_logits, tiny_model

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from prefillbench.backends import cpu_layer_ops
-from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
+from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 from kernel_builds import forget_build
 from tiny_models import tiny_model
@@ -78,7 +78,7 @@ def test_silu_mul_is_silu_of_the_gate_times_up(dtype, rows):
 
 def test_loading_the_kernels_leaves_the_process_denormals_alone():
     # A shared library linked with -ffast-math sets flush-to-zero when loaded (gcc 12): torch's ops would change.
-    from prefillbench.backends import cpu_decode_attention
+    from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention
 
     assert cpu_layer_ops.status() == "" and cpu_decode_attention.status() == ""
     tiny = torch.tensor([1e-39])

@@ -7,10 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from prefillbench import engine
-from prefillbench.backends import cpu_decode_attention, cpu_few_rows, cpu_layer_ops, cpu_prefill_attention
-from prefillbench.backends.torch_attention import causal_offset_mask
-from prefillbench.backends.torch_backend import TorchBackend
-from prefillbench.workloads import Request
+from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention
+from prefillbench.backends.torch.cpu import few_rows as cpu_few_rows
+from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
+from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention
+from prefillbench.backends.torch.attention import causal_offset_mask
+from prefillbench.backends.torch.backend import TorchBackend
+from prefillbench.sequence import Request
 from strategies import make_strategy
 from kernel_builds import forget_build
 from tiny_models import reference_logits, tiny_model

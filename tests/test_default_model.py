@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from prefillbench import generate
-from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.models import default_model_path
 
 

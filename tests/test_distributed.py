@@ -15,7 +15,7 @@ from prefillbench import cli
 from prefillbench.backends import load_backend
 from prefillbench.backends.base import BackendError
 from prefillbench.backends.distributed import check_heads_divide, launch_hint
-from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.backends.torch.backend import TorchBackend
 from tiny_models import tiny_config, tiny_model
 from tp_worker import CASES, run_cases
 

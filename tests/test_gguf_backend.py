@@ -9,12 +9,12 @@ pytest.importorskip("llama_cpp")
 import prefillbench  # noqa: E402
 from prefillbench import engine
 from prefillbench.backends import load_backend
-from prefillbench.backends import gguf_backend
+from prefillbench.backends import gguf as gguf_backend
 from prefillbench.backends.base import BackendError
-from prefillbench.backends.gguf_backend import GGUFBackend
+from prefillbench.backends.gguf import GGUFBackend
 from prefillbench.models import default_model_path
 from prefillbench.step import DecodeToken, PrefillChunk, Step
-from prefillbench.workloads import Request
+from prefillbench.sequence import Request
 from strategies import STRATEGIES as REGISTRY
 from strategies import make_strategy
 
@@ -42,7 +42,7 @@ def tiny_path(tiny, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def torch_tiny(tiny):
-    from prefillbench.backends.torch_backend import TorchBackend
+    from prefillbench.backends.torch.backend import TorchBackend
 
     return TorchBackend(tiny, "tiny")
 
@@ -254,7 +254,7 @@ def test_load_backend_and_auto_pick_gguf(tiny_path, monkeypatch):
     assert auto.name == "gguf"
     auto.close()
     # A checkpoint folder or hub id is not something llama.cpp can run: auto picks torch for it.
-    from prefillbench.backends import torch_backend
+    from prefillbench.backends.torch import backend as torch_backend
 
     monkeypatch.setattr(torch_backend.TorchBackend, "load", classmethod(lambda cls, model, **kw: ("torch", model)))
     assert load_backend("auto", "HuggingFaceTB/SmolLM2-135M-Instruct") == ("torch", "HuggingFaceTB/SmolLM2-135M-Instruct")

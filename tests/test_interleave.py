@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from fake_backend import FakeBackend
 
-from prefillbench import cli, interleave
-from prefillbench.bench import BenchConfig, run_case
-from prefillbench.compare import relative_frame
-from prefillbench.metrics import results_frame
-from prefillbench.workloads import TestSpec
+from prefillbench import cli
+from prefillbench.bench import interleave
+from prefillbench.bench.cases import BenchConfig, run_case
+from prefillbench.report.compare import relative_frame
+from prefillbench.bench.metrics import results_frame
+from prefillbench.bench.workloads import TestSpec
 from strategies import STRATEGIES
 
 

@@ -6,8 +6,11 @@ import math
 
 import pytest
 
-from prefillbench import cli, plots, reports, traces
-from prefillbench.metrics import ResultRow
+from prefillbench import cli
+from prefillbench.report import plots
+from prefillbench.report import tables as reports
+from prefillbench.report import traces
+from prefillbench.bench.metrics import ResultRow
 
 STRATEGIES = ("sequential", "padded", "chunked")
 SIZES = (64, 128, 256)
@@ -202,9 +205,9 @@ def test_trace_records_from_real_runs(tmp_path):
     """End to end on a tiny random model: bench -> export + trace -> plot."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from prefillbench.backends.torch_backend import TorchBackend
-    from prefillbench.bench import BenchConfig, run_case
-    from prefillbench.workloads import TestSpec
+    from prefillbench.backends.torch.backend import TorchBackend
+    from prefillbench.bench.cases import BenchConfig, run_case
+    from prefillbench.bench.workloads import TestSpec
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -5,11 +5,12 @@ import math
 
 import pytest
 
-from prefillbench import compare, reports
-from prefillbench.compare import load_results
+from prefillbench.report import compare
+from prefillbench.report import tables as reports
+from prefillbench.report.compare import load_results
 from prefillbench.engine import RequestRecord, RunRecord
-from prefillbench.metrics import SLO, Load, e2e_ms, sched_delay_ms, summarize, tpot_ms
-from prefillbench.workloads import TestSpec
+from prefillbench.bench.metrics import SLO, Load, e2e_ms, sched_delay_ms, summarize, tpot_ms
+from prefillbench.bench.workloads import TestSpec
 
 
 def req(arrival, scheduled, times, prompt_len=10):

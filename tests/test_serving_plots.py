@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import math
 
-from prefillbench import plots, reports
-from prefillbench.compare import load_results
-from prefillbench.metrics import ResultRow
+from prefillbench.report import plots
+from prefillbench.report import tables as reports
+from prefillbench.report.compare import load_results
+from prefillbench.bench.metrics import ResultRow
 
 
 def row(strategy, rate=None, capacity=math.nan, chunk=None, **kw) -> ResultRow:

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from prefillbench.cli import main
-from prefillbench.sim.calibration import Sample, errors, fit, load_calibration, sweep_points
-from prefillbench.sim.cost import Batch, CostModel
-from prefillbench.sim.specs import SimConfigError, load_gpu_spec, load_model_spec
+from prefillbench.backends.sim.calibration import Sample, errors, fit, load_calibration, sweep_points
+from prefillbench.backends.sim.cost import Batch, CostModel
+from prefillbench.backends.sim.specs import SimConfigError, load_gpu_spec, load_model_spec
 
 
 def synthetic_samples(model, gpu, truth):

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from prefillbench.cli import main
-from prefillbench.sim.cost import Batch, CostModel
-from prefillbench.sim.specs import SimConfigError, load_gpu_spec, load_model_spec
+from prefillbench.backends.sim.cost import Batch, CostModel
+from prefillbench.backends.sim.specs import SimConfigError, load_gpu_spec, load_model_spec
 
 RUN = ["run", "--backend", "sim", "-p", "128", "-n", "0", "-c", "1", "-r", "1", "--no-results-file", "--no-progress"]
 
@@ -103,7 +103,7 @@ def test_chunk_at_an_offset_pays_for_rereading_earlier_kv():
 
 def test_sim_has_no_logits():
     from prefillbench.api import generate
-    from prefillbench.backends.sim_backend import SimBackend
+    from prefillbench.backends.sim.backend import SimBackend
 
     backend = SimBackend.load("mistral-7b", "h100")
     a = generate([[1, 2, 3, 4]], model=backend, strategy="chunked", chunk_size=2, max_new_tokens=5)

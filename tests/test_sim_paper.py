@@ -10,11 +10,11 @@ import math
 import pytest
 
 from prefillbench import engine
-from prefillbench.sim.cost import Batch, CostModel
-from prefillbench.sim.paper import compare, workload
-from prefillbench.sim.specs import load_gpu_spec, load_model_spec
-from prefillbench.backends.sim_backend import SimBackend
-from prefillbench.workloads import make_requests
+from prefillbench.backends.sim.cost import Batch, CostModel
+from prefillbench.bench.paper import compare, workload
+from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
+from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.bench.workloads import make_requests
 from strategies import make_strategy
 
 RATIO_TOL = 0.15
@@ -133,7 +133,7 @@ def test_gpt3_stage_busy_fraction_rises(gpt3_pipeline):
 # ---- KV capacity ------------------------------------------------------------------------------------
 def test_kv_capacity_bounds_the_batch():
     from prefillbench import engine
-    from prefillbench.workloads import TestSpec
+    from prefillbench.bench.workloads import TestSpec
 
     backend = SimBackend(load_model_spec("llama-13b"), load_gpu_spec("a6000"))
     fits = backend.max_concurrency(1024)

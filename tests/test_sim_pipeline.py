@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from prefillbench import engine
-from prefillbench.backends.sim_backend import SimBackend
-from prefillbench.workloads import TestSpec, make_requests
+from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.bench.workloads import TestSpec, make_requests
 from strategies import STRATEGIES, make_strategy
 
 # These take every visible sequence into one step, so their micro-batches cannot overlap.

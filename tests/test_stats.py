@@ -6,11 +6,12 @@ import statistics
 
 import pytest
 
-from prefillbench import reports, stats
-from prefillbench.compare import load_results
+from prefillbench.report import tables as reports
+from prefillbench.bench import stats
+from prefillbench.report.compare import load_results
 from prefillbench.engine import RequestRecord, RunRecord
-from prefillbench.metrics import ResultRow, summarize
-from prefillbench.workloads import TestSpec
+from prefillbench.bench.metrics import ResultRow, summarize
+from prefillbench.bench.workloads import TestSpec
 
 # Two-sided 95% critical values, from any printed t table.
 T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,

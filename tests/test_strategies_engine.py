@@ -6,9 +6,10 @@ import math
 import pytest
 
 from prefillbench import engine
-from prefillbench.metrics import mean_std, request_rate, summarize
+from prefillbench.bench.metrics import mean_std, request_rate, summarize
 from prefillbench.sequence import Sequence
-from prefillbench.workloads import Request, TestSpec, make_requests, make_tests
+from prefillbench.bench.workloads import TestSpec, make_requests, make_tests
+from prefillbench.sequence import Request
 from strategies import make_strategy
 from fake_backend import FakeBackend
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 import pytest
 
 from prefillbench import engine
-from prefillbench.backends.sim_backend import SimBackend
+from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.sequence import Sequence
 from prefillbench.step import Step
-from prefillbench.workloads import Request, TestSpec, make_requests
+from prefillbench.bench.workloads import TestSpec, make_requests
+from prefillbench.sequence import Request
 from strategies import STRATEGIES, make_strategy
 from fake_backend import FakeBackend
 

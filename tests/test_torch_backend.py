@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from prefillbench import engine, generate
-from prefillbench.backends import torch_attention
+from prefillbench import generate
+from prefillbench import engine
+from prefillbench.backends.torch import attention as torch_attention
 from prefillbench.backends.base import BackendError
-from prefillbench.backends.torch_backend import TorchBackend
+from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
-from prefillbench.workloads import Request
+from prefillbench.sequence import Request
 from strategies import STRATEGIES, make_strategy
 from tiny_models import ARCHITECTURES, MORE_ARCHITECTURES, TEST_DEVICE, reference_logits, tiny_model
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from prefillbench import engine
-from prefillbench.backends import torch_attention
+from prefillbench.backends.torch import attention as torch_attention
 from prefillbench.backends.base import BackendError
-from prefillbench.backends.torch_backend import TorchBackend
-from prefillbench.backends.torch_compiled import CompiledDecode
+from prefillbench.backends.torch.backend import TorchBackend
+from prefillbench.backends.torch.compiled import CompiledDecode
 from prefillbench.cli import main
-from prefillbench.workloads import Request
+from prefillbench.sequence import Request
 from strategies import make_strategy
 from tiny_models import TEST_DEVICE, reference_logits, tiny_model
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prefillbench.backends import cpu_few_rows
-from prefillbench.backends.torch_linear import KERNELS, LARGE_ROW_KERNELS, LARGE_ROWS, LinearKernels, TunedWeight, _applies, row_bucket
+from prefillbench.backends.torch.cpu import few_rows as cpu_few_rows
+from prefillbench.backends.torch.linear import KERNELS, LARGE_ROW_KERNELS, LARGE_ROWS, LinearKernels, TunedWeight, _applies, row_bucket
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -46,7 +46,7 @@ def test_tuner_routes_every_linear_and_remembers_one_choice_per_shape_and_bucket
 
 
 def test_split_rows_kernels_apply_only_where_their_blocks_divide_the_rows():
-    from prefillbench.backends.torch_linear import _applies
+    from prefillbench.backends.torch.linear import _applies
 
     w = torch.randn(100, 8)
     layer = TunedWeight(w, None)
@@ -81,8 +81,8 @@ def test_onednn_copies_are_kept_only_for_the_kinds_that_chose_them(monkeypatch):
 def test_prepare_picks_every_kernel_a_run_can_need_so_no_timed_step_tunes(monkeypatch):
     """A chunked run brings row counts (a short chunk plus decodes) that its warm-up may not: they are tuned in prepare()."""
     from prefillbench import engine
-    from prefillbench.backends.torch_backend import TorchBackend
-    from prefillbench.workloads import Request
+    from prefillbench.backends.torch.backend import TorchBackend
+    from prefillbench.sequence import Request
     from strategies import make_strategy
     from tiny_models import TEST_DEVICE, tiny_model
 

@@ -6,11 +6,12 @@ from dataclasses import replace
 import pytest
 
 from prefillbench import engine
-from prefillbench.backends.sim_backend import SimBackend
-from prefillbench.backends.torch_backend import TorchBackend
-from prefillbench.bench import BenchConfig, verify_logits
-from prefillbench.reports import render_verify
-from prefillbench.workloads import Request, TestSpec
+from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.backends.torch.backend import TorchBackend
+from prefillbench.bench.cases import BenchConfig, verify_logits
+from prefillbench.report.tables import render_verify
+from prefillbench.bench.workloads import TestSpec
+from prefillbench.sequence import Request
 from strategies import STRATEGIES, make_strategy
 from strategies.chunked import Chunked
 from fake_backend import FakeBackend
@@ -106,7 +107,7 @@ def test_the_sim_has_no_logits_to_verify():
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     pytest.importorskip("llama_cpp")
-    from prefillbench.backends.gguf_backend import GGUFBackend
+    from prefillbench.backends.gguf import GGUFBackend
     from tiny_gguf import tiny_llama, write_gguf
 
     backend = GGUFBackend.load(str(write_gguf(tiny_llama(), tmp_path_factory.mktemp("gguf") / "tiny.gguf")), threads=1)
@@ -117,7 +118,7 @@ def tiny_gguf(tmp_path_factory):
 @pytest.fixture(scope="module")
 def smol():
     pytest.importorskip("llama_cpp")
-    from prefillbench.backends.gguf_backend import GGUFBackend
+    from prefillbench.backends.gguf import GGUFBackend
     from prefillbench.models import default_model_path
 
     backend = GGUFBackend.load(default_model_path(), threads=1)

@@ -32,7 +32,7 @@ CASES = [
 
 
 def make_requests(n: int, seed: int = 1, arrival_gap_s: float | None = None):
-    from prefillbench.workloads import Request
+    from prefillbench.sequence import Request
 
     rng = np.random.default_rng(seed)
     return [Request(tuple(int(t) for t in rng.integers(0, 512, size=PROMPT_LENGTHS[i % 4])), N_GEN,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from .base import Backend, BackendError, SlotTable
+from prefillbench.backends.base import Backend, BackendError, SlotTable
 
 BACKEND_CHOICES = ("auto", "torch", "gguf", "sim")
 #: Options the torch backend takes (see TorchBackend.__init__); others belong to other backends.
@@ -38,15 +38,15 @@ def choose_backend(name: str, model: str | None, tp: int = 1) -> str:
 def backend_class(name: str) -> type[Backend]:
     """The class of a resolved backend name, for what it says before anything loads (e.g. its sequence_limit)."""
     if name == "sim":
-        from .sim_backend import SimBackend
+        from prefillbench.backends.sim.backend import SimBackend
 
         return SimBackend
     if name == "torch":
-        from .torch_backend import TorchBackend
+        from prefillbench.backends.torch.backend import TorchBackend
 
         return TorchBackend
     if name == "gguf":
-        from .gguf_backend import GGUFBackend
+        from prefillbench.backends.gguf import GGUFBackend
 
         return GGUFBackend
     raise BackendError(f"unknown backend {name!r}; choose from {', '.join(BACKEND_CHOICES)}")
@@ -56,7 +56,7 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
                  threads: int | None = None, **options: Any) -> Backend:
     from prefillbench.models import default_model_path
 
-    from .distributed import check_launch
+    from prefillbench.backends.distributed import check_launch
 
     tp, pp = options.get("tp") or 1, options.get("pp") or 1
     name = choose_backend(name, model, tp)
@@ -66,7 +66,7 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
     if pp > 1 and name != "sim":
         raise BackendError(f"--pp {pp} runs on the sim only (--backend sim); see the README's \"Past one machine\"")
     if name == "sim":
-        from .sim_backend import SimBackend
+        from prefillbench.backends.sim.backend import SimBackend
 
         return SimBackend.load(
             options.get("sim_model") or model,
@@ -78,12 +78,12 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
         )
     model = model or default_model_path()
     if name == "torch":
-        from .torch_backend import TorchBackend
+        from prefillbench.backends.torch.backend import TorchBackend
 
         torch_options = {k: v for k, v in options.items() if k in TORCH_OPTIONS}
         return TorchBackend.load(model, device=device, dtype=dtype, threads=threads, tp=tp, **torch_options)
     if name == "gguf":
-        from .gguf_backend import GGUFBackend
+        from prefillbench.backends.gguf import GGUFBackend
 
         return GGUFBackend.load(model, device=device, threads=threads, **options)
     raise BackendError(f"unknown backend {name!r}; choose from {', '.join(BACKEND_CHOICES)}")

@@ -1,0 +1,451 @@
+"""The GGUF backend: llama.cpp through llama-cpp-python's low-level API.
+
+Each step becomes one `llama_batch` and one `llama_decode`: every token carries
+its own sequence id and position, so a prompt chunk at any offset, the pads of
+the padded strategy and the decode tokens of other sequences share one pass,
+as in llama.cpp's own server. Logits are requested only for the tokens that
+emit (the last real token of a prompt's last chunk, every decode token).
+
+Design notes
+------------
+* Batch memory is ours: the `llama_batch` struct points into numpy arrays
+  allocated once per context (`llama_batch_init`/`llama_batch_free` are not
+  used), and the per-token `seq_id` pointer table is built once, pointing into
+  one int32 array. A step is laid out by `prefillbench.step.pack` (the layout
+  the torch backend uses too) and copied in with a few slice assignments.
+* One context per size: `prepare()` creates a context only when a run needs a
+  larger one (n_seq_max >= sequences, cells per sequence >= positions,
+  n_batch >= the largest step); otherwise it clears the KV cache.
+* One KV stream per sequence (`kv_unified = False`, llama.cpp PR #14363) by
+  default: every row of a batch attends over its own sequence's cells only.
+  With the unified cache (one cell range shared by all sequences) every row is
+  masked against the cells of every sequence, and llama.cpp's CPU flash
+  attention computes a query tile of 64 rows against every KV tile that any
+  row of the tile can see: a decode token inside a prompt chunk's batch then
+  costs 64 rows' worth of attention over its whole context (a 64-token chunk
+  with 3 decodes at 1,024 positions took 8x a decode-only step more than the
+  chunk alone; benchmarks/llama_mixed_batch.py shows it without prefillbench).
+  With streams llama.cpp cuts a step into micro-batches of equally many
+  tokens per sequence (a chunk with decodes: one micro-batch of one token per
+  sequence, then the rest of the chunk), which costs one more pass over the
+  weights but no cross-sequence attention. `kv_unified=True` restores the
+  shared cache for comparison.
+* Padding (the `padded` strategy): a chunk's pad tokens go into the same
+  sequence at the positions right after its real tokens (the last real token
+  repeated), with no logits requested. They are computed in full: their
+  projections, MLPs and attention over the sequence's own prefix cost what the
+  padded rows of a rectangular [B, Lmax] batch cost. Attention is causal by
+  position, so no real token sees them, and the step's results are exactly
+  those without pads (the tests check this). After the step,
+  `llama_memory_seq_rm(seq, real_end, -1)` drops their cache cells, so the
+  sequence's next token continues at real_end as llama.cpp requires. A scratch
+  sequence was the alternative; it would need an extra sequence slot and give
+  the pads a different (shorter) attention span than the rows they stand for.
+* llama.cpp splits a `llama_decode` batch larger than n_ubatch into
+  micro-batches itself (a chunking of its own); `metadata()` reports n_ubatch
+  and how many steps were split.
+* Timing: `decode_seconds` accumulates the time spent inside `llama_decode`
+  (plus `llama_synchronize`), and `step_decode_seconds` keeps it per step of the
+  current run, so the harness overhead of a step can be measured.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import deque
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+
+from prefillbench.step import Step, StepResult, pack
+
+from prefillbench.backends.base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
+
+try:
+    import llama_cpp as llama
+except ImportError:  # the torch backend keeps working without llama-cpp-python
+    llama = None
+
+GGUF_MAGIC = b"GGUF"
+# ggml_log_level (ggml.h): 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation
+_LOG_WARN, _LOG_ERROR = 3, 4
+_KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # ggml_type values
+FLASH_ATTN_CHOICES = ("on", "off", "auto")  # llama-bench's -fa values
+_FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
+DEFAULT_FLASH_ATTN = "auto"
+_log_lines: deque = deque(maxlen=32)
+# --verify's tolerances (see LogitTolerance). llama.cpp's CPU kernels are not batch-invariant: a token's
+# logits move with the other tokens of its ubatch and its row in it. Measured teacher-forced across all
+# strategies: SmolLM2-135M Q4_1, pp128+tg16 at c=1 and 4, moves by up to 0.98 (0 at c=1), and top-1 flips
+# only where the top-2 margin was below 1.0; a dropped chunk or a token at a wrong position moves it by 7 to 14.
+# The tiny float32 Llama with llama.cpp's f16 KV cache moves by up to 0.021, a corruption by 10.
+QUANTIZED_TOLERANCE = LogitTolerance(3.0, 2.0, "quantized GGUF: 3x the largest move measured on Q4_1")
+FLOAT_TOLERANCE = LogitTolerance(0.1, 0.1, "float GGUF with an f16 KV cache: 5x the largest move measured")
+_log_callback = None  # keeps the ctypes callback alive while llama.cpp holds it
+_backend_ready = False
+
+
+def _install_log() -> None:
+    """Silence llama.cpp's stderr logging but keep its warnings and errors for our messages."""
+    global _log_callback, _backend_ready
+    if _log_callback is None:
+
+        def _log(level: int, text: bytes, user_data) -> None:
+            if level in (_LOG_WARN, _LOG_ERROR) and text:
+                _log_lines.append((level, text))
+
+        _log_callback = llama.llama_log_callback(_log)
+    llama.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    if not _backend_ready:
+        llama.llama_backend_init()
+        _backend_ready = True
+
+
+def _last_error(default: str = "no details from llama.cpp") -> str:
+    """The most recent error line llama.cpp logged (else the latest warning), made readable."""
+    for wanted in (_LOG_ERROR, _LOG_WARN):
+        for level, text in reversed(_log_lines):
+            if level != wanted:
+                continue
+            line = text.decode("utf-8", "replace").strip().splitlines()[0] if text.strip() else ""
+            if not line or line.endswith("failed to load model") or "failed to decode" in line:
+                continue
+            for marker in ("error loading model: ", "error loading model architecture: "):
+                if marker in line:
+                    line = line.split(marker, 1)[1]
+            return line
+    return default
+
+
+def _check_gguf_file(model: str) -> Path:
+    path = Path(model)
+    if not path.exists():
+        raise BackendError(f"model file not found: {model}")
+    if path.is_dir():
+        raise BackendError(f"--backend gguf needs a .gguf file, and {model} is a folder (use --backend torch for checkpoints)")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise BackendError(f"cannot read {model}: {e.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise BackendError(f"{model} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    return path
+
+
+def _weights_label(desc: str) -> str:
+    """'llama 135M Q4_1' -> 'Q4_1 (quantized, as stored)'."""
+    ftype = desc.split(" ", 2)[-1] if desc.count(" ") >= 2 else desc
+    if ftype.upper().startswith(("F32", "F16", "BF16", "ALL F32")):
+        return f"{ftype} (as stored)"
+    return f"{ftype} (quantized, as stored)"
+
+
+class GGUFBackend(Backend):
+    name = "gguf"
+    sequence_limit = 256  # llama.cpp's LLAMA_MAX_SEQ: n_seq_max above it fails at context creation
+
+    def __init__(self, model_ptr, path: Path, *, threads: int, n_gpu_layers: int, n_ubatch: int | None,
+                 n_ctx_limit: int | None, kv_type: str, flash_attn: str, kv_unified: bool) -> None:
+        self.model = model_ptr
+        self.path = path
+        self.model_name = path.name.removesuffix(".gguf")
+        self.threads = threads
+        self.n_gpu_layers = n_gpu_layers
+        self.n_ubatch_request = n_ubatch
+        self.n_ctx_limit = n_ctx_limit
+        self.kv_type = kv_type
+        self.flash_attn = flash_attn
+        self.kv_unified = kv_unified
+        self.device = "CUDA" if n_gpu_layers > 0 else "CPU"
+        vocab = llama.llama_model_get_vocab(model_ptr)
+        self.vocab_size = int(llama.llama_vocab_n_tokens(vocab))
+        self.context_length = int(llama.llama_model_n_ctx_train(model_ptr))
+        buf = ctypes.create_string_buffer(256)
+        llama.llama_model_desc(model_ptr, buf, len(buf))
+        self.description = buf.value.decode("utf-8", "replace")
+        self.weights = _weights_label(self.description)
+
+        self.ctx = None
+        self.mem = None
+        self.n_ctx = self.n_batch = self.n_ubatch = self.n_seq_max = self.n_ctx_seq = 0
+        self.max_seq_len = 0
+        self.slots = SlotTable(0)
+        self.decode_seconds = 0.0  # inside llama_decode, all runs
+        self.step_decode_seconds: list[float] = []  # inside llama_decode, per step of the current run
+        self.n_decode_calls = 0
+        self.n_split_steps = 0  # steps larger than n_ubatch, which llama.cpp split itself
+        self.contexts_created = 0
+
+    # -- loading -----------------------------------------------------------
+
+    @classmethod
+    def load(cls, model: str, device: str = "auto", threads: int | None = None, n_gpu_layers: int | None = None,
+             n_ubatch: int | None = None, n_ctx: int | None = None, kv_type: str = "f16",
+             flash_attn: str | bool | None = DEFAULT_FLASH_ATTN, kv_unified: bool = False,
+             **_ignored: Any) -> "GGUFBackend":
+        """Load a .gguf file. `n_ctx` caps the context size (default: as large as a run needs);
+        `kv_type` is the KV cache type (f16, llama.cpp's default, f32 or q8_0); `flash_attn`
+        is on, off or auto (llama.cpp decides; True/False/None mean the same); `kv_unified`
+        shares one KV cell range among all sequences instead of one stream each."""
+        if llama is None:
+            raise BackendError(
+                "--backend gguf needs llama-cpp-python, which is not installed: "
+                "pip install llama-cpp-python (it compiles llama.cpp, a few minutes), or use --backend torch"
+            )
+        if threads is not None and threads < 1:
+            raise BackendError(f"threads must be at least 1, got {threads}")
+        if n_ubatch is not None and n_ubatch < 1:
+            raise BackendError(f"--ubatch must be at least 1, got {n_ubatch}")
+        if n_gpu_layers is not None and n_gpu_layers < 0:
+            raise BackendError(f"--n-gpu-layers must be 0 or more, got {n_gpu_layers}")
+        if n_ctx is not None and n_ctx < 1:
+            raise BackendError(f"n_ctx must be at least 1, got {n_ctx}")
+        if kv_type not in _KV_TYPES:
+            raise BackendError(f"unknown KV cache type {kv_type!r}; use {', '.join(_KV_TYPES)}")
+        flash = {True: "on", False: "off", None: "auto"}.get(flash_attn, flash_attn) if not isinstance(flash_attn, str) else flash_attn
+        if flash not in FLASH_ATTN_CHOICES:
+            raise BackendError(f"unknown flash attention setting {flash_attn!r}; use {', '.join(FLASH_ATTN_CHOICES)}")
+        path = _check_gguf_file(model)
+        _install_log()
+        gpu = bool(llama.llama_supports_gpu_offload())
+        if device == "cuda" and not gpu:
+            raise BackendError("--device cuda was asked for, but this llama-cpp-python was built without GPU support "
+                               "(reinstall it with CMAKE_ARGS=\"-DGGML_CUDA=on\")")
+        if device not in ("auto", "cpu", "cuda"):
+            raise BackendError(f"unknown device {device!r}; use auto, cuda or cpu")
+        if device == "cpu" or not gpu:
+            ngl = 0
+        else:
+            ngl = 999 if n_gpu_layers is None else n_gpu_layers
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = ngl
+        _log_lines.clear()
+        ptr = llama.llama_model_load_from_file(str(path).encode(), params)
+        if not ptr:
+            raise BackendError(f"llama.cpp cannot load {model}: {_last_error()}")
+        if threads is None:
+            threads = max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1), 1)
+        backend = cls(ptr, path, threads=threads, n_gpu_layers=ngl, n_ubatch=n_ubatch, n_ctx_limit=n_ctx,
+                      kv_type=kv_type, flash_attn=flash, kv_unified=bool(kv_unified))
+        has_encoder = getattr(llama, "llama_model_has_encoder", None)
+        if has_encoder is not None and has_encoder(ptr):
+            backend.close()
+            raise BackendError(f"{model} is an encoder-decoder model; prefillbench needs a decoder-only LM")
+        return backend
+
+    # -- context -----------------------------------------------------------
+
+    def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
+        need_ctx = max_sequences * max_seq_len
+        if self.n_ctx_limit is not None and need_ctx > self.n_ctx_limit:
+            raise BackendError(
+                f"context too small: {max_sequences} sequence(s) of up to {max_seq_len} positions need n_ctx >= {need_ctx}, "
+                f"but n_ctx is limited to {self.n_ctx_limit}"
+            )
+        need_batch = max(max_step_tokens, 1)
+        if (self.ctx is None or max_seq_len > self.n_ctx_seq or max_sequences > self.n_seq_max
+                or need_batch > self.n_batch):
+            # Grow monotonically, so runs of alternating sizes do not rebuild the context each time.
+            n_seq_max = max(max_sequences, self.n_seq_max)
+            self._create_context(n_seq_max * max(max_seq_len, self.n_ctx_seq), n_seq_max, max(need_batch, self.n_batch))
+        else:
+            llama.llama_memory_clear(self.mem, False)
+        self.slots = SlotTable(self.n_seq_max)
+        self.max_seq_len = max_seq_len
+        self.step_decode_seconds = []
+
+    def _create_context(self, n_ctx: int, n_seq_max: int, n_batch: int) -> None:
+        self._free_context()
+        _install_log()
+        p = llama.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = n_batch
+        p.n_ubatch = min(self.n_ubatch_request or p.n_ubatch, n_batch)
+        p.n_seq_max = n_seq_max
+        p.kv_unified = self.kv_unified
+        p.n_threads = p.n_threads_batch = self.threads
+        p.type_k = p.type_v = _KV_TYPES[self.kv_type]
+        p.flash_attn_type = _FLASH_ATTN_TYPES[self.flash_attn]
+        p.no_perf = True
+        _log_lines.clear()
+        ctx = llama.llama_init_from_model(self.model, p)
+        if not ctx:
+            raise BackendError(
+                f"llama.cpp could not create a context with n_ctx={n_ctx}, n_seq_max={n_seq_max}, n_batch={n_batch}: {_last_error()}"
+            )
+        self.ctx = ctx
+        self.mem = llama.llama_get_memory(ctx)
+        self.n_ctx = int(llama.llama_n_ctx(ctx))
+        self.n_batch = int(llama.llama_n_batch(ctx))
+        self.n_ubatch = int(llama.llama_n_ubatch(ctx))
+        self.n_seq_max = int(llama.llama_n_seq_max(ctx))
+        # Cells each sequence may hold: its own stream's, or the whole shared cache.
+        self.n_ctx_seq = int(llama.llama_n_ctx_seq(ctx)) if not self.kv_unified else self.n_ctx // max(self.n_seq_max, 1)
+        self.contexts_created += 1
+        if self.n_ctx_seq * n_seq_max < n_ctx or self.n_seq_max < n_seq_max or self.n_batch < n_batch:
+            got = (self.n_ctx, self.n_seq_max, self.n_batch)
+            self._free_context()
+            raise BackendError(
+                f"context too small: the run needs n_ctx >= {n_ctx}, n_seq_max >= {n_seq_max} and n_batch >= {n_batch}; "
+                f"llama.cpp made n_ctx={got[0]}, n_seq_max={got[1]}, n_batch={got[2]}"
+            )
+        self._alloc_batch(self.n_batch)
+
+    def _alloc_batch(self, n: int) -> None:
+        self._tok = np.zeros(n, dtype=np.int32)
+        self._pos = np.zeros(n, dtype=np.int32)
+        self._n_seq = np.ones(n, dtype=np.int32)
+        self._seq = np.zeros(n, dtype=np.int32)
+        self._out = np.zeros(n, dtype=np.int8)
+        # seq_id[i] points at self._seq[i]: one sequence per token, set by writing self._seq.
+        self._seq_ptrs = (self._seq.ctypes.data + self._seq.itemsize * np.arange(n, dtype=np.uintp)).astype(np.uintp)
+        b = llama.llama_batch()
+        b.n_tokens = 0
+        b.token = self._tok.ctypes.data_as(ctypes.POINTER(llama.llama_token))
+        b.embd = ctypes.POINTER(ctypes.c_float)()
+        b.pos = self._pos.ctypes.data_as(ctypes.POINTER(llama.llama_pos))
+        b.n_seq_id = self._n_seq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        b.seq_id = self._seq_ptrs.ctypes.data_as(ctypes.POINTER(ctypes.POINTER(llama.llama_seq_id)))
+        b.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._batch = b
+
+    def _free_context(self) -> None:
+        if self.ctx is not None:
+            llama.llama_free(self.ctx)
+            self.ctx = self.mem = None
+            self.n_ctx = self.n_batch = self.n_ubatch = self.n_seq_max = self.n_ctx_seq = 0
+
+    # -- execution ---------------------------------------------------------
+
+    def execute(self, step: Step, return_logits: bool = False) -> StepResult:
+        if self.ctx is None:
+            raise BackendError("prepare() must be called before execute()")
+        check_cache_room(step, self.max_seq_len)
+        padded: list[tuple[int, int]] = []
+        packed = pack(step)
+        n = len(packed.tokens)
+        if n > self.n_batch:
+            raise BackendError(f"a step of {n} tokens exceeds the prepared n_batch={self.n_batch}")
+        # Bulk copies into the arrays the llama_batch points at; only the sequence ids need mapping to slots.
+        self._tok[:n] = packed.tokens
+        self._pos[:n] = packed.positions
+        seq, slot_of = self._seq, self.slots.slot
+        bounds = packed.chunk_offsets + (packed.decode_from,)
+        for c, a, b in zip(step.prefills, bounds, bounds[1:]):
+            seq[a:b] = slot = slot_of(c.seq_id)
+            if c.pad:
+                padded.append((slot, c.end))
+        if step.decodes:
+            seq[packed.decode_from : n] = [slot_of(d.seq_id) for d in step.decodes]
+        out = self._out
+        out[:n] = 0
+        out[packed.logit_rows] = 1
+        self._batch.n_tokens = n
+
+        t0 = perf_counter()
+        rc = llama.llama_decode(self.ctx, self._batch)
+        llama.llama_synchronize(self.ctx)
+        dt = perf_counter() - t0
+        self.decode_seconds += dt
+        self.step_decode_seconds.append(dt)
+        self.n_decode_calls += 1
+        if n > self.n_ubatch:
+            self.n_split_steps += 1
+        if rc != 0:
+            raise BackendError(self._decode_error(rc, n))
+
+        # Pads leave the cache: the sequence continues right after its real tokens.
+        for slot, real_end in padded:
+            llama.llama_memory_seq_rm(self.mem, slot, real_end, -1)
+
+        seq_ids = packed.emitting
+        n_out = len(seq_ids)
+        if not n_out:
+            return StepResult({})
+        # llama.cpp stores output rows in batch order, which is pack()'s `emitting` order.
+        logits = np.ctypeslib.as_array(llama.llama_get_logits(self.ctx), shape=(n_out, self.vocab_size))
+        next_ids = logits.argmax(axis=1).tolist()
+        result = StepResult(dict(zip(seq_ids, next_ids)))
+        if return_logits:
+            result.logits = dict(zip(seq_ids, logits.copy()))
+        return result
+
+    def _decode_error(self, rc: int, n_tokens: int) -> str:
+        if rc == 1:
+            return (f"llama_decode found no free KV cache cells for {n_tokens} tokens "
+                    f"(n_ctx={self.n_ctx}; used by {len(self.slots)} sequence(s))")
+        if rc == 2:
+            return "llama_decode was aborted"
+        return f"llama_decode failed with code {rc}: {_last_error()}"
+
+    def logit_tolerance(self) -> LogitTolerance:
+        return QUANTIZED_TOLERANCE if "quantized" in self.weights else FLOAT_TOLERANCE
+
+    def release(self, seq_id: int) -> None:
+        slot = self.slots.release(seq_id)
+        if slot is not None and self.mem is not None:
+            llama.llama_memory_seq_rm(self.mem, slot, -1, -1)
+
+    def synchronize(self) -> None:
+        if self.ctx is not None:
+            llama.llama_synchronize(self.ctx)
+
+    # -- reporting ---------------------------------------------------------
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "weights": self.weights,
+            "model_desc": self.description,
+            "llama_cpp_python": getattr(llama, "__version__", "unknown"),
+            "llama_cpp": _llama_version(),
+            "ggml": _ggml_version(),
+            "threads": self.threads,
+            "n_gpu_layers": self.n_gpu_layers,
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "n_ubatch": self.n_ubatch,
+            "n_seq_max": self.n_seq_max,
+            "kv_unified": self.kv_unified,
+            "n_ctx_seq": self.n_ctx_seq,
+            "kv_type": self.kv_type,
+            "flash_attn": self.flash_attn,
+            # llama_decode cuts a batch above n_ubatch tokens into micro-batches by itself.
+            "ubatch_split": f"llama.cpp splits any step above n_ubatch={self.n_ubatch} tokens; "
+                            f"{self.n_split_steps} of {self.n_decode_calls} steps were split",
+            "split_steps": self.n_split_steps,
+            "decode_calls": self.n_decode_calls,
+        }
+
+    def close(self) -> None:
+        self._free_context()
+        if self.model is not None and llama is not None:
+            llama.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _llama_version() -> str:
+    try:
+        return llama.llama_version().decode()
+    except Exception:
+        return "unknown"
+
+
+def _ggml_version() -> str:
+    try:
+        from llama_cpp import _ggml
+
+        lib = _ggml.libggml
+        version, commit = lib.ggml_version, lib.ggml_commit
+        version.restype = commit.restype = ctypes.c_char_p
+        return f"{version().decode()} ({commit().decode()})"
+    except Exception:
+        return "unknown"

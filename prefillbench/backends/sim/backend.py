@@ -1,0 +1,212 @@
+"""The sim backend: the strategies' steps priced by a roofline cost model on a virtual clock.
+
+No weights, no tensors: `execute` adds the modelled step time to the clock
+and returns deterministic placeholder tokens, so every table, export and
+comparison of prefillbench works for GPUs and models that are not here.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
+from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
+from prefillbench.backends.sim.pipeline import Pipeline
+from prefillbench.backends.sim.specs import GiB, GPUSpec, ModelSpec, load_gpu_spec, load_model_spec
+from prefillbench.step import Step, StepResult
+
+from prefillbench.backends.base import Backend, BackendError, Launched
+
+
+class SimBackend(Backend):
+    name = "sim"
+    # A serving engine's batch cap (vLLM's max_num_seqs is 256 to 1024): past it the KV cache clamps anyway,
+    # and a larger -c only means more requests, not more in flight.
+    sequence_limit = 1024
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1,
+                 calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
+                 trace: str | Path | None = None) -> None:
+        self.spec_gpu = gpu
+        if calibration:
+            gpu = gpu.with_calibration(calibration.get("fitted", calibration))
+        self.model, self.gpu = model, gpu
+        self.cost = CostModel(model, gpu, tp, pp)
+        self.cost.check_fits()
+        self._kv_capacity = self.cost.kv_capacity_tokens()
+        self.tp, self.pp = tp, pp
+        self.max_steps_in_flight = pp
+        self.calibrated = calibration is not None
+        self.calibration_path = calibration_path
+        n = tp * pp
+        self.device = gpu.name if n == 1 else f"{n}x{gpu.name} TP{tp} PP{pp}"
+        if self.calibrated:
+            self.device += " calibrated"
+        self.model_name = model.name
+        self.context_length = model.max_context
+        self.vocab_size = model.vocab
+        self.weights = f"none (roofline model of {model.n_params / 1e9:.3g}B params, {model.weight_bytes:.3g} bytes each; " + (
+            f"calibrated from {calibration_path})" if self.calibrated else "spec sheets only)")
+        self.clock = 0.0
+        self.n_steps = 0
+        self.n_runs = 0  # prepare() calls: one per engine run, warm-ups included
+        self._seq_tokens: dict[int, int] = {}  # cache positions each live sequence holds
+        self.clamped: list[tuple[int, int]] = []  # (asked, allowed) concurrencies
+        self.pipeline: Pipeline | None = None  # the current run's stage timelines, with --pp > 1
+        self.pipeline_stats: dict[str, Any] | None = None  # the last finished run's
+        self._trace_path = Path(trace) if trace else None
+        self._trace: TextIO | None = None
+
+    @classmethod
+    def load(cls, model: str | None = None, gpu: str | None = None, *, tp: int = 1, pp: int = 1,
+             calibration: str | None = None, trace: str | None = None) -> "SimBackend":
+        """Presets or files by name; a calibration file supplies the model and device it measured when none is named."""
+        cal = load_calibration(calibration) if calibration else None
+        cal_model, cal_gpu = calibration_specs(cal) if cal else (None, None)
+        model_spec = load_model_spec(model) if model else (cal_model or load_model_spec("llama-13b"))
+        gpu_spec = load_gpu_spec(gpu) if gpu else (cal_gpu or load_gpu_spec("a6000"))
+        return cls(model_spec, gpu_spec, tp=tp, pp=pp, calibration=cal, calibration_path=calibration, trace=trace)
+
+    # ---- capacity ---------------------------------------------------------------
+    def max_concurrency(self, max_seq_len: int, max_step_tokens: int = 0) -> int:
+        """Sequences of `max_seq_len` whose KV cache fits beside the weights; the engine clamps to it."""
+        return self.cost.max_sequences(max_seq_len, max_step_tokens)
+
+    def note_clamp(self, asked: int, allowed: int) -> None:
+        if (asked, allowed) not in self.clamped:
+            self.clamped.append((asked, allowed))
+            print(f"prefillbench: sim: only {allowed} of {asked} sequences fit in {self.gpu.name}'s KV cache "
+                  f"beside {self.model.name}'s weights; running {allowed} at a time", file=sys.stderr)
+
+    def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
+        fits = self.max_concurrency(max_seq_len, max_step_tokens)
+        if max_sequences > fits:
+            kv = max_sequences * max_seq_len * self.cost.kv_bytes_per_token_per_gpu() / GiB
+            raise BackendError(
+                f"{max_sequences} sequences of {max_seq_len} tokens need {kv:.1f} GiB of KV cache per GPU; "
+                f"{self.gpu.name} has room for {fits} beside {self.model.name}'s weights"
+            )
+        self._seq_tokens.clear()
+        self.n_runs += 1
+        self.pipeline = Pipeline(self.pp, self.clock) if self.pp > 1 else None
+
+    # ---- the clock ----------------------------------------------------------------
+    def now(self) -> float:
+        return self.clock
+
+    def wait_until(self, t: float, *, stalled: bool = False) -> None:
+        if stalled and self.pipeline is not None:
+            self.pipeline.stall(self.clock)
+        self.clock = max(self.clock, t)
+
+    def step_cost(self, step: Step) -> StepCost:
+        return self.cost.step_cost(Batch.from_step(step))
+
+    def execute(self, step: Step, return_logits: bool = False) -> StepResult:
+        if return_logits:
+            raise BackendError("the sim backend has no logits: it never runs the model")
+        cost = self.step_cost(step)
+        self.trace_step(step, self.clock, cost)
+        self.clock += cost.seconds
+        self.n_steps += 1
+        for c in step.prefills:
+            self._seq_tokens[c.seq_id] = c.end
+        for d in step.decodes:
+            self._seq_tokens[d.seq_id] = d.position + 1
+        if sum(self._seq_tokens.values()) > self._kv_capacity:
+            raise BackendError(f"the KV cache overflowed: {sum(self._seq_tokens.values())} positions held, "
+                               f"{self._kv_capacity} fit on {self.gpu.name}")
+        return StepResult(self.placeholder_tokens(step))
+
+    def placeholder_tokens(self, step: Step) -> dict[int, int]:
+        """Deterministic in (sequence, position), so every strategy emits the same tokens."""
+        out = {}
+        span = max(self.vocab_size - 100, 1)
+        for c in step.prefills:
+            if c.is_last:
+                out[c.seq_id] = 100 + (1_000_003 * c.seq_id + 7_919 * c.end) % span
+        for d in step.decodes:
+            out[d.seq_id] = 100 + (1_000_003 * d.seq_id + 7_919 * (d.position + 1)) % span
+        return out
+
+    def release(self, seq_id: int) -> None:
+        self._seq_tokens.pop(seq_id, None)
+
+    # ---- the pipeline --------------------------------------------------------------
+    def launch(self, step: Step, return_logits: bool = False) -> Launched:
+        """With --pp > 1 the step enters the stage queues; the clock moves to when stage 0 is free again."""
+        if self.pipeline is None:
+            return super().launch(step, return_logits)
+        if return_logits:
+            raise BackendError("the sim backend has no logits: it never runs the model")
+        cost = self.step_cost(step)
+        t0 = max(self.clock, self.pipeline.stage_free[0])
+        mb = self.pipeline.launch(step, t0, cost)
+        self.trace_step(step, t0, cost, stage_starts=mb.starts, stage_ends=mb.ends, bubble_s=mb.bubble)
+        self.n_steps += 1
+        self.clock = self.pipeline.stage_free[0]
+        return Launched(t0, mb.exit, StepResult(self.placeholder_tokens(step)))
+
+    def end_run(self) -> None:
+        if self.pipeline is None:
+            return
+        self.clock = max(self.clock, self.pipeline.end)
+        stats = self.pipeline_stats = self.pipeline.stats()
+        busy = " ".join(f"{b:.0%}" for b in stats["stage_busy_fraction"])
+        print(f"prefillbench: sim pipeline: {stats['micro_batches']} micro-batches, median bubble "
+              f"{stats['median_bubble_per_request_s'] * 1e3:.1f} ms per request, stage busy {busy}", file=sys.stderr)
+
+    # ---- trace -------------------------------------------------------------------------
+    def trace_step(self, step: Step, start: float, cost: StepCost, **extra: Any) -> None:
+        if self._trace_path is None:
+            return
+        if self._trace is None:
+            self._trace_path.parent.mkdir(parents=True, exist_ok=True)
+            self._trace = self._trace_path.open("w")
+        rec = {
+            "run": self.n_runs,
+            "step": self.n_steps,
+            "start_s": start,
+            "seconds": cost.seconds,
+            "prefill_chunks": [[c.seq_id, c.start, len(c.tokens), c.pad] for c in step.prefills],
+            "decode_contexts": [d.position + 1 for d in step.decodes],
+            "stage_seconds": [s.seconds for s in cost.stages],
+            "ops": {k: {"ms": v["seconds"] * 1e3, "gflop": v["flops"] / 1e9, "mb": v["bytes"] / 1e6, "bound": v["bound"]}
+                    for k, v in cost.breakdown().items()},
+            **extra,
+        }
+        self._trace.write(json.dumps(rec) + "\n")
+
+    def close(self) -> None:
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "weights": self.weights,
+            "sim_model": self.model.name,
+            "sim_gpu": self.gpu.name,
+            "sim_tp": self.tp,
+            "sim_pp": self.pp,
+            "sim_calibrated": self.calibrated,
+            "sim_calibration": self.calibration_path,
+            "sim_compute_fraction": self.gpu.compute_fraction,
+            "sim_memory_fraction": self.gpu.memory_fraction,
+            "sim_step_overhead_s": self.gpu.step_overhead_s,
+            "sim_kv_capacity_tokens": self.cost.kv_capacity_tokens(),
+        }
+        if self.clamped:
+            meta["sim_concurrency_clamped"] = ";".join(f"{a}->{b}" for a, b in self.clamped)
+        if self.pipeline_stats:
+            meta["sim_median_bubble_ms"] = self.pipeline_stats["median_bubble_per_request_s"] * 1e3
+            meta["sim_stage_busy"] = ",".join(f"{b:.3f}" for b in self.pipeline_stats["stage_busy_fraction"])
+        return meta

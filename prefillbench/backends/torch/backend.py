@@ -1,0 +1,484 @@
+"""The PyTorch backend: a transformers causal LM driven over packed mixed batches.
+
+The model runs as its own modules; only attention is ours. Every token of a
+step (prompt chunks at any offset, pads, single decode tokens) is packed into
+one [1, T] row with its own position, so all linear layers run once over the
+whole step: that shared pass is where decodes piggyback on a prefill chunk.
+Attention then reads and writes a static per-slot KV cache (gpt-fast style).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from prefillbench.step import PackedStep, Step, StepResult, pack
+
+from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention
+from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
+from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention
+from prefillbench.backends.torch.cpu import huge_pages
+from prefillbench.backends.base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
+from prefillbench.backends.distributed import TensorParallel, check_heads_divide
+from prefillbench.backends.torch.attention import DecodeRun, QueryBlock, chunk_query_blocks, decode_mask, decode_runs, write_and_attend_decodes
+from prefillbench.backends.torch.cpu.decode_plan import CpuDecodePlan
+from prefillbench.backends.torch.compiled import CompiledDecode
+from prefillbench.backends.torch.fused import FusedDecoder
+from prefillbench.backends.torch.graphs import DecodeGraphs
+from prefillbench.backends.torch.linear import LinearKernels
+
+ATTENTION_NAME = "prefillbench"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# --verify's tolerances per dtype (see LogitTolerance). float32 strategies differ only in summation order:
+# measured teacher-forced, SmolLM2-135M moves by up to 5.1e-5 (pp128+tg16, c=4, all strategies), the tiny
+# test Llama by 6.4e-6, while a dropped chunk or a token at a wrong position moves the tiny Llama's by > 1.
+LOGIT_TOLERANCE = {
+    torch.float32: LogitTolerance(1e-3, 1e-3, "torch float32: 20x the largest move measured on SmolLM2-135M"),
+    torch.bfloat16: LogitTolerance(1.0, 1.0, "torch bfloat16: 8 mantissa bits, an estimate"),
+    torch.float16: LogitTolerance(0.25, 0.25, "torch float16: 11 mantissa bits, an estimate"),
+}
+
+
+@dataclass
+class ChunkSpan:
+    """One prefill chunk of a packed step: its rows, where its K/V go, what it attends to."""
+
+    slot: int
+    start: int  # first position
+    row: int  # first packed row
+    length: int  # tokens, pads included
+    blocks: list[QueryBlock]  # its SDPA calls: usually one; none when the prefill kernel attends
+
+
+@dataclass
+class StepLayout:
+    """Where each token of a packed step lives; built once per step, used by every layer."""
+
+    chunks: list[ChunkSpan]
+    decode_from: int  # decodes occupy packed rows [decode_from, T)
+    decode_slots: torch.Tensor  # [m] cache slot of each decode
+    decode_positions: torch.Tensor  # [m]
+    decode_runs: list[DecodeRun]
+    cache: "KVCache"
+    prefill_kernel: bool = False  # chunks attend through cpu_prefill_attention, one call each
+    calls: int = 0
+
+    @property
+    def single_call(self) -> bool:
+        """One chunk attending in one call: its output is the step's."""
+        return (len(self.chunks) == 1 and not self.decode_runs
+                and (self.prefill_kernel or len(self.chunks[0].blocks) == 1))
+
+
+class KVCache:
+    """One K and one V tensor per layer: [slots + 1, kv_heads, max_len, head_dim].
+
+    The last slot is scratch: the padding rows of a CUDA-graph decode write there.
+    """
+
+    def __init__(self, n_layers: int, n_slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device) -> None:
+        shape = (n_slots + 1, kv_heads, max_len, head_dim)
+        if torch.device(device).type == "cpu":
+            # Decode attention streams through the cache: 2 MB pages read faster. A buffer each: --compile's
+            # graphs take every layer's K and V as inputs that mutate, and inputs sharing one storage gave wrong logits.
+            def zeros() -> torch.Tensor:
+                return huge_pages.empty([shape], dtype)[0].zero_()
+        else:
+            def zeros() -> torch.Tensor:
+                return torch.zeros(shape, dtype=dtype, device=device)
+        self.keys = [zeros() for _ in range(n_layers)]
+        self.values = [zeros() for _ in range(n_layers)]
+        self.n_slots, self.max_len = n_slots, max_len
+        self.scratch_slot = n_slots
+
+    def fits(self, n_slots: int, max_len: int) -> bool:
+        return self.n_slots >= n_slots and self.max_len >= max_len
+
+
+def static_decode_layout(cache: KVCache, positions: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> StepLayout:
+    """A decode-only layout of fixed shapes, built from tensors alone (no host sync), for a CUDA graph.
+
+    One run over every slot and every cache position: each decode's query goes
+    to its own slot, which attends up to its position; other slots attend to
+    position 0 only, so that no row is all -inf, and their outputs are dropped.
+    """
+    n_rows = cache.n_slots + 1
+    slot_positions = torch.zeros(n_rows, dtype=torch.long, device=positions.device)
+    slot_positions[slots] = positions
+    run = DecodeRun(slice(0, len(slots)), slice(0, n_rows), cache.max_len, decode_mask(slot_positions, cache.max_len, dtype), scatter=slots)
+    return StepLayout(chunks=[], decode_from=0, decode_slots=slots, decode_positions=positions, decode_runs=[run], cache=cache)
+
+
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pb_layout: StepLayout | None = None,
+                     pb_qkv: torch.Tensor | None = None, **kwargs):
+    """Attention over a packed step; registered with transformers' AttentionInterface.
+
+    Each chunk attends with one SDPA call over a view of its own slot's cache;
+    each run of decodes in consecutive slots with one call over a slice of the
+    cache. Nothing is gathered: the cost follows the K/V actually read.
+    `pb_qkv` (the fused decoder's): the rotated q|k|v product [1, T, width] that
+    query, key and value are views of, from which the CPU kernel stages decodes.
+    """
+    if pb_layout is None:
+        raise RuntimeError("prefillbench attention called without a step layout")
+    layout = pb_layout
+    layout.calls += 1
+    k_cache = layout.cache.keys[module.layer_idx]
+    v_cache = layout.cache.values[module.layer_idx]
+    q, k, v = query[0], key[0], value[0]  # [heads, T, D]
+    for c in layout.chunks:
+        k_cache[c.slot, :, c.start : c.start + c.length] = k[:, c.row : c.row + c.length]
+        v_cache[c.slot, :, c.start : c.start + c.length] = v[:, c.row : c.row + c.length]
+    out = None if layout.single_call else q.new_empty((q.shape[1], q.shape[0], q.shape[2]))  # [T, heads, D]
+    for c in layout.chunks:
+        if layout.prefill_kernel:
+            rows = slice(c.row, c.row + c.length)
+            o = cpu_prefill_attention.prefill_attention(q[:, rows], k_cache[c.slot], v_cache[c.slot], c.start, scaling)
+            if out is None:
+                return o.unsqueeze(0), None
+            out[rows] = o
+            continue
+        for b in c.blocks:
+            rows = slice(c.row + b.first, c.row + b.first + b.length)
+            o = F.scaled_dot_product_attention(
+                q[None, :, rows], k_cache[c.slot, None, :, : b.kv_len], v_cache[c.slot, None, :, : b.kv_len],
+                attn_mask=b.mask, is_causal=b.mask is None, scale=scaling, enable_gqa=True,
+            )[0].transpose(0, 1)  # [length, heads, D]
+            if out is None:
+                return o.unsqueeze(0), None
+            out[rows] = o
+    if layout.decode_runs:
+        decodes = slice(layout.decode_from, None)
+        if pb_qkv is not None and cpu_decode_attention.applies(q, k_cache):
+            out[decodes] = cpu_decode_attention.stage_and_attend(pb_qkv[0, decodes], q.shape[0], k.shape[0], k_cache, v_cache,
+                                                                 layout.decode_slots, layout.decode_positions, scaling)
+            return out.unsqueeze(0), None
+        write_and_attend_decodes(*(t[:, decodes].transpose(0, 1) for t in (q, k, v)), k_cache, v_cache, layout.decode_slots,
+                                 layout.decode_positions, layout.decode_runs, scaling, out[decodes])
+    return out.unsqueeze(0), None
+
+
+def _no_mask(*args, **kwargs):
+    # The layout carries the masks; a dense [T, T] mask would be wasted work.
+    return None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION_NAME, packed_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BackendError("--device cuda was asked for, but this torch has no CUDA device")
+    if device not in ("cpu", "cuda"):
+        raise BackendError(f"unknown device {device!r}; use auto, cuda or cpu")
+    return device
+
+
+def load_model(model: str, dtype: torch.dtype, device: str, tp: int = 1):
+    """Load a transformers causal LM from a folder, a hub id or a .gguf file; with tp > 1, this rank's shard."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    _register_attention()
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": ATTENTION_NAME}
+    if tp > 1:
+        from transformers.distributed import DistributedConfig
+
+        # The model's own tensor-parallel plan: q/k/v and MLP up colwise, o/down rowwise (an all-reduce each).
+        kwargs["distributed_config"] = DistributedConfig(tp_size=tp)
+    path = Path(model)
+    if model.endswith(".gguf"):
+        if not path.is_file():
+            raise BackendError(f"model file not found: {model}")
+        source, kwargs["gguf_file"] = str(path.resolve().parent), path.name
+    elif path.exists() and not path.is_dir():
+        raise BackendError(f"{model} is neither a checkpoint folder nor a .gguf file")
+    else:
+        source = model
+        if not path.exists():
+            from prefillbench.models import hub_load_options
+
+            kwargs.update(hub_load_options(model))
+    try:
+        # transformers' GGUF loader draws its own tqdm bar; stderr belongs to our progress bar.
+        with contextlib.redirect_stderr(io.StringIO()):
+            lm = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, AttributeError, ImportError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BackendError(f"cannot load {model} with transformers: {first_line}") from None
+    return lm.to(device).eval()
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
+                 parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True,
+                 compile_decode: bool = False, decode_plan: bool = True) -> None:
+        """`tune_linear`: time the linear-layer kernels per row count (torch_linear); `cuda_graphs`:
+        replay decode-only steps from CUDA graphs on a CUDA device (torch_graphs); `compile_decode`: run
+        decode-only steps on the CPU through inductor-compiled graphs (torch_compiled); `decode_plan`: run
+        them on the CPU as one list of C calls where it applies (cpu_decode_plan)."""
+        _register_attention()
+        config = model.config
+        if getattr(config, "is_encoder_decoder", False):
+            raise BackendError(f"{config.model_type} is an encoder-decoder model; prefillbench needs a decoder-only LM")
+        if not getattr(model, "_supports_attention_backend", False):
+            raise BackendError(f"architecture {config.model_type!r} does not accept a custom attention function")
+        model.config._attn_implementation = ATTENTION_NAME
+        self.model = model.eval()
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.torch_device = torch.device(device)
+        self.device = "CUDA" if self.torch_device.type == "cuda" else "CPU"
+        self.parallel = parallel
+        tp = parallel.tp if parallel else 1
+        if parallel:
+            self.device = f"{tp}x{self.device} TP{tp}"  # the sim's spelling, so the two line up in tables
+        self.model_name = model_name
+        self.dtype = next(model.parameters()).dtype
+        self.weights = weights or str(self.dtype).removeprefix("torch.")
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.n_layers = text.num_hidden_layers
+        check_heads_divide(text, tp)
+        # The config keeps the global head counts; this rank's attention sees only its own share.
+        self.kv_heads = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads) // tp
+        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        self.context_length = getattr(text, "max_position_embeddings", 2048)
+        self.vocab_size = text.vocab_size
+        self.cache: KVCache | None = None
+        self.slots = SlotTable(0)
+        self.use_cuda_graphs = cuda_graphs and self.torch_device.type == "cuda" and parallel is None
+        self.decode_graphs: DecodeGraphs | None = None
+        self.graphs_note = "on" if self.use_cuda_graphs else "off"
+        # Sharded layers keep transformers' own forward (its hooks do the all-reduces).
+        self.fused = FusedDecoder.build(model, packed_attention) if parallel is None else None
+        self.linear_kernels = LinearKernels(tune=tune_linear and parallel is None)
+        if self.linear_kernels.tune:
+            self.linear_kernels.install(model, transposed_for={self.lm_head}, skip=self.fused.replaced if self.fused else set())
+            if self.fused is not None:
+                self.fused.register(self.linear_kernels)
+        self.compiled: CompiledDecode | None = None
+        if compile_decode:
+            if self.torch_device.type != "cpu":
+                raise BackendError("--compile is for the CPU; on CUDA, decode-only steps replay CUDA graphs")
+            if self.fused is None:
+                raise BackendError(f"--compile needs a Llama-family decoder (llama, mistral, qwen2), not {config.model_type!r}")
+            self.compiled = CompiledDecode(self.fused, self.lm_head)
+        self.decode_plan: CpuDecodePlan | None = None
+        # Decided at the first prepare(): the plan needs the tuner's packed weights.
+        self.decode_plan_note: str | None = None if decode_plan else "off (decode_plan=False)"
+
+    @classmethod
+    def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
+             tp: int = 1, **options: Any) -> "TorchBackend":
+        """`options`: `tune_linear`, `cuda_graphs`, `decode_plan` (default True), `compile_decode`, see TorchBackend.__init__."""
+        if dtype not in DTYPES:
+            raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
+        if threads is not None:
+            if threads < 1:
+                raise BackendError(f"threads must be at least 1, got {threads}")
+            torch.set_num_threads(threads)
+        dev = resolve_device(device)
+        parallel = None
+        if tp > 1:
+            from prefillbench.backends.distributed import join
+
+            parallel = join(tp, dev)
+            dev = parallel.device
+        lm = load_model(model, DTYPES[dtype], dev, tp)
+        name = Path(model).name.removesuffix(".gguf") if Path(model).exists() else model
+        weights = f"{dtype} (dequantized from GGUF by transformers)" if model.endswith(".gguf") else dtype
+        return cls(lm, name, dev, weights, parallel, **options)
+
+    def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
+        if self.cache is None or not self.cache.fits(max_sequences, max_seq_len):
+            self.cache = None  # free the old one before allocating
+            self.decode_graphs = None  # captured over the old cache's addresses
+            self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, max_seq_len, self.head_dim, self.dtype, self.torch_device)
+            if self.use_cuda_graphs:
+                self.decode_graphs = self.make_decode_graphs(capture=True)
+            if self.compiled is not None:
+                self.compiled.batch_sizes.clear()  # warmed on the old cache; a new one may change the graphs' guards
+        if self.compiled is not None:
+            self.compiled.warm(range(1, self.cache.n_slots + 1), self.cache.scratch_slot, self.cache.keys, self.cache.values)
+        with torch.inference_mode():
+            self.linear_kernels.tune_ahead(max_step_tokens, max_sequences)
+            if self.decode_plan_note is None and self.compiled is not None:
+                self.decode_plan_note = "off (--compile runs decode-only steps)"
+            elif self.decode_plan_note is None:
+                self.decode_plan, self.decode_plan_note = CpuDecodePlan.build(
+                    self.fused, self.lm_head, self.linear_kernels, self.torch_device, self.dtype)
+        if self.decode_plan is not None:
+            self.decode_plan.bind(self.cache)
+        self.slots = SlotTable(self.cache.n_slots)
+
+    def make_decode_graphs(self, capture: bool) -> DecodeGraphs | None:
+        """Graphs for decode-only steps of up to the cache's slots; None (eager) if capture fails."""
+        try:
+            graphs = DecodeGraphs(self._static_decode, self.cache.n_slots, self.cache.scratch_slot, self.torch_device, capture)
+        except Exception as e:  # noqa: BLE001: any capture failure leaves the eager path, which is always right
+            self.graphs_note = f"off: capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            return None
+        self.graphs_note = f"on, batch sizes {','.join(map(str, graphs.sizes))}"
+        return graphs
+
+    def _static_decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        layout = static_decode_layout(self.cache, positions, slots, self.dtype)
+        return self.lm_head(self._hidden(tokens[None], positions[None], layout)[0])
+
+    def _hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: StepLayout) -> torch.Tensor:
+        """The decoder's last hidden state for a packed step: fused projections where the model allows."""
+        if self.fused is not None:
+            return self.fused.forward(input_ids, position_ids, layout, self.linear_kernels)
+        return self.decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False, pb_layout=layout).last_hidden_state
+
+    def release(self, seq_id: int) -> None:
+        self.slots.release(seq_id)
+
+    def synchronize(self) -> None:
+        if self.torch_device.type == "cuda":
+            torch.cuda.synchronize(self.torch_device)
+
+    def now(self) -> float:
+        if not self.parallel:
+            return super().now()
+        # After this rank's device is idle, every rank waits for the slowest and reads rank 0's clock.
+        self.synchronize()
+        return self.parallel.clock()
+
+    def _layout(self, step: Step, packed: PackedStep) -> StepLayout:
+        dev, dtype = self.torch_device, self.dtype
+        check_cache_room(step, self.cache.max_len)
+        # Decided once a step, so SDPA's masks are built only for the chunks SDPA attends.
+        prefill_kernel = bool(step.prefills) and cpu_prefill_attention.applies(dev, dtype, self.head_dim)
+        chunks = []
+        for chunk, row in zip(step.prefills, packed.chunk_offsets):
+            n = len(chunk.tokens) + chunk.pad
+            blocks = [] if prefill_kernel else chunk_query_blocks(chunk.start, n, dtype, dev)
+            chunks.append(ChunkSpan(self.slots.slot(chunk.seq_id), chunk.start, row, n, blocks))
+        slots = [self.slots.slot(d.seq_id) for d in step.decodes]
+        positions = torch.from_numpy(packed.positions[packed.decode_from :]).to(dev)
+        return StepLayout(
+            chunks=chunks,
+            decode_from=packed.decode_from,
+            decode_slots=torch.tensor(slots, device=dev, dtype=torch.long),
+            decode_positions=positions,
+            decode_runs=decode_runs(slots, positions, dtype) if slots else [],
+            cache=self.cache,
+            prefill_kernel=prefill_kernel,
+        )
+
+    @torch.inference_mode()
+    def execute(self, step: Step, return_logits: bool = False) -> StepResult:
+        if self.cache is None:
+            raise BackendError("prepare() must be called before execute()")
+        if self.decode_graphs is not None and self.decode_graphs.fits(step):
+            check_cache_room(step, self.cache.max_len)
+            logits = self.decode_graphs.run(step, [self.slots.slot(d.seq_id) for d in step.decodes])
+            return self._result(step.emitting_seq_ids, logits, return_logits)
+        if self.decode_plan is not None and self.decode_plan.fits(len(step.prefills), len(step.decodes)):
+            check_cache_room(step, self.cache.max_len)
+            logits = self.decode_plan.run([d.token for d in step.decodes], [d.position for d in step.decodes],
+                                          [self.slots.slot(d.seq_id) for d in step.decodes])
+            # The plan's logits are a static buffer: what is handed out must outlive the next step.
+            return self._result(step.emitting_seq_ids, logits.clone() if return_logits else logits, return_logits)
+        if self.compiled is not None and not step.prefills and step.decodes:
+            check_cache_room(step, self.cache.max_len)
+            dev = self.torch_device
+            tokens = torch.tensor([d.token for d in step.decodes], device=dev)
+            positions = torch.tensor([d.position for d in step.decodes], device=dev)
+            logits = self.compiled(tokens, positions, [self.slots.slot(d.seq_id) for d in step.decodes], self.cache.keys, self.cache.values)
+            return self._result(step.emitting_seq_ids, logits, return_logits)
+        packed = pack(step)
+        layout = self._layout(step, packed)
+        dev = self.torch_device
+        hidden = self._hidden(torch.from_numpy(packed.tokens).to(dev).unsqueeze(0),
+                              torch.from_numpy(packed.positions).to(dev).unsqueeze(0), layout)
+        if layout.calls != self.n_layers:
+            raise BackendError(
+                f"architecture {self.model.config.model_type!r} bypassed the packed attention "
+                f"({layout.calls} of {self.n_layers} layers used it)"
+            )
+        seq_ids = packed.emitting
+        if not seq_ids:  # a chunk in mid-prompt: no token, no LM head
+            return StepResult({})
+        # The LM head runs only where a next token is needed.
+        return self._result(seq_ids, self.lm_head(hidden[0, torch.from_numpy(packed.logit_rows).to(dev)]), return_logits)
+
+    @staticmethod
+    def _result(seq_ids, logits: torch.Tensor, return_logits: bool) -> StepResult:
+        logits = logits.float()
+        result = StepResult(dict(zip(seq_ids, logits.argmax(dim=-1).tolist())))
+        if return_logits:
+            result.logits = dict(zip(seq_ids, logits.cpu().numpy()))
+        return result
+
+    def metadata(self) -> dict[str, Any]:
+        meta = {"weights": self.weights, "dtype": str(self.dtype).removeprefix("torch."), "torch": torch.__version__,
+                "threads": torch.get_num_threads()}
+        if self.torch_device.type == "cuda":
+            meta["gpu"] = torch.cuda.get_device_name(self.torch_device)
+            meta["cuda_graphs"] = self.graphs_note
+        meta["tune_linear"] = "on" if self.linear_kernels.tune else "off"
+        if self.torch_device.type == "cpu":
+            meta["decode_plan"] = self.decode_plan_note or "off (not prepared)"
+        if self.compiled is not None:
+            meta["compile"] = f"decode-only steps, batch sizes 1-{max(self.compiled.batch_sizes, default=0)}, compiled in {self.compiled.compile_s:.0f} s"
+        meta["decode_attention"] = self._decode_attention_note()
+        meta["prefill_attention"] = self._prefill_attention_note()
+        meta["fused_projections"] = "qkv, gate_up" if self.fused is not None else "off (transformers' forward)"
+        meta["layer_ops"] = self._layer_ops_note()
+        if self.linear_kernels.choice:
+            meta["linear_kernels"] = ", ".join(f"{k} {v}" for k, v in self.linear_kernels.summary().items())
+        if self.parallel:
+            meta.update(self.parallel.metadata())
+        return meta
+
+    def _decode_attention_note(self) -> str:
+        if self.torch_device.type != "cpu":
+            return "SDPA"
+        if self.dtype not in cpu_decode_attention.DTYPES:
+            return f"matmuls/SDPA (the compiled kernel reads {', '.join(str(d).removeprefix('torch.') for d in cpu_decode_attention.DTYPES)} caches)"
+        why_not = cpu_decode_attention.status()
+        return "compiled C kernel" if not why_not else f"matmuls/SDPA; kernel {why_not}"
+
+    def _prefill_attention_note(self) -> str:
+        """How prompt chunks attend: the compiled kernel or SDPA, and why not the kernel."""
+        if self.torch_device.type != "cpu" or self.dtype not in cpu_prefill_attention.DTYPES:
+            return "SDPA"
+        if self.head_dim not in cpu_prefill_attention.HEAD_DIMS:
+            return f"SDPA (the compiled kernel takes heads of {' or '.join(map(str, cpu_prefill_attention.HEAD_DIMS))})"
+        why_not = cpu_prefill_attention.status()
+        return "compiled C kernel" if not why_not else f"SDPA; kernel {why_not}"
+
+    def _layer_ops_note(self) -> str:
+        """Which path a layer's norms, rotary and SiLU gate take."""
+        if self.fused is None:
+            return "transformers' modules"
+        if not self.fused.c_layer_ops:
+            return "torch ops (this model's norms or heads are not the compiled loops' kind)"
+        if self.torch_device.type != "cpu" or self.dtype not in cpu_layer_ops.DTYPES:
+            return "torch ops"
+        why_not = cpu_layer_ops.status()
+        return "compiled C loops" if not why_not else f"torch ops; compiled loops {why_not}"
+
+    def logit_tolerance(self) -> LogitTolerance:
+        return LOGIT_TOLERANCE[self.dtype]
+
+    def close(self) -> None:
+        if self.parallel:
+            self.parallel.close()

@@ -1,0 +1,242 @@
+"""A benchmark: every test × strategy × concurrency × chunk size (× arrival rate), warmed up and repeated."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from strategies import Strategy, make_strategy
+
+from prefillbench import engine
+from prefillbench.backends.base import Backend, LogitTolerance
+from prefillbench.engine import RunRecord
+from prefillbench.bench.metrics import SLO, Load, ResultRow, summarize
+from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
+from prefillbench.sequence import Request
+
+#: Requests per open-loop run when --requests is not given: enough for a p90, few enough for a CPU.
+DEFAULT_OPEN_LOOP_REQUESTS = 10
+
+
+@dataclass(frozen=True)
+class Case:
+    test: TestSpec
+    strategy: str
+    concurrency: int  # open loop: the cap on requests in flight, 0 for none
+    chunk_size: int | None  # None for strategies that ignore it
+    rate: float | None = None  # open loop at a set rate: requests/s
+
+
+@dataclass
+class BenchConfig:
+    tests: list[TestSpec]
+    strategies: list[str]
+    concurrency: list[int]
+    chunk_sizes: list[int] = field(default_factory=lambda: [256])
+    repetitions: int = 3
+    requests: int | None = None  # per test; None = the concurrency
+    seed: int = 42
+    warmup: bool = True
+    arrival: str = "closed"  # closed, poisson, gamma, or trace (a workload file's own arrival times)
+    rates: list[float] = field(default_factory=list)  # poisson and gamma: one case per rate
+    burstiness: float = 1.0
+    slo: SLO | None = None
+
+    @property
+    def open_loop(self) -> bool:
+        return self.arrival != "closed"
+
+    def arrival_spec(self, rate: float | None) -> ArrivalSpec:
+        return ArrivalSpec(self.arrival, rate, self.burstiness)
+
+    def load(self, case: Case) -> Load:
+        return Load(self.arrival, case.rate, self.burstiness if self.arrival == "gamma" else None)
+
+    def validate(self) -> None:
+        for c in self.concurrency:
+            if c < (0 if self.open_loop else 1):
+                raise ValueError(f"concurrency must be at least {0 if self.open_loop else 1}, got {c}")
+        if self.arrival in ("poisson", "gamma"):
+            if not self.rates:
+                raise ValueError(f"--arrival {self.arrival} needs --rate (requests per second)")
+            for rate in self.rates:
+                self.arrival_spec(rate)
+        elif self.rates:
+            raise ValueError("--rate needs --arrival poisson or gamma")
+        else:
+            self.arrival_spec(None)
+        if self.arrival == "trace" and any(t.workload is None or t.workload.arrivals is None for t in self.tests):
+            raise ValueError("replaying arrivals needs a workload file with arrival_s")
+        for c in self.chunk_sizes:
+            if c < 1:
+                raise ValueError(f"chunk size must be at least 1, got {c}")
+        if self.repetitions < 1:
+            raise ValueError(f"repetitions must be at least 1, got {self.repetitions}")
+        if self.requests is not None and self.requests < 1:
+            raise ValueError(f"requests must be at least 1, got {self.requests}")
+        for name in self.strategies:
+            make_strategy(name)
+        if not self.tests:
+            raise ValueError("no test to run: every -p, -n and --pg value is 0")
+
+    def n_requests(self, case: Case) -> int:
+        """A workload file's rows, --requests, or the default: the concurrency (closed) or a fixed count (open)."""
+        if case.test.workload is not None:
+            return len(case.test.workload)
+        default = DEFAULT_OPEN_LOOP_REQUESTS if self.open_loop else case.concurrency
+        return max(self.requests or default, 1)
+
+    def requests_for(self, case: Case, vocab_size: int) -> list[Request]:
+        n = self.n_requests(case)
+        arrivals = self.arrival_spec(case.rate).times(n, self.seed, case.test)
+        return make_requests(case.test, n, vocab_size, self.seed, arrivals)
+
+    def cases(self) -> Iterator[Case]:
+        rates: list[float | None] = list(self.rates) if self.rates else [None]
+        for test in self.tests:
+            for name in self.strategies:
+                sizes = self.chunk_sizes if make_strategy(name).uses_chunk_size else [None]
+                for c in self.concurrency:
+                    for rate in rates:
+                        for size in sizes:
+                            yield Case(test, name, c, size, rate)
+
+    def case_groups(self) -> list[list[Case]]:
+        """The cases of each test, concurrency and rate, in the order `cases()` gives them."""
+        groups: dict[tuple, list[Case]] = {}
+        for case in self.cases():
+            groups.setdefault((case.test, case.concurrency, case.rate), []).append(case)
+        return list(groups.values())
+
+    def tokens_to_emit(self) -> int:
+        """Tokens the whole benchmark emits, for a progress bar."""
+        return sum(
+            self.repetitions * sum(g for _, g in request_lengths(case.test, self.n_requests(case), self.seed))
+            for case in self.cases()
+        )
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    row: ResultRow
+    runs: list[RunRecord]
+
+
+#: Warm-up prompts are cut to this length: enough to exercise every kernel, short enough to cost little.
+WARMUP_PROMPT_TOKENS = 128
+
+
+#: Sequences in flight during an open-loop case's warm-up when it has no cap.
+WARMUP_OPEN_LOOP_CONCURRENCY = 4
+
+
+def warm_up(backend: Backend, strategy: Strategy, case: Case, config: BenchConfig) -> None:
+    """One untimed closed-loop pass at the case's concurrency: the first pass after load, and the first
+    at a new batch shape, pay for allocation and kernel selection; keep that out of the numbers."""
+    c = case.concurrency or WARMUP_OPEN_LOOP_CONCURRENCY
+    warm = make_requests(case.test, c, backend.vocab_size, config.seed + 1)[:c]
+    short = [Request(r.prompt[:WARMUP_PROMPT_TOKENS], min(r.n_gen, 2)) for r in warm]
+    engine.run(backend, strategy, short, c)
+
+
+def prepare_case(backend: Backend, case: Case, config: BenchConfig) -> tuple[Strategy, list[Request]]:
+    """The case's strategy and requests, with the backend warmed up for it."""
+    strategy = make_strategy(case.strategy, case.chunk_size or 256)
+    requests = config.requests_for(case, backend.vocab_size)
+    if config.warmup:
+        warm_up(backend, strategy, case, config)
+    return strategy, requests
+
+
+def case_result(backend: Backend, case: Case, runs: list[RunRecord], config: BenchConfig) -> CaseResult:
+    row = summarize(
+        case.test,
+        runs,
+        model=backend.model_name,
+        backend=backend.label,
+        strategy=case.strategy,
+        concurrency=case.concurrency,
+        chunk_size=case.chunk_size,
+        load=config.load(case),
+        slo=config.slo,
+    )
+    return CaseResult(case, row, runs)
+
+
+def run_case(backend: Backend, case: Case, config: BenchConfig, on_token: Callable[[int], None] | None = None) -> CaseResult:
+    strategy, requests = prepare_case(backend, case, config)
+    runs = [engine.run(backend, strategy, requests, case.concurrency, on_token=on_token) for _ in range(config.repetitions)]
+    return case_result(backend, case, runs, config)
+
+
+def _label(case: Case) -> str:
+    return f"{case.strategy}({case.chunk_size})" if case.chunk_size else case.strategy
+
+
+@dataclass(frozen=True)
+class LogitAgreement:
+    """One strategy's logits against the reference strategy's, both fed the reference's tokens."""
+
+    test: str
+    concurrency: int
+    strategy: str
+    reference: str
+    positions: int  # emitted positions compared, all requests
+    max_abs_diff: float  # largest |logit difference| over every position and vocabulary entry
+    confident: int  # positions where the reference's top-1 leads by more than the tolerance's margin
+    top1_agree: int  # of those, positions with the same top-1
+    near_ties: int  # positions with a different top-1 where the reference's lead is within the margin
+    tolerance: LogitTolerance
+
+    @property
+    def top1_flips(self) -> int:
+        return self.confident - self.top1_agree
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.tolerance.max_abs and self.top1_flips == 0
+
+
+def compare_logits(reference: RunRecord, other: RunRecord) -> tuple[np.ndarray, np.ndarray]:
+    """Both runs' logits, one row per emitted position, requests in order."""
+    stack = lambda run: np.concatenate([np.stack(r.logits) for r in run.requests]).astype(np.float32)  # noqa: E731
+    ref, got = stack(reference), stack(other)
+    if ref.shape != got.shape:
+        raise RuntimeError(f"the runs emitted {got.shape[0]} positions, the reference {ref.shape[0]}")
+    return ref, got
+
+
+def logit_agreement(case: Case, ref_case: Case, reference: RunRecord, other: RunRecord, tol: LogitTolerance) -> LogitAgreement:
+    ref, got = compare_logits(reference, other)
+    top2 = np.partition(ref, -2, axis=1)[:, -2:]
+    confident = top2[:, 1] - top2[:, 0] > tol.margin
+    same = got.argmax(axis=1) == ref.argmax(axis=1)
+    return LogitAgreement(
+        case.test.name, case.concurrency, _label(case), _label(ref_case), len(ref),
+        float(np.abs(got - ref).max()) if len(ref) else 0.0,
+        int(confident.sum()), int((same & confident).sum()), int((~same & ~confident).sum()), tol,
+    )
+
+
+def verify_logits(backend: Backend, config: BenchConfig, on_case: Callable[[str], None] | None = None) -> list[LogitAgreement]:
+    """Teacher-forced verification: per test and concurrency, the first strategy runs free, and every
+    other strategy is fed that run's tokens, so all compute logits for the same sequences and only the
+    batching differs. Free-running tokens would diverge for good at the first near tie."""
+    tol = backend.logit_tolerance()
+    if tol is None:
+        raise ValueError(f"--verify compares logits, and the {backend.name} backend computes none")
+    results = []
+    for ref_case, *others in config.case_groups():
+        requests = config.requests_for(ref_case, backend.vocab_size)
+        if on_case is not None:
+            on_case(f"verify {ref_case.test.name} c={ref_case.concurrency}")
+        reference = engine.run(backend, make_strategy(ref_case.strategy, ref_case.chunk_size or 256), requests,
+                               ref_case.concurrency, keep_logits=True)
+        forced = [replace(req, forced_tokens=tuple(rec.tokens)) for req, rec in zip(requests, reference.requests)]
+        for case in others:
+            strategy = make_strategy(case.strategy, case.chunk_size or 256)
+            run = engine.run(backend, strategy, forced, case.concurrency, keep_logits=True)
+            results.append(logit_agreement(case, ref_case, reference, run, tol))
+    return results

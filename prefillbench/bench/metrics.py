@@ -1,0 +1,315 @@
+"""From timestamps to the figures in a row: t/s, throughput, TTFT, TBT, TPOT, end-to-end latency,
+scheduling delay, request rates and goodput under SLOs.
+
+Per request: TTFT = first token - arrival; TPOT = (last token - first token) /
+(tokens - 1), the mean time per output token after the first; TBT = every gap
+between two tokens; end-to-end = last token - arrival; scheduling delay =
+start of the first step that carried the request - arrival (Sarathi-Serve's
+second capacity criterion).
+
+Goodput (DistServe's definition, as `vllm bench serve --goodput` has it): the
+requests that met every given SLO, per second of the run. A request meets
+`ttft`, `tpot` and `e2e` by its own value, and `tbt` when none of its gaps
+between tokens exceeds it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+
+from prefillbench.bench import stats
+from prefillbench.engine import RequestRecord, RunRecord
+from prefillbench.bench.stats import mean_std
+from prefillbench.bench.workloads import TestSpec
+
+
+
+def strategy_label(strategy: str, chunk_size: int | None) -> str:
+    """'chunked (256)' for strategies whose chunk size matters, else the name."""
+    return f"{strategy} ({chunk_size})" if chunk_size else strategy
+
+@dataclass
+class ResultRow:
+    """One line of a report; field names are the export's column names."""
+
+    model: str
+    backend: str
+    strategy: str
+    test: str
+    n_prompt: int
+    n_gen: int
+    concurrency: int
+    chunk_size: int | None
+    requests: int
+    repetitions: int
+    ts_mean: float
+    ts_std: float
+    ms_per_token: float
+    throughput: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tbt_p50_ms: float
+    tbt_p99_ms: float
+    # Spread across repetitions (one value per timed run); NaN with one repetition.
+    ts_cv: float = math.nan  # CV of the runs' mean t/s
+    ts_ci95: float = math.nan  # 95% CI half-width of ts_mean: ts_mean ± ts_ci95
+    throughput_cv: float = math.nan
+    throughput_ci95: float = math.nan
+    # Serving figures: latencies at p50/p90/p99, how requests arrived, and goodput under the SLOs.
+    ttft_p90_ms: float = math.nan
+    tbt_p90_ms: float = math.nan
+    tpot_p50_ms: float = math.nan
+    tpot_p90_ms: float = math.nan
+    tpot_p99_ms: float = math.nan
+    e2e_p50_ms: float = math.nan
+    e2e_p90_ms: float = math.nan
+    e2e_p99_ms: float = math.nan
+    sched_delay_p50_ms: float = math.nan
+    sched_delay_p90_ms: float = math.nan
+    sched_delay_p99_ms: float = math.nan
+    request_throughput: float = math.nan  # completed requests per second of the run
+    arrival: str = "closed"  # closed, poisson, gamma or trace
+    rate: float | None = None  # the requested arrival rate, requests/s (None: closed loop or trace)
+    burstiness: float | None = None  # gamma shape (gamma arrivals only)
+    offered_rps: float = math.nan  # the arrival rate the requests really had
+    achieved_rps: float = math.nan  # the rate they completed at, first to last completion
+    slo: str = ""  # e.g. "tbt=200,ttft=1000"; empty: none given
+    goodput_rps: float = math.nan  # requests per second that met every SLO
+    slo_met: float = math.nan  # their share of the requests
+    capacity_rps: float = math.nan  # `capacity`: the highest rate that met the capacity criteria
+    capacity_probes: int = 0  # `capacity`: the runs its search took
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def cv(self) -> float:
+        """The row's worst CV (t/s or throughput); NaN when unknown."""
+        known = [c for c in (self.ts_cv, self.throughput_cv) if c is not None and not math.isnan(c)]
+        return max(known) if known else math.nan
+
+    def noisy(self, threshold: float = stats.DEFAULT_NOISY_CV) -> bool:
+        return stats.is_noisy([self.ts_cv, self.throughput_cv], threshold)
+
+
+#: Columns that are None where they do not apply: NaN in a frame.
+OPTIONAL_NUMBERS = ["chunk_size", "rate", "burstiness"]
+
+
+def results_frame(rows: list[ResultRow]) -> pd.DataFrame:
+    """A run's rows as a DataFrame, one column per ResultRow field, None as NaN."""
+    frame = pd.DataFrame([r.as_dict() for r in rows], columns=ResultRow.columns())
+    return frame.astype({c: float for c in OPTIONAL_NUMBERS})
+
+
+def noisy_rows(frame: pd.DataFrame, threshold: float = stats.DEFAULT_NOISY_CV) -> pd.Series:
+    """ResultRow.noisy for every row of a frame."""
+    return frame[["ts_cv", "throughput_cv"]].gt(threshold).any(axis=1)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency objectives in milliseconds; None: not given."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    tbt_ms: float | None = None
+    e2e_ms: float | None = None
+
+    KEYS: ClassVar[tuple[str, ...]] = ("ttft", "tpot", "tbt", "e2e")
+
+    @classmethod
+    def parse(cls, text: str) -> "SLO":
+        """`ttft=MS,tpot=MS,tbt=MS,e2e=MS`, any subset."""
+        values: dict[str, float] = {}
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            key, eq, value = part.partition("=")
+            key = key.strip().lower()
+            if not eq or key not in cls.KEYS:
+                raise ValueError(f"bad SLO {part!r}: expected KEY=MS with KEY one of {', '.join(cls.KEYS)}")
+            if key in values:
+                raise ValueError(f"SLO {key} given twice")
+            try:
+                ms = float(value)
+            except ValueError:
+                raise ValueError(f"bad SLO {part!r}: {value.strip()!r} is not a number of milliseconds") from None
+            if not ms > 0 or math.isinf(ms):
+                raise ValueError(f"bad SLO {part!r}: must be a positive number of milliseconds")
+            values[key] = ms
+        if not values:
+            raise ValueError("an SLO needs at least one of ttft=MS, tpot=MS, tbt=MS, e2e=MS")
+        return cls(**{f"{k}_ms": v for k, v in values.items()})
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={getattr(self, f'{k}_ms'):g}" for k in self.KEYS if getattr(self, f"{k}_ms") is not None)
+
+    def met(self, req: RequestRecord) -> bool:
+        """Whether one request met every objective given."""
+        checks = [(self.ttft_ms, ttft_ms(req)), (self.tpot_ms, tpot_ms(req)), (self.e2e_ms, e2e_ms(req))]
+        if self.tbt_ms is not None:
+            checks.append((self.tbt_ms, max(request_tbts_ms(req), default=0.0)))
+        # A one-token request has no TPOT (NaN): nothing to miss, as vLLM counts it.
+        return all(value <= limit for limit, value in checks if limit is not None and not math.isnan(value))
+
+
+def request_rate(test: TestSpec, req: RequestRecord) -> float:
+    """Tokens per second of one request, by the kind of test.
+
+    pp: prompt tokens over arrival-to-first-token; tg: decode steps over
+    first-to-last token; pp+tg: all its tokens over its end-to-end time.
+    """
+    times = req.token_times
+    tokens = test.request_tokens(req.prompt_len, len(req.tokens))
+    if test.kind == "pp":
+        return tokens / (times[0] - req.arrival)
+    if test.kind == "tg":
+        return tokens / (times[-1] - times[0])
+    return tokens / (times[-1] - req.arrival)
+
+
+def ttft_ms(req: RequestRecord) -> float:
+    return 1000 * (req.token_times[0] - req.arrival)
+
+
+def tpot_ms(req: RequestRecord) -> float:
+    """Mean time per output token after the first; NaN for a one-token request."""
+    n = len(req.token_times)
+    return 1000 * (req.token_times[-1] - req.token_times[0]) / (n - 1) if n > 1 else math.nan
+
+
+def e2e_ms(req: RequestRecord) -> float:
+    return 1000 * (req.token_times[-1] - req.arrival)
+
+
+def sched_delay_ms(req: RequestRecord) -> float:
+    return math.nan if req.first_scheduled is None else 1000 * (req.first_scheduled - req.arrival)
+
+
+def request_tbts_ms(req: RequestRecord) -> list[float]:
+    return [1000 * float(d) for d in np.diff(req.token_times)]
+
+
+def ttfts_ms(run: RunRecord) -> list[float]:
+    return [ttft_ms(r) for r in run.requests]
+
+
+def tbts_ms(run: RunRecord) -> list[float]:
+    return [v for r in run.requests for v in request_tbts_ms(r)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return float(np.percentile(values, q)) if values else math.nan
+
+
+def offered_rate(run: RunRecord) -> float:
+    """Arrivals per second between the first and the last arrival; NaN for one request."""
+    arrivals = sorted(r.arrival for r in run.requests)
+    span = arrivals[-1] - arrivals[0]
+    return (len(arrivals) - 1) / span if span > 0 else math.nan
+
+
+def achieved_rate(run: RunRecord) -> float:
+    """Completions per second from the first arrival to the last completion.
+
+    Not first to last completion: strategies that finish requests together (a
+    batch's decodes end in the same step) would show near-infinite rates."""
+    span = max(r.token_times[-1] for r in run.requests) - min(r.arrival for r in run.requests)
+    return len(run.requests) / span if span > 0 else math.nan
+
+
+def goodput(run: RunRecord, slo: SLO) -> float:
+    return sum(slo.met(r) for r in run.requests) / run.wall
+
+
+@dataclass(frozen=True)
+class Load:
+    """How the requests of a row arrived: the row's arrival columns."""
+
+    arrival: str = "closed"
+    rate: float | None = None
+    burstiness: float | None = None
+
+
+def _mean(values: list[float]) -> float:
+    known = [v for v in values if not math.isnan(v)]
+    return mean_std(known)[0] if known else math.nan
+
+
+def summarize(
+    test: TestSpec,
+    runs: list[RunRecord],
+    *,
+    model: str,
+    backend: str,
+    strategy: str,
+    concurrency: int,
+    chunk_size: int | None,
+    load: Load = Load(),
+    slo: SLO | None = None,
+) -> ResultRow:
+    reqs = [r for run in runs for r in run.requests]
+    rates = [request_rate(test, r) for r in reqs]
+    ts_mean, ts_std = mean_std(rates)
+    run_rates = [mean_std([request_rate(test, r) for r in run.requests])[0] for run in runs]
+    throughputs = [sum(test.request_tokens(r.prompt_len, len(r.tokens)) for r in run.requests) / run.wall for run in runs]
+    ttft = [ttft_ms(r) for r in reqs]
+    tbt = [v for run in runs for v in tbts_ms(run)]
+    tpot = [tpot_ms(r) for r in reqs]
+    e2e = [e2e_ms(r) for r in reqs]
+    sched = [sched_delay_ms(r) for r in reqs]
+    open_loop = load.arrival != "closed"
+    return ResultRow(
+        model=model,
+        backend=backend,
+        strategy=strategy,
+        test=test.name,
+        n_prompt=test.n_prompt,
+        n_gen=test.n_gen,
+        concurrency=concurrency,
+        chunk_size=chunk_size,
+        requests=len(runs[0].requests),
+        repetitions=len(runs),
+        ts_mean=ts_mean,
+        ts_std=ts_std,
+        ms_per_token=1000.0 / ts_mean,
+        throughput=mean_std(throughputs)[0],
+        ttft_p50_ms=percentile(ttft, 50),
+        ttft_p99_ms=percentile(ttft, 99),
+        tbt_p50_ms=percentile(tbt, 50),
+        tbt_p99_ms=percentile(tbt, 99),
+        ts_cv=stats.cv(run_rates),
+        ts_ci95=stats.ci_half_width(run_rates),
+        throughput_cv=stats.cv(throughputs),
+        throughput_ci95=stats.ci_half_width(throughputs),
+        ttft_p90_ms=percentile(ttft, 90),
+        tbt_p90_ms=percentile(tbt, 90),
+        tpot_p50_ms=percentile(tpot, 50),
+        tpot_p90_ms=percentile(tpot, 90),
+        tpot_p99_ms=percentile(tpot, 99),
+        e2e_p50_ms=percentile(e2e, 50),
+        e2e_p90_ms=percentile(e2e, 90),
+        e2e_p99_ms=percentile(e2e, 99),
+        sched_delay_p50_ms=percentile(sched, 50),
+        sched_delay_p90_ms=percentile(sched, 90),
+        sched_delay_p99_ms=percentile(sched, 99),
+        request_throughput=_mean([len(run.requests) / run.wall for run in runs]),
+        arrival=load.arrival,
+        rate=load.rate,
+        burstiness=load.burstiness,
+        offered_rps=_mean([offered_rate(run) for run in runs]) if open_loop else math.nan,
+        achieved_rps=_mean([achieved_rate(run) for run in runs]) if open_loop else math.nan,
+        slo=str(slo) if slo else "",
+        goodput_rps=_mean([goodput(run, slo) for run in runs]) if slo else math.nan,
+        slo_met=sum(slo.met(r) for r in reqs) / len(reqs) if slo else math.nan,
+    )

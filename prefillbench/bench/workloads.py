@@ -1,0 +1,269 @@
+"""Tests (pp512, tg128, pp512+tg128), the seeded requests that make them up, and when those arrive.
+
+Lengths are fixed by default; `spread` R draws each request's prompt and
+generation lengths uniformly from [L(1-R), L(1+R)] (vLLM's --random-range-ratio),
+and a workload file (CSV or JSON lines: prompt_len, gen_len, optional arrival_s)
+replays a production trace. Arrivals are a closed loop (none), a Poisson process
+or a gamma process of a given rate and burstiness (vLLM's convention), seeded.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prefillbench.sequence import Request
+
+
+class WorkloadError(ValueError):
+    """A workload file that cannot be used: one line for the user."""
+
+
+@dataclass(frozen=True)
+class WorkloadFile:
+    """A replayed trace: each request's prompt and generation length, and its arrival if the file has one."""
+
+    name: str
+    prompt_lens: tuple[int, ...]
+    gen_lens: tuple[int, ...]
+    arrivals: tuple[float, ...] | None = None  # seconds from the first request
+
+    def __len__(self) -> int:
+        return len(self.prompt_lens)
+
+
+@dataclass(frozen=True)
+class TestSpec:
+    """One llama-bench style test: prompt processing, generation, or both.
+
+    With `spread` the lengths vary per request around n_prompt and n_gen; with
+    `workload` they come from a file (n_prompt and n_gen are then its means).
+    """
+
+    n_prompt: int
+    n_gen: int
+    spread: float = 0.0
+    workload: WorkloadFile | None = None
+
+    __test__ = False  # not a pytest class
+
+    @property
+    def name(self) -> str:
+        if self.workload is not None:
+            return self.workload.name
+        if self.n_prompt and self.n_gen:
+            base = f"pp{self.n_prompt}+tg{self.n_gen}"
+        else:
+            base = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        return f"{base}±{100 * self.spread:g}%" if self.spread else base
+
+    @property
+    def kind(self) -> str:
+        return "pp+tg" if self.n_prompt and self.n_gen else ("pp" if self.n_prompt else "tg")
+
+    @property
+    def prompt_len(self) -> int:
+        """tg runs from a one-token prompt, as llama-bench's does."""
+        return self.n_prompt or 1
+
+    @property
+    def tokens_to_generate(self) -> int:
+        """Tokens the engine must produce per request.
+
+        The first token comes from the prompt pass. pp needs only that one; tg
+        times n_gen decode steps after it; pp+tg counts it among its n_gen.
+        """
+        if self.kind == "pp":
+            return 1
+        return self.n_gen + 1 if self.kind == "tg" else self.n_gen
+
+    @property
+    def tokens_per_request(self) -> int:
+        """Tokens a request contributes to the test's throughput."""
+        return self.n_prompt + self.n_gen
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest request's positions, prompt plus generation."""
+        if self.workload is not None:
+            return max(p + g for p, g in zip(self.workload.prompt_lens, self.workload.gen_lens))
+        if not self.spread:
+            return self.prompt_len + self.tokens_to_generate
+        prompt = _spread_high(self.n_prompt, self.spread) if self.n_prompt else 1
+        return prompt + (1 if self.kind == "pp" else _spread_high(self.n_gen, self.spread) + (self.kind == "tg"))
+
+    def request_tokens(self, prompt_len: int, n_tokens: int) -> int:
+        """Tokens a request of `prompt_len` that emitted `n_tokens` contributes to throughput (cf. tokens_per_request)."""
+        if self.kind == "pp":
+            return prompt_len
+        if self.kind == "tg":
+            return n_tokens - 1
+        return prompt_len + n_tokens
+
+
+def make_tests(n_prompt: list[int], n_gen: list[int], pg: list[tuple[int, int]], spread: float = 0.0) -> list[TestSpec]:
+    """llama-bench's rule: a 0 in -p or -n skips that kind of test."""
+    if not 0 <= spread < 1:
+        raise ValueError(f"the length spread must be in [0, 1), got {spread}")
+    tests = [TestSpec(p, 0, spread) for p in n_prompt if p > 0]
+    tests += [TestSpec(0, n, spread) for n in n_gen if n > 0]
+    tests += [TestSpec(p, n, spread) for p, n in pg]
+    return list(dict.fromkeys(tests))
+
+
+def _spread_low(length: int, spread: float) -> int:
+    return max(1, math.ceil(length * (1 - spread) - 1e-9))
+
+
+def _spread_high(length: int, spread: float) -> int:
+    return max(1, math.floor(length * (1 + spread) + 1e-9))
+
+
+def random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tuple[int, ...]:
+    # Low ids are control tokens in most vocabularies; keep clear of them.
+    low = min(100, vocab_size // 4)
+    return tuple(int(t) for t in rng.integers(low, vocab_size, size=length))
+
+
+def request_lengths(test: TestSpec, count: int, seed: int) -> list[tuple[int, int]]:
+    """(prompt length, tokens to generate) of each request; a workload file gives its own, all of them."""
+    if test.workload is not None:
+        return list(zip(test.workload.prompt_lens, test.workload.gen_lens))
+    if not test.spread:
+        return [(test.prompt_len, test.tokens_to_generate)] * count
+    # A stream of its own, so the prompts' tokens do not depend on the spread.
+    rng = np.random.default_rng([seed, 1])
+
+    def draw(length: int) -> np.ndarray:
+        return rng.integers(_spread_low(length, test.spread), _spread_high(length, test.spread) + 1, size=count)
+
+    # tg's one-token prompt and pp's single token have no length to spread; tg's first token comes on top.
+    prompts = draw(test.n_prompt) if test.n_prompt else np.ones(count, dtype=int)
+    gens = np.ones(count, dtype=int) if test.kind == "pp" else draw(test.n_gen) + (test.kind == "tg")
+    return [(int(p), int(g)) for p, g in zip(prompts, gens)]
+
+
+def make_requests(test: TestSpec, count: int, vocab_size: int, seed: int,
+                  arrivals: list[float] | None = None) -> list[Request]:
+    """`count` seeded requests of `test` (a workload file: all of its rows), arriving at `arrivals` if given."""
+    rng = np.random.default_rng(seed)
+    lengths = request_lengths(test, count, seed)
+    if arrivals is not None and len(arrivals) != len(lengths):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} requests")
+    times = arrivals if arrivals is not None else [None] * len(lengths)
+    return [Request(random_prompt(rng, p, vocab_size), g, t) for (p, g), t in zip(lengths, times)]
+
+
+# ---- arrivals ---------------------------------------------------------------------------------
+ARRIVALS = ("closed", "poisson", "gamma")
+
+
+@dataclass(frozen=True)
+class ArrivalSpec:
+    """How requests arrive: a closed loop, or an open loop at `rate` requests per second.
+
+    gamma: intervals drawn from a gamma distribution of shape `burstiness` and
+    mean 1/rate (vLLM's --burstiness: 1 is Poisson, below 1 burstier, above 1
+    more even). "trace" replays a workload file's own arrival times.
+    """
+
+    kind: str = "closed"
+    rate: float | None = None
+    burstiness: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ARRIVALS + ("trace",):
+            raise ValueError(f"unknown arrival process {self.kind!r}; choose from {', '.join(ARRIVALS)}")
+        if self.kind in ("poisson", "gamma"):
+            if self.rate is None or not self.rate > 0 or math.isinf(self.rate):
+                raise ValueError(f"--arrival {self.kind} needs a rate above 0 requests/s, got {self.rate}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be above 0, got {self.burstiness}")
+
+    @property
+    def open_loop(self) -> bool:
+        return self.kind != "closed"
+
+    @property
+    def shape(self) -> float:
+        return 1.0 if self.kind == "poisson" else self.burstiness
+
+    def times(self, count: int, seed: int, test: TestSpec | None = None) -> list[float] | None:
+        """Arrival times of `count` requests in seconds from the first; None in a closed loop."""
+        if self.kind == "closed":
+            return None
+        if self.kind == "trace":
+            if test is None or test.workload is None or test.workload.arrivals is None:
+                raise ValueError("replaying arrivals needs a workload file with arrival_s")
+            return list(test.workload.arrivals)
+        # A stream of its own: the same seed gives the same prompts whatever the arrivals.
+        rng = np.random.default_rng([seed, 2])
+        gaps = rng.gamma(self.shape, 1.0 / (self.rate * self.shape), size=max(count - 1, 0))
+        # The first request arrives at once, as vLLM's benchmark sends it.
+        return [0.0] + np.cumsum(gaps).tolist()
+
+
+# ---- workload files -------------------------------------------------------------------------------
+def _workload_records(path: Path, text: str) -> list[tuple[str, dict]]:
+    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+        out = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise WorkloadError(f"{path} line {n}: malformed JSON ({e.msg})") from None
+                if not isinstance(record, dict):
+                    raise WorkloadError(f"{path} line {n}: not a JSON object")
+                out.append((f"{path} line {n}", record))
+        return out
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    return [(f"{path} line {reader.line_num}", dict(record)) for record in reader]
+
+
+def load_workload(path: str | Path) -> WorkloadFile:
+    """Read a CSV or JSON-lines workload: prompt_len and gen_len per request, arrival_s optional (all or none)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"cannot read workload {path}: {getattr(e, 'strerror', None) or e}") from None
+    prompts, gens, arrivals = [], [], []
+    for where, record in _workload_records(p, text):
+        values = []
+        for name in ("prompt_len", "gen_len"):
+            try:
+                value = int(float(record[name]))
+            except KeyError:
+                raise WorkloadError(f"{where}: no {name} (a workload needs prompt_len and gen_len)") from None
+            except (TypeError, ValueError):
+                raise WorkloadError(f"{where}: {name} is not a number: {record[name]!r}") from None
+            if value < 1:
+                raise WorkloadError(f"{where}: {name} must be at least 1, got {value}")
+            values.append(value)
+        prompts.append(values[0])
+        gens.append(values[1])
+        arrival = record.get("arrival_s")
+        if arrival not in (None, ""):
+            try:
+                arrivals.append(float(arrival))
+            except (TypeError, ValueError):
+                raise WorkloadError(f"{where}: arrival_s is not a number: {arrival!r}") from None
+            if not arrivals[-1] >= 0:
+                raise WorkloadError(f"{where}: arrival_s cannot be negative")
+    if not prompts:
+        raise WorkloadError(f"{path}: no requests")
+    if arrivals and len(arrivals) != len(prompts):
+        raise WorkloadError(f"{path}: arrival_s is given for {len(arrivals)} of {len(prompts)} requests (all or none)")
+    first = min(arrivals) if arrivals else 0.0
+    return WorkloadFile(p.stem, tuple(prompts), tuple(gens), tuple(a - first for a in arrivals) if arrivals else None)
+
+
+def workload_test(workload: WorkloadFile) -> TestSpec:
+    """A workload file as a test: pp+tg, named after the file, its mean lengths as n_prompt and n_gen."""
+    return TestSpec(round(float(np.mean(workload.prompt_lens))), round(float(np.mean(workload.gen_lens))), workload=workload)

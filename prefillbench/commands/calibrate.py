@@ -1,0 +1,119 @@
+"""`prefillbench calibrate`: run a real backend through the sim's sweep, fit the sim to it, and check the fit.
+
+It sits above both the backends and the sim: it loads a real backend, hands it to the sim's
+sweep and fit (prefillbench.backends.sim.calibration, which knows no backend class), and with --check
+runs the engine on the real backend and on the calibrated SimBackend side by side.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any, Literal, Optional
+
+import numpy as np
+import pandas as pd
+import typer
+
+from strategies import make_strategy
+
+from prefillbench import engine
+from prefillbench.backends import load_backend
+from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.models import default_model_path
+from prefillbench.report.tables import check_writable, write_atomic
+from prefillbench.backends.sim.calibration import calibrate, calibration_specs, model_spec_of
+from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
+from prefillbench.bench.workloads import TestSpec, make_requests
+
+
+# ---- real vs sim on a closed-loop run -----------------------------------------------------------------
+def compare_run(backend, cal: dict[str, Any], n_prompt: int, n_gen: int, concurrency: int, requests: int,
+                chunk: int = 64) -> dict[str, Any]:
+    """Sequential and chunked on the real backend and on the calibrated sim: throughputs and step errors."""
+    model, gpu = calibration_specs(cal)
+    sim = SimBackend(model, gpu)
+    test = TestSpec(n_prompt, n_gen)
+    reqs = make_requests(test, requests, backend.vocab_size, seed=3)
+    out: dict[str, Any] = {"test": test.name, "concurrency": concurrency, "chunk": chunk}
+    step_errors = []
+    for name in ("sequential", "chunked"):
+        strategy = make_strategy(name, chunk)
+        engine.run(backend, strategy, reqs[:1], 1)  # warm-up
+        real = engine.run(backend, strategy, reqs, concurrency)
+        simulated = engine.run(sim, strategy, reqs, concurrency)
+        out[f"real_{name}"] = len(reqs) * test.tokens_per_request / real.wall
+        out[f"sim_{name}"] = len(reqs) * test.tokens_per_request / simulated.wall
+        for r, s in zip(real.steps, simulated.steps):
+            step_errors.append(s.seconds / r.seconds - 1)
+    out["real_ratio"] = out["real_chunked"] / out["real_sequential"]
+    out["sim_ratio"] = out["sim_chunked"] / out["sim_sequential"]
+    out["ratio_error"] = out["sim_ratio"] / out["real_ratio"] - 1
+    out["median_abs_step_error"] = float(np.median(np.abs(step_errors)))
+    return out
+
+
+def five_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"expected P,N,C,R,CHUNK, got {text!r}") from None
+    if len(values) != 5 or min(values) < 1:
+        raise typer.BadParameter(f"expected five positive integers P,N,C,R,CHUNK, got {text!r}")
+    return values
+
+
+def calibrate_command(
+    model: Annotated[Optional[str], typer.Option("-m", "--model", help="checkpoint for the real backend (default: the shipped model)")] = None,
+    backend: Annotated[Literal["torch", "gguf"], typer.Option(help="real backend to measure")] = "torch",
+    device: Annotated[Literal["auto", "cuda", "cpu"], typer.Option(help="torch device")] = "auto",
+    dtype: Annotated[Literal["float32", "bfloat16", "float16"], typer.Option(help="torch dtype")] = "float32",
+    threads: Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: the library's choice)")] = None,
+    sim_model: Annotated[Optional[str], typer.Option(help="shapes for the sim (default: read from the real backend's model config)")] = None,
+    sim_gpu: Annotated[Optional[str], typer.Option(help="nominal spec the fractions are relative to (default: cpu, or a spec file)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", metavar="", help="a smaller sweep")] = False,
+    repeats: Annotated[int, typer.Option(help="timed repeats per sweep point; the median counts")] = 3,
+    output: Annotated[str, typer.Option("-o", "--output", help="calibration file to write")] = "calibration.json",
+    errors: Annotated[Optional[str], typer.Option(help="also write the per-step measured/predicted times here (.csv)")] = None,
+    check: Annotated[bool, typer.Option("--check", metavar="", help="then run sequential and chunked on the real backend and on the "
+                                        "calibrated sim and compare their throughput ratios")] = False,
+    check_run: Annotated[str, typer.Option(
+        callback=five_ints, metavar="P,N,C,R,CHUNK",
+        help="the --check run: prompt, generation, concurrency, requests, chunk size")] = "192,16,4,8,64",
+) -> int:
+    """Fit the sim's attainable fractions and step overhead to a real backend."""
+    for path in (output, errors):
+        if path:
+            check_writable(path)  # before minutes of sweeping, not after
+    real = load_backend(backend, model, device=device, dtype=dtype, threads=threads)
+    if sim_model:
+        spec = load_model_spec(sim_model)
+    elif backend == "gguf":
+        spec = load_model_spec(model or default_model_path())  # shapes from the GGUF metadata
+    else:
+        spec = model_spec_of(real)
+    nominal = load_gpu_spec(sim_gpu or ("CPU" if real.device == "CPU" else "a100-sxm"))
+    print(f"prefillbench: calibrating the sim against {real.model_name} on {real.label} "
+          f"(nominal spec {nominal.name})", file=sys.stderr)
+
+    def progress(i, n, p):
+        print(f"\r  sweep {i}/{n}: {p.label:<32}", end="", file=sys.stderr, flush=True)
+
+    cal = calibrate(real, spec, nominal, quick=quick, repeats=repeats, progress=progress)
+    print(file=sys.stderr)
+    if check:
+        cal["check"] = compare_run(real, cal, *check_run)
+    write_atomic(output, json.dumps(cal, indent=2) + "\n")
+    if errors:
+        write_atomic(errors, pd.DataFrame(cal["steps"], columns=["point", "measured_ms", "predicted_ms", "error"]).to_csv(index=False))
+    f = cal["fitted"]
+    print(f"compute fraction {f['compute_fraction']:.4g}, memory fraction {f['memory_fraction']:.4g}, "
+          f"step overhead {f['step_overhead_s'] * 1e3:.3f} ms")
+    print(f"per-step error over {len(cal['steps'])} steps: median {cal['median_abs_error']:.1%}, "
+          f"p90 {cal['p90_abs_error']:.1%}")
+    if check:
+        c = cal["check"]
+        print(f"{c['test']} c={c['concurrency']}: chunked/sequential throughput real {c['real_ratio']:.3f}, "
+              f"sim {c['sim_ratio']:.3f} ({c['ratio_error']:+.1%}); median step error {c['median_abs_step_error']:.1%}")
+    print(f"wrote {output}")
+    return 0
+

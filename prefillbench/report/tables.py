@@ -1,0 +1,222 @@
+"""Printers: one per output format, all behind `render(fmt, rows, meta)`.
+
+Reports only format; every number was computed before it got here.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tabulate import tabulate
+
+from prefillbench.bench.metrics import ResultRow, results_frame, strategy_label
+from prefillbench.bench.stats import DEFAULT_NOISY_CV
+
+FORMATS = ("md", "csv", "json", "jsonl")
+
+
+def fmt_number(value: float, digits: int) -> str:
+    # "-" where a figure does not apply, e.g. time between tokens in a pp test (one token each).
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def row_strategy_label(row: ResultRow) -> str:
+    return strategy_label(row.strategy, row.chunk_size)
+
+
+MD_COLUMNS: list[tuple[str, Callable[[ResultRow], str], bool]] = [
+    # (header, cell, right-aligned)
+    ("model", lambda r: r.model, False),
+    ("backend", lambda r: r.backend, False),
+    ("strategy", row_strategy_label, False),
+    ("test", lambda r: r.test, False),
+    ("t/s", lambda r: f"{fmt_number(r.ts_mean, 3)}±{fmt_number(r.ts_std, 3)}", True),
+    ("ms/t", lambda r: fmt_number(r.ms_per_token, 3), True),
+    ("concurrency", lambda r: str(r.concurrency), True),
+    ("throughput/s", lambda r: fmt_number(r.throughput, 2), True),
+    ("TTFT p50/p99 ms", lambda r: f"{fmt_number(r.ttft_p50_ms, 1)}/{fmt_number(r.ttft_p99_ms, 1)}", True),
+    ("TBT p50/p99 ms", lambda r: f"{fmt_number(r.tbt_p50_ms, 1)}/{fmt_number(r.tbt_p99_ms, 1)}", True),
+]
+
+
+def _rate_label(row: ResultRow) -> str:
+    if row.rate is not None:
+        return f"{row.arrival} {row.rate:g}" + (f" b={row.burstiness:g}" if row.burstiness is not None else "")
+    return row.arrival
+
+
+# An open loop's table: the load and the latencies a serving team reads; token rates stay in the exports.
+OPEN_LOOP_MD_COLUMNS: list[tuple[str, Callable[[ResultRow], str], bool]] = [
+    ("model", lambda r: r.model, False),
+    ("backend", lambda r: r.backend, False),
+    ("strategy", row_strategy_label, False),
+    ("test", lambda r: r.test, False),
+    ("arrival req/s", _rate_label, False),
+    ("max c", lambda r: str(r.concurrency) if r.concurrency else "-", True),
+    ("offered/achieved req/s", lambda r: f"{fmt_number(r.offered_rps, 2)}/{fmt_number(r.achieved_rps, 2)}", True),
+    ("TTFT p50/p99 ms", lambda r: f"{fmt_number(r.ttft_p50_ms, 1)}/{fmt_number(r.ttft_p99_ms, 1)}", True),
+    ("TBT p50/p99 ms", lambda r: f"{fmt_number(r.tbt_p50_ms, 1)}/{fmt_number(r.tbt_p99_ms, 1)}", True),
+    ("TPOT p50 ms", lambda r: fmt_number(r.tpot_p50_ms, 1), True),
+    ("E2E p50/p99 ms", lambda r: f"{fmt_number(r.e2e_p50_ms, 0)}/{fmt_number(r.e2e_p99_ms, 0)}", True),
+    ("sched p50 ms", lambda r: fmt_number(r.sched_delay_p50_ms, 1), True),
+]
+
+
+def goodput_cell(row: ResultRow) -> str:
+    if math.isnan(row.goodput_rps):
+        return "-"
+    return f"{row.goodput_rps:.2f} ({100 * row.slo_met:.0f}%)"
+
+
+def cv_cell(row: ResultRow, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
+    """The row's worst CV across repetitions, in percent, marked noisy above the threshold."""
+    cv = row.cv
+    if math.isnan(cv):
+        return "-"
+    return f"{100 * cv:.1f}%" + (" noisy" if row.noisy(noisy_cv) else "")
+
+
+#: Table formats for the terminal, by -o name: tabulate's table format for each.
+TABLE_FORMATS = {"md": "pipe", "grid": "rounded_outline"}
+#: What -o accepts: the tables and the machine-readable formats.
+OUTPUT_FORMATS = (*TABLE_FORMATS, *FORMATS[1:])
+
+
+def md_table(columns: list[tuple[str, Callable[[Any], str], bool]], items: list[Any], fmt: str = "md") -> str:
+    """A table (markdown by default) aligned for reading in a terminal: numbers right, names left."""
+    return tabulate(
+        [[cell(r) for _, cell, _ in columns] for r in items],
+        headers=[h for h, _, _ in columns],
+        tablefmt=TABLE_FORMATS[fmt],
+        colalign=["right" if right else "left" for _, _, right in columns],
+        disable_numparse=True,  # the cells are formatted already ("12.5±0.3", "-")
+    ) + "\n"
+
+
+def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV, fmt: str = "md") -> str:
+    columns = OPEN_LOOP_MD_COLUMNS if any(r.arrival not in ("closed", "") for r in rows) else MD_COLUMNS
+    slos = sorted({r.slo for r in rows if r.slo})
+    if slos:
+        columns = columns + [(f"goodput req/s (met {' | '.join(slos)})", goodput_cell, True)]
+    columns = columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
+    return md_table(columns, rows, fmt)
+
+
+def _flat(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
+    """The frame with the run's metadata as columns of every record; chunk sizes as integers."""
+    flat = frame.astype({"chunk_size": "Int64"})
+    for name, value in meta.items():
+        flat[name] = pd.Series([value] * len(flat), index=flat.index, dtype=object)
+    return flat
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Plain Python records for json: NaN and NA as None (null)."""
+    return frame.astype(object).where(frame.notna(), None).to_dict("records")
+
+
+def frame_text(fmt: str, frame: pd.DataFrame, meta: dict[str, Any], **doc: Any) -> str:
+    """A results frame as CSV or JSON lines (the metadata a column of every record), or as a JSON
+    document with the metadata (and `doc`) beside the records."""
+    if fmt == "json":
+        return json.dumps({"metadata": meta, **doc, "results": _records(_flat(frame, {}))}, indent=2) + "\n"
+    flat = _flat(frame, meta)
+    if fmt == "jsonl":
+        return "".join(json.dumps(rec) + "\n" for rec in _records(flat))
+    return flat.to_csv(index=False, lineterminator="\n")
+
+
+def render(fmt: str, rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV) -> str:
+    if fmt in TABLE_FORMATS:
+        return render_md(rows, meta, noisy_cv, fmt)
+    return frame_text(fmt, results_frame(rows), meta)
+
+
+def format_for_path(path: str | Path) -> str:
+    suffix = Path(path).suffix.lstrip(".").lower()
+    fmt = {"markdown": "md", "ndjson": "jsonl"}.get(suffix, suffix)
+    if fmt not in FORMATS:
+        raise ValueError(f"cannot tell the export format of {path}: use a .md, .csv, .json or .jsonl name")
+    return fmt
+
+
+def check_writable(path: str | Path) -> None:
+    """ValueError with a one-line reason, now rather than after the run, when `path` cannot be written."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the folder {path.parent}: {e.strerror or e}") from None
+    if path.is_dir():
+        raise ValueError(f"cannot write {path}: it is a folder")
+    try:
+        # Permission bits do not tell (root, read-only mounts, /proc): try it.
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write into {path.parent}: {e.strerror or e}") from None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write via a temporary file renamed into place, so no reader sees half a file.
+
+    An OSError names `path`, not the temporary file.
+    """
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        # mkstemp makes the file private (0600); the result gets the mode any new file would.
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
+    except BaseException:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export(path: str | Path, rows: list[ResultRow], meta: dict[str, Any]) -> None:
+    write_atomic(path, render(format_for_path(path), rows, meta))
+
+
+VERIFY_COLUMNS: list[tuple[str, Callable[[Any], str], bool]] = [
+    ("test", lambda a: a.test, False),
+    ("c", lambda a: str(a.concurrency), True),
+    ("strategy", lambda a: a.strategy, False),
+    ("reference", lambda a: a.reference, False),
+    ("positions", lambda a: str(a.positions), True),
+    ("max |Δlogit|", lambda a: f"{a.max_abs_diff:.3g}", True),
+    ("tolerance", lambda a: f"{a.tolerance.max_abs:g}", True),
+    ("top-1 agree", lambda a: f"{a.top1_agree}/{a.confident}", True),
+    ("near-tie flips", lambda a: str(a.near_ties), True),
+    ("verdict", lambda a: "ok" if a.passed else "FAIL", False),
+]
+
+
+def render_verify(agreements: list) -> str:
+    """The teacher-forced comparison (bench.LogitAgreement), one row per strategy, and what it held them to."""
+    if not agreements:
+        return "verify: only one strategy per test and concurrency: nothing to compare\n"
+    tol = agreements[0].tolerance
+    head = (f"verify: teacher-forced logits against the first strategy ({tol.basis}); top-1 must agree where "
+            f"the reference's top-2 margin exceeds {tol.margin:g}\n")
+    return head + md_table(VERIFY_COLUMNS, agreements)
