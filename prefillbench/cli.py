@@ -1,59 +1,61 @@
-"""prefillbench's command line (Typer), in llama-bench's conventions.
+"""prefillbench's command line (Typer), in llama-bench's conventions: the app and the flags, nothing else.
 
 Short flags as llama-bench spells them (-p, -n, -c, -r, -s, -t, -ngl, -o), and list flags take
 comma lists, repeated flags, or both (`-p 128,512 -p 1024`). Each option is declared once, as an
-Annotated alias in its help panel's block below; a command lists the aliases it takes, and `run`
-hands every option on to `cmd_run` under its parameter name. Adding a flag to `run` is therefore:
-one alias here, one parameter in `run`, and its use where it matters.
+Annotated alias in its help panel's block below; a command lists the aliases it takes and hands
+them, under their parameter names, to its options' `from_flags` (prefillbench.commands.options),
+which validates them into one typed value for the command's handler (prefillbench.commands.<name>).
+Adding a flag to `run` is therefore: one alias here, one parameter in `run`, one field in RunOptions,
+and its use where it matters.
 """
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperArgument, TyperCommand
 
 from strategies import STRATEGIES
 
 from prefillbench import __version__
-from prefillbench.commands import ab as abtest
-from prefillbench.bench import capacity
-from prefillbench.report import capacity as capacity_report
-from prefillbench.report import compare
-from prefillbench.bench import interleave
-from prefillbench.report import plots
-from prefillbench.report import tables as reports
-from prefillbench.report import traces
-from prefillbench.backends import BACKEND_CHOICES, backend_class, choose_backend, load_backend
-from prefillbench.backends.base import Backend, BackendError
-from prefillbench.backends.distributed import is_rank_zero, process_rank
-from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS, BenchConfig, CaseResult, run_case, verify_logits
-from prefillbench.commands.calibrate import calibrate_command
-from prefillbench.meta import run_metadata
-from prefillbench.bench.metrics import SLO, strategy_label
-from prefillbench.sim_options import Calibration, PipelineStages, SimGpu, SimModel, TensorParallel, Trace, sim_options
-from prefillbench.bench.workloads import ARRIVALS, TestSpec, load_workload, make_tests, workload_test
+from prefillbench.backends import BACKEND_CHOICES
+from prefillbench.backends.base import BackendError
+from prefillbench.bench.capacity import DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM
+from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS
+from prefillbench.bench.metrics import SLO
+from prefillbench.bench.workloads import ARRIVALS
+from prefillbench.commands import ab, calibrate, capacity, compare, plot, run
+from prefillbench.commands.options import (DEFAULT_PRESET, ABOptions, BackendOptions, CalibrateOptions, CapacityOptions,
+                                           CompareOptions, PlotOptions, RunOptions)
+from prefillbench.commands.runner import error_prefix
+from prefillbench.errors import UsageError
+from prefillbench.report.ab import AB_METRICS, DEFAULT_GATED
+from prefillbench.report.compare import DEFAULT_METRICS, METRICS
+from prefillbench.report.plots import DEFAULT_OUT
+from prefillbench.report.tables import OUTPUT_FORMATS
 
 MODEL_PANEL, TESTS_PANEL, OUTPUT_PANEL = "model and backend", "tests", "output"
 LOAD_PANEL, CAPACITY_PANEL = "arrivals and SLOs (serving)", "capacity search"
-
-
-class UsageError(Exception):
-    """Bad input on the command line: one line to stderr, exit 2."""
+SIM_PANEL = "sim backend (--backend sim)"
+DEVICES = ("auto", "cuda", "cpu")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 # ---------------------------------------------------------------- value parsers
 # List options arrive as one string per use of the flag; these callbacks turn them into values
-# and raise typer.BadParameter, which names the flag in its one-line message.
+# and raise typer.BadParameter, which names the flag in its one-line message. Every list flag reads
+# its values alike: an empty item (`1,,2`, `,`) is a mistake, not a value to skip.
 
 
-def _split(texts: list[str] | None) -> list[str]:
-    return [v.strip() for text in texts or [] for v in text.split(",") if v.strip()]
+def _items(texts: list[str] | None, what: str) -> list[str]:
+    items = [v.strip() for text in texts or [] for v in text.split(",")]
+    if not items or "" in items:
+        raise typer.BadParameter(f"expected a comma-separated list of {what}, got {','.join(texts or [])!r}")
+    return items
 
 
 def _number_list(texts: list[str] | None, convert: type, what: str) -> list | None:
@@ -61,12 +63,9 @@ def _number_list(texts: list[str] | None, convert: type, what: str) -> list | No
     if not texts:
         return None
     try:
-        values = [convert(v) for v in _split(texts)]
+        return [convert(v) for v in _items(texts, what)]
     except ValueError:
-        values = []
-    if not values:
-        raise typer.BadParameter(f"expected a comma-separated list of {what}, got {','.join(texts)!r}")
-    return values
+        raise typer.BadParameter(f"expected a comma-separated list of {what}, got {','.join(texts)!r}") from None
 
 
 def int_list(texts: list[str] | None) -> list[int] | None:
@@ -83,18 +82,14 @@ def lengths(texts: list[str] | None) -> list[int] | None:
 
 
 def str_list(texts: list[str] | None) -> list[str] | None:
-    if not texts:
-        return None
-    if not _split(texts):
-        raise typer.BadParameter(f"expected a comma-separated list of names, got {','.join(texts)!r}")
-    return _split(texts)
+    return _items(texts, "names") if texts else None
 
 
 def pp_tg_pairs(texts: list[str] | None) -> list[tuple[int, int]]:
     pairs = []
     for text in texts or []:
         try:
-            values = [int(v) for v in text.split(",") if v.strip()]
+            values = [int(v) for v in text.split(",")]
         except ValueError:
             values = []
         if len(values) != 2 or min(values) < 1:
@@ -127,11 +122,36 @@ def percent(text: str | float) -> float:
 
 
 def metric_list(texts: list[str] | None) -> list[str]:
-    names = _split(texts)
+    names = _items(texts, "metrics") if texts else []
     for n in names:
-        if n not in compare.METRICS:
-            raise typer.BadParameter(f"unknown metric {n!r}; choose from {', '.join(compare.METRICS)}")
-    return list(dict.fromkeys(names)) or list(compare.DEFAULT_METRICS)
+        if n not in METRICS:
+            raise typer.BadParameter(f"unknown metric {n!r}; choose from {', '.join(METRICS)}")
+    return list(dict.fromkeys(names)) or list(DEFAULT_METRICS)
+
+
+def metrics_if_given(texts: list[str] | None) -> list[str] | None:
+    return metric_list(texts) if texts else None
+
+
+def choice(*values: str) -> Callable[[Optional[str]], Optional[str]]:
+    """A callback that takes one of `values`, and otherwise says which in one plain line."""
+
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is not None and value not in values:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(values)}")
+        return value
+
+    return check
+
+
+def five_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"expected P,N,C,R,CHUNK, got {text!r}") from None
+    if len(values) != 5 or min(values) < 1:
+        raise typer.BadParameter(f"expected five positive integers P,N,C,R,CHUNK, got {text!r}")
+    return values
 
 
 def _option(*names: str, panel: str | None = None, **kwargs: Any) -> Any:
@@ -148,10 +168,13 @@ def _flag(name: str, panel: str | None = None, **kwargs: Any) -> Any:
 Model = Annotated[Optional[str], _option(
     "-m", "--model", panel=MODEL_PANEL,
     help="checkpoint folder, hub id or .gguf file (default: the shipped SmolLM2-135M-Instruct Q4_1)")]
-BackendName = Annotated[Literal[BACKEND_CHOICES], _option(
-    "--backend", panel=MODEL_PANEL, help="auto: torch with CUDA, else gguf")]
-Device = Annotated[Literal["auto", "cuda", "cpu"], _option("--device", panel=MODEL_PANEL, help="torch device")]
-DType = Annotated[Literal["float32", "bfloat16", "float16"], _option("--dtype", panel=MODEL_PANEL, help="torch dtype")]
+BackendName = Annotated[str, _option(
+    "--backend", panel=MODEL_PANEL, callback=choice(*BACKEND_CHOICES), metavar="|".join(BACKEND_CHOICES),
+    help="auto: torch with CUDA, else gguf")]
+Device = Annotated[str, _option(
+    "--device", panel=MODEL_PANEL, callback=choice(*DEVICES), metavar="|".join(DEVICES), help="torch and gguf device")]
+DType = Annotated[str, _option(
+    "--dtype", panel=MODEL_PANEL, callback=choice(*DTYPES), metavar="|".join(DTYPES), help="torch dtype")]
 Threads = Annotated[Optional[int], _option("-t", "--threads", panel=MODEL_PANEL, help="CPU threads (default: the library's choice)")]
 GpuLayers = Annotated[Optional[int], _option("-ngl", "--n-gpu-layers", panel=MODEL_PANEL, help="gguf: layers to offload to the GPU")]
 UBatch = Annotated[Optional[int], _option("--ubatch", panel=MODEL_PANEL, help="gguf: llama.cpp n_ubatch")]
@@ -163,9 +186,26 @@ NoTuneLinear = Annotated[bool, _flag(
 CompileDecode = Annotated[bool, _flag(
     "--compile", MODEL_PANEL,
     help="torch on CPU: run decode-only steps through inductor-compiled graphs (about 2 minutes to compile, before timing)")]
-FlashAttn = Annotated[Optional[Literal["on", "off", "auto"]], _option(
-    "-fa", "--flash-attn", panel=MODEL_PANEL,
+FlashAttn = Annotated[Optional[str], _option(
+    "-fa", "--flash-attn", panel=MODEL_PANEL, callback=choice("on", "off", "auto"), metavar="on|off|auto",
     help="gguf: llama.cpp flash attention, llama-bench's values (default: auto, llama.cpp's choice: on on a CPU)")]
+
+# sim backend (used only with --backend sim)
+SimModel = Annotated[Optional[str], _option(
+    "--sim-model", panel=SIM_PANEL, help="sim: model preset (llama-13b, llama-33b, llama-2-70b, mistral-7b, gpt3-175b) "
+    "or a transformers config.json (default: llama-13b)")]
+SimGpu = Annotated[Optional[str], _option(
+    "--sim-gpu", panel=SIM_PANEL,
+    help="sim: GPU preset (a6000, a100-sxm, a100-pcie, h100-sxm, h200) or a spec .yaml/.json (default: a6000)")]
+TensorParallel = Annotated[int, _option(
+    "--tp", panel=MODEL_PANEL,
+    help="tensor-parallel ranks: torch runs one process per rank under torchrun (see the README's \"Past one machine\"); "
+    "the sim predicts GPUs per stage")]
+PipelineStages = Annotated[int, _option("--pp", panel=SIM_PANEL, help="sim: pipeline stages, run as a pipeline of micro-batches")]
+Calibration = Annotated[Optional[str], _option(
+    "--calibration", panel=SIM_PANEL, help="sim: calibration file written by `prefillbench calibrate`")]
+Trace = Annotated[Optional[str], _option(
+    "--trace", panel=SIM_PANEL, metavar="FILE", help="sim: write every step's per-operator cost breakdown here (JSONL)")]
 
 # tests
 NPrompt = Annotated[Optional[list[str]], _option(
@@ -182,7 +222,8 @@ Concurrency = Annotated[Optional[list[str]], _option(
     help="requests in flight (default: 1,2,4)")]
 Strategy = Annotated[Optional[list[str]], _option(
     "-s", "--strategy", panel=TESTS_PANEL, callback=str_list, metavar="NAME[,NAME]",
-    help=f"strategies (default: {','.join(STRATEGIES)})")]
+    # ", " so the help wraps between names instead of cutting the list at the terminal's edge
+    help=f"strategies (default: {', '.join(STRATEGIES)})")]
 ChunkSize = Annotated[Optional[list[str]], _option(
     "--chunk-size", "--token-budget", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
     help="chunked's chunk size and sarathi-serve's token budget per step; one case per value (default: 256)")]
@@ -220,8 +261,9 @@ Interleave = Annotated[bool, _flag(
     help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")]
 
 # output
-Output = Annotated[Literal[reports.OUTPUT_FORMATS], _option(
-    "-o", "--output", panel=OUTPUT_PANEL, help="format on stdout: md table, grid (a terminal table), csv, json, jsonl")]
+Output = Annotated[str, _option(
+    "-o", "--output", panel=OUTPUT_PANEL, callback=choice(*OUTPUT_FORMATS), metavar="|".join(OUTPUT_FORMATS),
+    help="format on stdout: md table, grid (a terminal table), csv, json, jsonl")]
 Export = Annotated[Optional[str], _option(
     "--export", panel=OUTPUT_PANEL, metavar="FILE",
     help="also write every field and the run metadata here (.csv, .json, .jsonl, .md); "
@@ -242,6 +284,29 @@ Verify = Annotated[bool, _flag(
     help="after the benchmark, feed every strategy the first strategy's tokens and compare their logits "
     "(max |Δlogit|, top-1 agreement) within the backend's tolerance; exit 1 on a disagreement")]
 NoProgress = Annotated[bool, _flag("--no-progress", OUTPUT_PANEL, help="no progress bar on stderr")]
+
+
+# ---------------------------------------------------------------- the app
+
+
+class Command(TyperCommand):
+    """Typer's command, with a help screen that shows no types where a flag takes none: no `<bool>` beside
+    -h/--help, and a list argument shown as `FILE...` in the usage line, without `<list[str]>` beside it."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for param in params:
+            if isinstance(param, TyperArgument) and param.nargs != 1:
+                name = param.metavar or param.name
+                param.display_type_rich = lambda ctx: None
+                param.get_usage_pieces = lambda ctx, name=name: [f"{name}..."]
+        return params
 
 
 def _version(value: bool) -> None:
@@ -274,24 +339,16 @@ def command(name: str, help: str) -> Callable[[Callable[..., int]], Callable[...
         def guarded(*args: Any, **kwargs: Any) -> int:
             try:
                 return fn(*args, **kwargs)
-            except (UsageError, BackendError, ValueError) as e:
+            except (UsageError, BackendError, ValueError, ab.SideFailed) as e:
                 return fail(e)
             except KeyboardInterrupt:
                 print("prefillbench: interrupted", file=sys.stderr)
                 return 130
 
-        app.command(name, help=help)(guarded)
+        app.command(name, help=help, cls=Command)(guarded)
         return fn
 
     return register
-
-
-def error_prefix() -> str:
-    """`prefillbench: error`, naming the rank under torchrun past rank 0.
-
-    Every rank reports its own failure: one that only rank 1 hit must not go unseen.
-    """
-    return "prefillbench: error" if is_rank_zero() else f"prefillbench: error (rank {process_rank()})"
 
 
 def fail(error: Exception | str) -> int:
@@ -300,14 +357,17 @@ def fail(error: Exception | str) -> int:
 
 
 # ---------------------------------------------------------------- commands
+# Each hands its flags to its options' from_flags (validation) and the value to its handler.
+# Defaults come from the options' dataclasses, so each is written once.
+R, C, B = RunOptions, CapacityOptions, BackendOptions
 
 
 @command("run", help="run the benchmark and print a table")
-def run(
+def run_command(
     model: Model = None,
-    backend: BackendName = "auto",
-    device: Device = "auto",
-    dtype: DType = "float32",
+    backend: BackendName = B.backend,
+    device: Device = B.device,
+    dtype: DType = B.dtype,
     threads: Threads = None,
     n_gpu_layers: GpuLayers = None,
     ubatch: UBatch = None,
@@ -317,8 +377,8 @@ def run(
     compile_decode: CompileDecode = False,
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
-    tp: TensorParallel = 1,
-    pp: PipelineStages = 1,
+    tp: TensorParallel = B.tp,
+    pp: PipelineStages = B.pp,
     calibration: Calibration = None,
     trace: Trace = None,
     n_prompt: NPrompt = None,
@@ -329,27 +389,26 @@ def run(
     chunk_size: ChunkSize = None,
     repetitions: Repetitions = None,
     requests: Requests = None,
-    seed: Seed = 42,
+    seed: Seed = R.seed,
     no_warmup: NoWarmup = False,
-    len_spread: LenSpread = 0.0,
+    len_spread: LenSpread = R.len_spread,
     workload: Workload = None,
     arrival: Arrival = None,
     rate: Rate = None,
-    burstiness: Burstiness = 1.0,
+    burstiness: Burstiness = R.burstiness,
     slo: SLOOption = None,
     interleave: Interleave = False,
-    output: Output = "md",
+    output: Output = R.output,
     export: Export = None,
     export_requests: ExportRequests = None,
     relative_to: RelativeTo = None,
-    noisy_cv: NoisyCV = 10.0,
-    results_dir: ResultsDir = "results",
+    noisy_cv: NoisyCV = R.noisy_cv,
+    results_dir: ResultsDir = R.results_dir,
     no_results_file: NoResultsFile = False,
     verify: Verify = False,
     no_progress: NoProgress = False,
 ) -> int:
-    # Every option reaches cmd_run under its parameter name.
-    return cmd_run(SimpleNamespace(**locals()))
+    return run.cmd_run(RunOptions.from_flags(**locals()))
 
 
 @command("compare", help="compare two exported runs; exit 1 on a regression beyond --threshold")
@@ -358,35 +417,35 @@ def compare_command(
     current: Annotated[str, typer.Argument(metavar="CURRENT", help="the export to check against it", show_default=False)],
     metric: Annotated[Optional[list[str]], typer.Option(
         "--metric", callback=metric_list, metavar="NAME[,NAME]",
-        help=f"metrics to compare and gate, repeatable: {', '.join(compare.METRICS)} (default: throughput)")] = None,
+        help=f"metrics to compare and gate, repeatable: {', '.join(METRICS)} (default: throughput)")] = None,
     threshold: Annotated[float, typer.Option(
-        parser=percent, metavar="PCT", help="exit 1 when a row is worse by more than this percentage")] = compare.DEFAULT_THRESHOLD,
+        parser=percent, metavar="PCT", help="exit 1 when a row is worse by more than this percentage")] = CompareOptions.threshold,
     relative_to: Annotated[Optional[str], typer.Option(
         metavar="STRATEGY", help="compare each row's ratio to this strategy's row of the same file (e.g. sequential)")] = None,
     noisy_cv: Annotated[float, typer.Option(
-        parser=percent, metavar="PCT", help="mark rows whose CV across repetitions exceeds this")] = 100 * compare.DEFAULT_NOISY_CV,
-    output: Annotated[Literal[reports.OUTPUT_FORMATS], typer.Option("-o", "--output", help="format on stdout")] = "md",
+        parser=percent, metavar="PCT", help="mark rows whose CV across repetitions exceeds this")] = CompareOptions.noisy_cv,
+    output: Output = CompareOptions.output,
 ) -> int:
-    return compare.cmd_compare(SimpleNamespace(**locals()))
+    return compare.cmd_compare(CompareOptions.from_flags(**locals()))
 
 
 @command("plot", help="write PNG charts from exported results and per-request traces")
 def plot_command(
     files: Annotated[list[str], typer.Argument(
-        metavar="FILE...", show_default=False,
+        metavar="FILE", show_default=False,
         help="result exports (.csv, .json, .jsonl) and per-request traces (.requests.jsonl); X.requests.jsonl beside X.json[l] is read too")],
-    out: Annotated[str, typer.Option(metavar="DIR", help="where the PNG files go")] = plots.DEFAULT_OUT,
+    out: Annotated[str, typer.Option(metavar="DIR", help="where the PNG files go")] = DEFAULT_OUT,
 ) -> int:
-    return plots.cmd_plot(SimpleNamespace(**locals()))
+    return plot.cmd_plot(PlotOptions.from_flags(**locals()))
 
 
 @command("capacity", help="search each strategy's capacity: the highest Poisson request rate within a P99 TBT SLO "
                          "and a median scheduling delay bound (Sarathi-Serve's method)")
 def capacity_command(
     model: Model = None,
-    backend: BackendName = "auto",
-    device: Device = "auto",
-    dtype: DType = "float32",
+    backend: BackendName = B.backend,
+    device: Device = B.device,
+    dtype: DType = B.dtype,
     threads: Threads = None,
     n_gpu_layers: GpuLayers = None,
     ubatch: UBatch = None,
@@ -396,51 +455,49 @@ def capacity_command(
     compile_decode: CompileDecode = False,
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
-    tp: TensorParallel = 1,
-    pp: PipelineStages = 1,
+    tp: TensorParallel = B.tp,
+    pp: PipelineStages = B.pp,
     calibration: Calibration = None,
     trace: Trace = None,
     pg: Annotated[Optional[list[str]], _option(
         "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
         help="prompt and generation length of the requests (default: 512,128)")] = None,
-    len_spread: LenSpread = 0.0,
+    len_spread: LenSpread = C.len_spread,
     workload: Workload = None,
     strategy: Strategy = None,
     chunk_size: ChunkSize = None,
     concurrency: Annotated[int, _option(
         "-c", "--concurrency", panel=TESTS_PANEL,
-        help="cap on requests in flight; 0: none (a bounded KV cache, as on the sim, still caps them)")] = 0,
-    seed: Seed = 42,
+        help="cap on requests in flight; 0: none (a bounded KV cache, as on the sim, still caps them)")] = C.concurrency,
+    seed: Seed = C.seed,
     no_warmup: NoWarmup = False,
     slo: Annotated[Optional[str], _option(
         "--slo", panel=CAPACITY_PANEL, callback=slo_spec, metavar="tbt=MS[,ttft=MS,...]",
         help="tbt: the P99 TBT a rate must keep to (required); any other objective adds goodput to the rows")] = None,
     max_sched_delay: Annotated[float, _option(
         "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
-        help="bound on the median scheduling delay (arrival to first step)")] = capacity.DEFAULT_MAX_SCHED_DELAY_MS,
+        help="bound on the median scheduling delay (arrival to first step)")] = C.max_sched_delay,
     requests: Annotated[Optional[int], _option(
         "--requests", panel=CAPACITY_PANEL,
-        help=f"requests per probe (default: {capacity.DEFAULT_REQUESTS_SIM} on the sim, {capacity.DEFAULT_REQUESTS} on "
+        help=f"requests per probe (default: {DEFAULT_REQUESTS_SIM} on the sim, {DEFAULT_REQUESTS} on "
         "real backends); too few let an overloaded rate pass, since its queue has no time to grow")] = None,
     precision: Annotated[float, _option(
         "--precision", panel=CAPACITY_PANEL, parser=percent, metavar="PCT",
-        help="bisect until the bracket is narrower than this share of the capacity")] = 100 * capacity.DEFAULT_PRECISION,
+        help="bisect until the bracket is narrower than this share of the capacity")] = C.precision,
     start_rate: Annotated[float, _option(
         "--start-rate", panel=CAPACITY_PANEL, metavar="QPS", help="the first probe's rate; the search doubles or halves from it")]
-    = capacity.DEFAULT_START_RATE,
-    arrival: Annotated[Literal["poisson", "gamma"], _option("--arrival", panel=CAPACITY_PANEL, help="arrival process")] = "poisson",
-    burstiness: Burstiness = 1.0,
+    = C.start_rate,
+    arrival: Annotated[str, _option(
+        "--arrival", panel=CAPACITY_PANEL, callback=choice("poisson", "gamma"), metavar="poisson|gamma",
+        help="arrival process")] = C.arrival,
+    burstiness: Burstiness = C.burstiness,
     relative_to: Annotated[Optional[str], _option(
         "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY", help="show each capacity's ratio to this strategy's")] = None,
-    output: Output = "md",
+    output: Output = C.output,
     export: Export = None,
     no_progress: NoProgress = False,
 ) -> int:
-    return cmd_capacity(SimpleNamespace(**locals()))
-
-
-def _metrics_if_given(texts: list[str] | None) -> list[str] | None:
-    return metric_list(texts) if texts else None
+    return capacity.cmd_capacity(CapacityOptions.from_flags(**locals()))
 
 
 @command("ab", help="the working tree against a base commit, both measured here in one job; exit 1 on a regression")
@@ -449,319 +506,48 @@ def ab_command(
         metavar="BASE", show_default=False, help="the git ref to measure the working tree against (main, HEAD~1, a SHA)")],
     run_args: Annotated[Optional[list[str]], typer.Argument(
         metavar="[-- RUN_ARGS...]", show_default=False,
-        help=f"the `prefillbench run` options both sides run (default: {' '.join(abtest.DEFAULT_PRESET)})")] = None,
-    repo: Annotated[Path, typer.Option(metavar="DIR", help="the checkout whose working tree is the change")] = Path("."),
+        help=f"the `prefillbench run` options both sides run (default: {' '.join(DEFAULT_PRESET)})")] = None,
+    repo: Annotated[Path, typer.Option(metavar="DIR", help="the checkout whose working tree is the change")] = ABOptions.repo,
     metric: Annotated[Optional[list[str]], typer.Option(
-        "--metric", callback=_metrics_if_given, metavar="NAME[,NAME]",
-        help=f"metrics to compare, repeatable (default: {','.join(abtest.AB_METRICS)})")] = None,
+        "--metric", callback=metrics_if_given, metavar="NAME[,NAME]",
+        help=f"metrics to compare, repeatable (default: {','.join(AB_METRICS)})")] = None,
     gate: Annotated[Optional[list[str]], typer.Option(
-        "--gate", callback=_metrics_if_given, metavar="NAME[,NAME]",
-        help=f"metrics whose regression fails the job (default: {','.join(abtest.DEFAULT_GATED)})")] = None,
+        "--gate", callback=metrics_if_given, metavar="NAME[,NAME]",
+        help=f"metrics whose regression fails the job (default: {','.join(DEFAULT_GATED)})")] = None,
     threshold: Annotated[float, typer.Option(
-        parser=percent, metavar="PCT", help="a regression is worse than this, with an interval that excludes no change")] = abtest.DEFAULT_THRESHOLD,
+        parser=percent, metavar="PCT", help="a regression is worse than this, with an interval that excludes no change")] = ABOptions.threshold,
     confidence: Annotated[float, typer.Option(
-        parser=percent, metavar="PCT", help="confidence of the table's intervals as a whole")] = 100 * abtest.stats.DEFAULT_CONFIDENCE,
-    min_rounds: Annotated[int, typer.Option(help="rounds (one run of each side) always run")] = abtest.DEFAULT_MIN_ROUNDS,
-    max_rounds: Annotated[int, typer.Option(help="rounds at most, while a gated interval straddles the threshold")] = abtest.DEFAULT_MAX_ROUNDS,
-    max_seconds: Annotated[float, typer.Option(help="start no round past --min-rounds that would end after this")] = abtest.DEFAULT_MAX_SECONDS,
+        parser=percent, metavar="PCT", help="confidence of the table's intervals as a whole")] = 100 * ABOptions.confidence,
+    min_rounds: Annotated[int, typer.Option(help="rounds (one run of each side) always run")] = ABOptions.min_rounds,
+    max_rounds: Annotated[int, typer.Option(help="rounds at most, while a gated interval straddles the threshold")] = ABOptions.max_rounds,
+    max_seconds: Annotated[float, typer.Option(help="start no round past --min-rounds that would end after this")] = ABOptions.max_seconds,
     out: Annotated[Optional[Path], typer.Option(metavar="DIR", help="keep every round's exports here")] = None,
     summary: Annotated[Optional[Path], typer.Option(metavar="FILE.md", help="write a markdown summary for a CI job page or PR comment")] = None,
 ) -> int:
-    metrics = metric or list(abtest.AB_METRICS)
-    options = abtest.ABOptions(
-        base_ref=base, preset=list(run_args or abtest.DEFAULT_PRESET), repo=repo, metrics=metrics,
-        gated=gate or [m for m in abtest.DEFAULT_GATED if m in metrics], threshold=threshold, confidence=confidence / 100,
-        min_rounds=min_rounds, max_rounds=max_rounds, max_seconds=max_seconds, out=out, summary=summary,
-    )
-    try:
-        return abtest.run_ab(options)
-    except abtest.SideFailed as e:
-        return fail(e)
+    return ab.run_ab(ABOptions.from_flags(**locals()))
 
 
-command("calibrate", help="fit the sim's attainable fractions and step overhead to a real backend")(calibrate_command)
-
-
-# ---------------------------------------------------------------- run
-
-
-def config_from_args(args: Any) -> BenchConfig:
-    strategies = args.strategy or list(STRATEGIES)
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown:
-        raise UsageError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
-    tests = tests_from_args(args)
-    arrival = args.arrival or ("trace" if tests and tests[0].workload and tests[0].workload.arrivals else "closed")
-    if arrival not in ARRIVALS + ("trace",):
-        raise UsageError(f"--arrival {arrival}: choose from {', '.join(ARRIVALS)}")
-    open_loop = arrival != "closed"
-    config = BenchConfig(
-        tests=tests,
-        strategies=list(dict.fromkeys(strategies)),
-        concurrency=args.concurrency or ([0] if open_loop else [1, 2, 4]),
-        chunk_sizes=args.chunk_size or [256],
-        repetitions=args.repetitions or (1 if open_loop else 3),
-        requests=args.requests,
-        seed=args.seed,
-        warmup=not args.no_warmup,
-        arrival=arrival,
-        rates=args.rate or [],
-        burstiness=args.burstiness,
-        slo=args.slo,
-    )
-    try:
-        config.validate()
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    return config
-
-
-def tests_from_args(args: Any) -> list[TestSpec]:
-    """-p/-n/--pg with --len-spread, or the one test a --workload file makes.
-
-    In an open loop, --pg alone means just that test: pp-only and tg-only requests are not what a server sees.
-    """
-    try:
-        if args.workload:
-            if args.n_prompt or args.n_gen or args.pg or args.len_spread:
-                raise UsageError("--workload gives the lengths: drop -p, -n, --pg and --len-spread")
-            return [workload_test(load_workload(args.workload))]
-        defaults = not (args.pg and args.arrival not in (None, "closed"))
-        return make_tests(args.n_prompt or ([512] if defaults else []), args.n_gen or ([128] if defaults else []),
-                          args.pg or [], args.len_spread)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
-def _progress(enabled: bool):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
-        TimeElapsedColumn(), TimeRemainingColumn(),
-        console=Console(stderr=True), disable=not enabled, transient=True,
-    )
-
-
-def cmd_run(args: Any) -> int:
-    config = config_from_args(args)
-    if args.export:
-        try:
-            reports.format_for_path(args.export)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    if args.relative_to and args.relative_to not in config.strategies:
-        raise UsageError(f"--relative-to {args.relative_to}: not among the strategies run ({', '.join(config.strategies)})")
-    trace_path = args.export_requests or (traces.trace_path_for(args.export) if args.export else None)
-    if args.export_requests and not args.export_requests.endswith((".jsonl", ".ndjson")):
-        raise UsageError(f"--export-requests writes JSON lines: use a .jsonl name, not {args.export_requests}")
-    # Under torchrun every rank runs the same cases; rank 0 alone prints, writes and shows progress.
-    rank_zero = is_rank_zero()
-    results_path = None if args.no_results_file else Path(args.results_dir) / f"{dt.datetime.now():%Y%m%d-%H%M%S}.csv"
-    if not rank_zero:
-        args.export = trace_path = results_path = None
-    for path in (args.export, trace_path, results_path):
-        if path:
-            reports.check_writable(path)
-    check_sequence_limit(choose_backend(args.backend, args.model, args.tp), config)
-    backend = _load_backend(args)
-    if args.verify and backend.logit_tolerance() is None:
-        raise UsageError(f"--verify compares logits, and the {backend.name} backend computes none")
-    longest = max(t.max_seq_len for t in config.tests)
-    if longest > backend.context_length:
-        raise UsageError(f"a test needs {longest} positions but the model's context is {backend.context_length}")
-
-    results: list[CaseResult] = []
-    interrupted = False
-    failure: BackendError | None = None
-    progress = _progress(not args.no_progress and rank_zero)
-    with progress:
-        task = progress.add_task("", total=config.tokens_to_emit())
-        try:
-            if args.interleave:
-                on_group = lambda label: progress.update(task, description=label)  # noqa: E731
-                for result in interleave.run_interleaved(backend, config, lambda n: progress.advance(task, n), on_group):
-                    results.append(result)
-            for case in ([] if args.interleave else config.cases()):
-                label = f"{case.test.name} {case.strategy} c={case.concurrency}"
-                if case.rate is not None:
-                    label += f" {case.rate:g} req/s"
-                progress.update(task, description=label)
-                results.append(run_case(backend, case, config, on_token=lambda n: progress.advance(task, n)))
-        except KeyboardInterrupt:
-            interrupted = True
-        except BackendError as e:
-            # A step that fails (llama.cpp out of KV space, ...) ends the run, not the rows before it.
-            failure = e
-    rows = [r.row for r in results]
-    write_failure = None
-    meta = run_metadata(backend.metadata())
-    meta.update(model_path=args.model or "default", backend_name=backend.name, device=backend.device,
-                **workload_settings(args))
-    if rows and rank_zero:
-        if args.relative_to:
-            sys.stdout.write(compare.render_relative(args.output, rows, meta, args.relative_to, args.noisy_cv / 100))
-        else:
-            sys.stdout.write(reports.render(args.output, rows, meta, args.noisy_cv / 100))
-        sys.stdout.flush()
-        write_failure = write_outputs(args.export, trace_path, results_path, results, meta)
-    if write_failure is not None:
-        print(f"prefillbench: error: {write_failure} (the {len(rows)} measured row(s) are on stdout)", file=sys.stderr)
-    if interrupted:
-        print(f"prefillbench: interrupted; kept {len(rows)} measured row(s)", file=sys.stderr)
-        return 130
-    if failure is not None:
-        print(f"{error_prefix()}: {failure} (kept {len(rows)} measured row(s))", file=sys.stderr)
-        return 2
-    if write_failure is not None:
-        return 2
-    if args.verify:
-        return run_verify(backend, config, not args.no_progress and rank_zero)
-    return 0
-
-
-def run_verify(backend: Any, config: BenchConfig, show_progress: bool) -> int:
-    """The teacher-forced logit comparison, reported on stderr: 0 if every strategy agrees, else 1.
-
-    Under torchrun every rank computes it (the steps need all ranks); rank 0 alone reports it.
-    """
-    progress = _progress(show_progress)
-    with progress:
-        task = progress.add_task("verify")
-        try:
-            agreements = verify_logits(backend, config, on_case=lambda label: progress.update(task, description=label))
-        except BackendError as e:
-            print(f"{error_prefix()}: verify: {e}", file=sys.stderr)
-            return 2
-    failed = [a for a in agreements if not a.passed]
-    if is_rank_zero():
-        sys.stderr.write(reports.render_verify(agreements))
-        if failed:
-            print(f"verify: {len(failed)} of {len(agreements)} comparisons disagree beyond tolerance", file=sys.stderr)
-        else:
-            print(f"verify: all {len(agreements)} comparisons agree within tolerance", file=sys.stderr)
-    return 1 if failed else 0
-
-
-def check_sequence_limit(backend_name: str, config: BenchConfig) -> None:
-    """Refuse a -c the backend cannot hold, before loading a model to find out."""
-    limit = backend_class(backend_name).sequence_limit
-    most = max(config.concurrency)
-    if limit is not None and most > limit:
-        raise UsageError(f"-c {most}: the {backend_name} backend runs at most {limit} sequences at once")
-
-
-def cmd_capacity(args: Any) -> int:
-    if args.slo is None or args.slo.tbt_ms is None:
-        raise UsageError("capacity needs --slo tbt=MS: the highest rate whose P99 time between tokens stays within it")
-    tests = tests_from_args(SimpleNamespace(n_prompt=None, n_gen=None, pg=args.pg or [(512, 128)], arrival=args.arrival,
-                                            len_spread=args.len_spread, workload=args.workload))
-    if len(tests) != 1:
-        raise UsageError("capacity searches one test: give one --pg or a --workload")
-    strategies = list(dict.fromkeys(args.strategy or list(STRATEGIES)))
-    if args.relative_to and args.relative_to not in strategies:
-        raise UsageError(f"--relative-to {args.relative_to}: not among the strategies searched ({', '.join(strategies)})")
-    if args.export:
-        reports.format_for_path(args.export)
-    rank_zero = is_rank_zero()  # under torchrun rank 0 alone prints, writes and shows progress, as in run
-    if not rank_zero:
-        args.export = None
-    if args.export:
-        reports.check_writable(args.export)
-    loaded = _load_backend(args)
-    config = capacity.CapacityConfig(
-        tests[0], strategies, args.chunk_size or [256],
-        capacity.Criteria(args.slo.tbt_ms, args.max_sched_delay),
-        requests=args.requests or (capacity.DEFAULT_REQUESTS_SIM if loaded.name == "sim" else capacity.DEFAULT_REQUESTS),
-        concurrency=args.concurrency, arrival=args.arrival, burstiness=args.burstiness, seed=args.seed,
-        start_rate=args.start_rate, precision=args.precision / 100, warmup=not args.no_warmup, slo=args.slo,
-    )
-    config.validate()
-    if tests[0].max_seq_len > loaded.context_length:
-        raise UsageError(f"a request needs {tests[0].max_seq_len} positions but the model's context is {loaded.context_length}")
-
-    results: list[capacity.CapacityResult] = []
-    interrupted, failure = False, None
-    progress = _progress(not args.no_progress and rank_zero)
-    with progress:
-        task = progress.add_task("", total=config.requests)
-
-        def started(case, n: int, rate: float) -> None:
-            progress.reset(task, total=config.tokens_per_probe(), description=f"{strategy_label(case.strategy, case.chunk_size)} probe {n}: {rate:.3g} req/s")
-
-        def done(case, probe: capacity.Probe) -> None:
-            if not rank_zero:
-                return
-            r = probe.row
-            progress.console.print(
-                f"capacity: {strategy_label(case.strategy, case.chunk_size)} at {probe.rate:.3g} req/s: P99 TBT {r.tbt_p99_ms:.1f} ms, median "
-                f"scheduling delay {r.sched_delay_p50_ms:.0f} ms: {'within' if probe.passed else 'over'}", highlight=False, soft_wrap=True)
-
-        try:
-            for case in config.cases():
-                results.append(capacity.find_capacity(loaded, case, config, started, done,
-                                                      lambda n: progress.advance(task, n)))
-        except KeyboardInterrupt:
-            interrupted = True
-        except BackendError as e:
-            failure = e
-    rows = [r.row for r in results]
-    meta = run_metadata(loaded.metadata())
-    meta.update(model_path=args.model or "default", backend_name=loaded.name, device=loaded.device,
-                **workload_settings(args), **config.settings())
-    if rows and rank_zero:
-        text = capacity_report.render_md(results, args.relative_to) if args.output == "md" else reports.render(args.output, rows, meta)
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        if args.export:
-            reports.export(args.export, rows, meta)
-    if interrupted:
-        print(f"prefillbench: interrupted; kept {len(rows)} capacity row(s)", file=sys.stderr)
-        return 130
-    if failure is not None:
-        print(f"{error_prefix()}: {failure} (kept {len(rows)} capacity row(s))", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _load_backend(args: Any) -> Backend:
-    options = {k: v for k, v in (("n_gpu_layers", args.n_gpu_layers), ("n_ubatch", args.ubatch),
-                                 ("flash_attn", args.flash_attn)) if v is not None}
-    if args.no_cuda_graphs:
-        options["cuda_graphs"] = False
-    if args.no_tune_linear:
-        options["tune_linear"] = False
-    if args.compile_decode:
-        options["compile_decode"] = True
-    options.update(tp=args.tp, pp=args.pp)
-    options.update(sim_options(args))
-    backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)
-    if is_rank_zero():
-        print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)
-    return backend
-
-
-def workload_settings(args: Any) -> dict[str, Any]:
-    """What made the requests, for the export's metadata (arrival, rate and SLO are columns of every row)."""
-    return {"seed": args.seed, "len_spread": args.len_spread, "workload": args.workload or ""}
-
-
-def write_outputs(export: str | None, trace_path: str | Path | None, results_path: Path | None,
-                  results: list[CaseResult], meta: dict[str, Any]) -> str | None:
-    """Write the run's files; the reason, in one line, if one could not be written (the rows are on stdout)."""
-    rows = [r.row for r in results]
-    try:
-        if export:
-            reports.export(export, rows, meta)
-        if trace_path:
-            traces.export_traces(trace_path, results)
-        if results_path:
-            reports.export(results_path, rows, meta)
-            print(f"prefillbench: wrote {results_path}", file=sys.stderr)
-    except OSError as e:
-        return f"cannot write {e.filename or 'a results file'}: {e.strerror or e}"
-    return None
+@command("calibrate", help="fit the sim's attainable fractions and step overhead to a real backend")
+def calibrate_command(
+    model: Model = None,
+    backend: Annotated[str, _option(
+        "--backend", panel=MODEL_PANEL, callback=choice("torch", "gguf"), metavar="torch|gguf", help="real backend to measure")] = "torch",
+    device: Device = B.device,
+    dtype: DType = B.dtype,
+    threads: Threads = None,
+    sim_model: Annotated[Optional[str], typer.Option(help="shapes for the sim (default: read from the real backend's model config)")] = None,
+    sim_gpu: Annotated[Optional[str], typer.Option(help="nominal spec the fractions are relative to (default: cpu, or a spec file)")] = None,
+    quick: Annotated[bool, _flag("--quick", help="a smaller sweep")] = False,
+    repeats: Annotated[int, typer.Option(help="timed repeats per sweep point; the median counts")] = CalibrateOptions.repeats,
+    output: Annotated[str, typer.Option("-o", "--output", help="calibration file to write")] = CalibrateOptions.output,
+    errors: Annotated[Optional[str], typer.Option(help="also write the per-step measured/predicted times here (.csv)")] = None,
+    check: Annotated[bool, _flag("--check", help="then run sequential and chunked on the real backend and on the "
+                                 "calibrated sim and compare their throughput ratios")] = False,
+    check_run: Annotated[str, typer.Option(
+        callback=five_ints, metavar="P,N,C,R,CHUNK",
+        help="the --check run: prompt, generation, concurrency, requests, chunk size")] = "192,16,4,8,64",
+) -> int:
+    return calibrate.cmd_calibrate(CalibrateOptions.from_flags(**locals()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,3 +7,7 @@ from __future__ import annotations
 
 class BackendError(RuntimeError):
     """A problem the user can fix (bad model, too small a context, ...): one line, no traceback."""
+
+
+class UsageError(ValueError):
+    """Bad input on the command line (a flag's value, flags that do not go together): one line to stderr, exit 2."""

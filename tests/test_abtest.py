@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 import prefillbench
-from prefillbench.commands import ab as abtest
+from prefillbench.commands import ab as ab_command
+from prefillbench.report import ab as ab_report
+from prefillbench.report.exports import row_key
 from prefillbench import cli
 from prefillbench.bench.metrics import ResultRow
 
@@ -27,7 +29,7 @@ def row(strategy: str = "sequential", throughput: float = 100.0, ttft: float = 5
     )
 
 
-def rounds_of(slowdown: float, noise: float, n: int = 6, seed: int = 0, strategies=("sequential", "chunked")) -> list[abtest.Round]:
+def rounds_of(slowdown: float, noise: float, n: int = 6, seed: int = 0, strategies=("sequential", "chunked")) -> list[ab_report.Round]:
     """n rounds in which the change's steps take `slowdown` times longer, with lognormal noise per run."""
     rng = random.Random(seed)
     out = []
@@ -39,29 +41,29 @@ def rounds_of(slowdown: float, noise: float, n: int = 6, seed: int = 0, strategi
             for s in strategies:
                 t = machine * factor * math.exp(rng.gauss(0, noise))
                 r = row(s, throughput=100 / t, ttft=50 * t, tbt=10 * t)
-                rows[abtest.row_key(r)] = r
+                rows[row_key(r)] = r
             sides.append(rows)
         out.append((sides[0], sides[1]))
     return out
 
 
 def test_a_change_twenty_percent_slower_regresses_on_every_gated_metric():
-    result = abtest.analyse(rounds_of(1.2, noise=0.02))
+    result = ab_report.analyse(rounds_of(1.2, noise=0.02))
     assert [r.label("strategy") for r in result.rows] == ["sequential", "chunked", "all rows (geometric mean)"]
     assert len(result.regressions) == 3
     for r in result.rows:
-        assert sorted(d.metric for d in r.regressed) == sorted(abtest.DEFAULT_GATED)
+        assert sorted(d.metric for d in r.regressed) == sorted(ab_report.DEFAULT_GATED)
         tput = r.deltas["throughput"]
         assert tput.ratio == pytest.approx(1 / 1.2, rel=0.03)
         assert tput.low < tput.ratio < tput.high < 1
         assert r.deltas["tbt_p50_ms"].ratio == pytest.approx(1.2, rel=0.03)
         assert not r.deltas["tbt_p99_ms"].regressed  # compared, not gated
-    assert "REGRESSION throughput -16." in abtest.render_table(result)
+    assert "REGRESSION throughput -16." in ab_report.render_table(result)
 
 
 def test_the_machine_speed_of_a_round_cancels_out_of_the_pair():
     # Rounds differ by up to 30% in machine speed; identical sides must still come out at ratio 1.
-    result = abtest.analyse(rounds_of(1.0, noise=0.0))
+    result = ab_report.analyse(rounds_of(1.0, noise=0.0))
     for r in result.rows:
         for d in r.deltas.values():
             assert d.ratio == pytest.approx(1.0) and d.low == pytest.approx(1.0) and d.high == pytest.approx(1.0)
@@ -70,58 +72,58 @@ def test_the_machine_speed_of_a_round_cancels_out_of_the_pair():
 
 def test_identical_sides_with_noise_do_not_regress():
     for seed in range(20):
-        result = abtest.analyse(rounds_of(1.0, noise=0.15, seed=seed))
-        assert not result.regressions, abtest.render_table(result)
+        result = ab_report.analyse(rounds_of(1.0, noise=0.15, seed=seed))
+        assert not result.regressions, ab_report.render_table(result)
 
 
-def paired(ratios: list[float]) -> list[abtest.Round]:
+def paired(ratios: list[float]) -> list[ab_report.Round]:
     """Rounds whose change/base throughput ratios are these (latencies move inversely)."""
     out = []
     for x in ratios:
         b, c = row(), row(throughput=100 * x, ttft=50 / x, tbt=10 / x)
-        out.append(({abtest.row_key(b): b}, {abtest.row_key(c): c}))
+        out.append(({row_key(b): b}, {row_key(c): c}))
     return out
 
 
 def test_a_big_ratio_that_noise_could_explain_is_not_a_regression():
-    result = abtest.analyse(paired([0.5, 1.05, 0.7]))
+    result = ab_report.analyse(paired([0.5, 1.05, 0.7]))
     tput = result.rows[0].deltas["throughput"]
     assert tput.worse > 0.10 and tput.high > 1  # worse than the threshold, but the interval holds 1
     assert not tput.regressed and not tput.decided
 
 
 def test_a_small_real_slowdown_below_the_threshold_is_not_a_regression():
-    result = abtest.analyse(rounds_of(1.05, noise=0.002))
+    result = ab_report.analyse(rounds_of(1.05, noise=0.002))
     tput = result.rows[0].deltas["throughput"]
     assert tput.high < 1 and tput.worse == pytest.approx(1 - 1 / 1.05, rel=0.05)  # real: the interval excludes 1
     assert not result.regressions and result.decided
-    assert abtest.analyse(rounds_of(1.05, noise=0.002), threshold=3).regressions
+    assert ab_report.analyse(rounds_of(1.05, noise=0.002), threshold=3).regressions
 
 
 def test_metrics_that_do_not_apply_are_left_out():
     rounds = []
     for _ in range(3):
         r = row(n_gen=1)
-        rounds.append(({abtest.row_key(r): r}, {abtest.row_key(r): replace(r)}))
-    deltas = abtest.analyse(rounds).rows[0].deltas
+        rounds.append(({row_key(r): r}, {row_key(r): replace(r)}))
+    deltas = ab_report.analyse(rounds).rows[0].deltas
     assert "tbt_p50_ms" not in deltas and "tbt_p99_ms" not in deltas and "throughput" in deltas
 
 
 def test_intervals_widen_with_the_number_of_rows():
     """Bonferroni: half the error rate to the rows' mean, half shared by the rows."""
-    one = abtest.analyse(rounds_of(1.1, noise=0.05, strategies=("sequential",)))
-    many = abtest.analyse(rounds_of(1.1, noise=0.05, strategies=("sequential", "padded", "chunked", "x", "y", "z")))
+    one = ab_report.analyse(rounds_of(1.1, noise=0.05, strategies=("sequential",)))
+    many = ab_report.analyse(rounds_of(1.1, noise=0.05, strategies=("sequential", "padded", "chunked", "x", "y", "z")))
     assert len(one.rows) == 1 and one.rows[0].deltas["throughput"].confidence == pytest.approx(0.95)
     assert len(many.rows) == 7 and many.rows[0].deltas["throughput"].confidence == pytest.approx(1 - 0.025 / 6)
-    assert many.rows[-1].key == abtest.ALL_ROWS and many.rows[-1].deltas["throughput"].confidence == pytest.approx(0.975)
+    assert many.rows[-1].key == ab_report.ALL_ROWS and many.rows[-1].deltas["throughput"].confidence == pytest.approx(0.975)
 
 
 def test_the_mean_of_the_rows_catches_a_slowdown_too_noisy_for_any_one_row():
     rounds = rounds_of(1.2, noise=0.1, n=6, seed=3, strategies=("sequential", "padded", "chunked", "x"))
-    result = abtest.analyse(rounds)
+    result = ab_report.analyse(rounds)
     mean = result.rows[-1]
-    assert mean.key == abtest.ALL_ROWS and mean.label("strategy") == "all rows (geometric mean)"
-    assert [r.key for r in result.regressions] == [abtest.ALL_ROWS]
+    assert mean.key == ab_report.ALL_ROWS and mean.label("strategy") == "all rows (geometric mean)"
+    assert [r.key for r in result.regressions] == [ab_report.ALL_ROWS]
     # its values are the rows' geometric means, round by round
     first = [b for b, _ in rounds][0]
     assert mean.deltas["throughput"].base[0] == pytest.approx(math.prod(r.throughput for r in first.values()) ** (1 / 4))
@@ -131,13 +133,13 @@ def test_rows_on_one_side_only_are_listed_not_compared():
     rounds = rounds_of(1.0, noise=0.0, n=2)
     extra = row("padded")
     for _, change in rounds:
-        change[abtest.row_key(extra)] = extra
-    result = abtest.analyse(rounds)
-    assert len(result.rows) == 3 and result.only_change == [abtest.row_key(extra)]
+        change[row_key(extra)] = extra
+    result = ab_report.analyse(rounds)
+    assert len(result.rows) == 3 and result.only_change == [row_key(extra)]
 
 
 def test_rounds_alternate_which_side_goes_first():
-    assert [abtest.turn_order(i) for i in range(4)] == [
+    assert [ab_command.turn_order(i) for i in range(4)] == [
         ("base", "change"), ("change", "base"), ("base", "change"), ("change", "base")]
 
 

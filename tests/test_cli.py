@@ -10,6 +10,9 @@ import sys
 import pytest
 
 from prefillbench import cli
+from prefillbench.commands import run as run_command
+from prefillbench.commands import runner
+from prefillbench.backends.base import BackendError
 from prefillbench.bench.metrics import ResultRow
 from tiny_models import tiny_model
 
@@ -114,7 +117,7 @@ def test_verify_needs_logits(capsys):
 
 def test_interrupt_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_path):
     calls = {"n": 0}
-    real = cli.run_case
+    real = run_command.run_case
 
     def interrupt_on_third(*args, **kwargs):
         calls["n"] += 1
@@ -122,7 +125,7 @@ def test_interrupt_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_pat
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cli, "run_case", interrupt_on_third)
+    monkeypatch.setattr(run_command, "run_case", interrupt_on_third)
     export = tmp_path / "partial.csv"
     code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, *THREE, "--export", str(export), "--no-results-file")
     assert code == 130
@@ -218,7 +221,7 @@ def test_comma_lists_and_repeated_flags_combine(capsys):
 
 def test_llama_bench_short_forms_parse(monkeypatch):
     seen = {}
-    monkeypatch.setattr(cli, "cmd_run", lambda args: seen.update(vars(args)) or 0)
+    monkeypatch.setattr(run_command, "cmd_run", lambda options: seen.update(vars(options), **vars(options.load)) or 0)
     argv = ["run", "-m", "x.gguf", "-p", "8", "-n", "2", "-c", "1,4", "-r", "5", "-s", "padded", "-t", "3", "-ngl", "99",
             "-o", "json", "--pg", "16,4", "--pg", "8,2", "--chunk-size", "32,64", "--noisy-cv", "5%"]
     assert cli.main(argv) == 0
@@ -276,7 +279,7 @@ def test_unwritable_export_is_refused_before_the_first_case(capsys, monkeypatch)
     def must_not_run(*args, **kwargs):
         raise AssertionError("a case ran")
 
-    monkeypatch.setattr(cli, "run_case", must_not_run)
+    monkeypatch.setattr(run_command, "run_case", must_not_run)
     for flag in (["--export", "/proc/nope/out.csv"], ["--export-requests", "/proc/nope/r.jsonl"]):
         assert cli.main([*SIM, "-p", "16", "-n", "0", "-c", "1", *flag]) == 2
         err = capsys.readouterr().err
@@ -287,12 +290,12 @@ def test_unwritable_export_is_refused_before_the_first_case(capsys, monkeypatch)
 
 
 def test_a_failed_write_still_prints_the_rows(capsys, monkeypatch, tmp_path):
-    from prefillbench.report import tables as reports
+    from prefillbench.report import tables
 
     def disk_full(path, rows, meta):
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(reports, "export", disk_full)
+    monkeypatch.setattr(tables, "export", disk_full)
     assert cli.main([*SIM, "-p", "16", "-n", "0", "-c", "1,2", "--export", str(tmp_path / "out.csv")]) == 2
     out, err = capsys.readouterr()
     assert len(out.strip().splitlines()) == 2 + 2  # the md table: header, rule, two rows
@@ -319,7 +322,7 @@ def test_concurrency_above_the_backend_limit_is_refused_before_loading(capsys, m
     def must_not_load(*args, **kwargs):
         raise AssertionError("the backend was loaded")
 
-    monkeypatch.setattr(cli, "load_backend", must_not_load)
+    monkeypatch.setattr(runner, "load_backend", must_not_load)
     limit = GGUFBackend.sequence_limit
     assert cli.main(["run", "--backend", "gguf", "-c", f"1,{limit + 1}", "--no-results-file"]) == 2
     err = capsys.readouterr().err
@@ -361,9 +364,9 @@ def test_backend_switches_reach_the_backend(argv, monkeypatch, capsys):
     def fake_load(name, model, **kwargs):
         seen.clear()
         seen.update(kwargs)
-        raise cli.BackendError("stop here")
+        raise BackendError("stop here")
 
-    monkeypatch.setattr(cli, "load_backend", fake_load)
+    monkeypatch.setattr(runner, "load_backend", fake_load)
     assert cli.main(argv) == 2
     assert "cuda_graphs" not in seen and "tune_linear" not in seen and "flash_attn" not in seen
     assert cli.main([*argv, "--no-cuda-graphs", "--no-tune-linear", "-fa", "off"]) == 2

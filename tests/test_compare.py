@@ -7,8 +7,8 @@ import math
 import pytest
 
 from prefillbench import cli
-from prefillbench.report import compare
-from prefillbench.report import tables as reports
+from prefillbench.report import compare, compare_tables, exports
+from prefillbench.report import tables
 from prefillbench.bench.metrics import ResultRow, results_frame
 
 
@@ -23,7 +23,7 @@ def row(**kw) -> ResultRow:
 
 def write(tmp_path, name, rows, meta=None):
     path = tmp_path / name
-    reports.export(path, rows, meta or {"cpu": "test"})
+    tables.export(path, rows, meta or {"cpu": "test"})
     return str(path)
 
 
@@ -74,8 +74,8 @@ def test_threshold_is_strict_and_improvements_pass(tmp_path, capsys):
 
 
 def test_latency_metrics_are_worse_when_higher():
-    base = compare.Results("a", [row(tbt_p99_ms=20.0, ttft_p99_ms=200.0)])
-    worse = compare.Results("b", [row(tbt_p99_ms=23.0, ttft_p99_ms=150.0)])
+    base = exports.Results("a", [row(tbt_p99_ms=20.0, ttft_p99_ms=200.0)])
+    worse = exports.Results("b", [row(tbt_p99_ms=23.0, ttft_p99_ms=150.0)])
     cmp = compare.compare(base, worse, ["tbt_p99_ms", "ttft_p99_ms", "throughput"], threshold=10)
     (entry,) = cmp.entries
     assert entry.regressed == ["tbt_p99_ms"]
@@ -99,7 +99,7 @@ def test_join_is_on_chunk_size_and_concurrency(tmp_path, capsys):
             row(concurrency=1, throughput=10.0)]
     cur = [row(strategy="chunked", chunk_size=256, throughput=200.0), row(strategy="chunked", chunk_size=64, throughput=100.0),
            row(concurrency=2, throughput=1.0)]
-    cmp = compare.compare(compare.Results("a", base), compare.Results("b", cur))
+    cmp = compare.compare(exports.Results("a", base), exports.Results("b", cur))
     assert sorted(e.fields["chunk_size"] for e in cmp.entries) == [64, 256]
     assert all(e.speedup["throughput"] == 1.0 for e in cmp.entries)
     assert len(cmp.only_base) == 1 and len(cmp.only_current) == 1
@@ -179,12 +179,12 @@ def test_relative_to_a_missing_strategy_is_unusable(tmp_path, capsys):
 
 def test_run_table_relative_to(capsys):
     rows = three(seq=100.0, pad=120.0, chunk=150.0)
-    out = compare.render_relative("md", rows, {}, "sequential")
+    out = compare_tables.render_relative("md", rows, {}, "sequential")
     lines = out.splitlines()
     assert "/sequential" in lines[0]
     assert "1.500" in next(line for line in lines if "chunked" in line)
     assert "1.200" in next(line for line in lines if "padded" in line)
-    records = [json.loads(line) for line in compare.render_relative("jsonl", rows, {"cpu": "x"}, "sequential").splitlines()]
+    records = [json.loads(line) for line in compare_tables.render_relative("jsonl", rows, {"cpu": "x"}, "sequential").splitlines()]
     assert [r["throughput_vs_sequential"] for r in records] == [1.0, 1.2, 1.5]
     assert records[0]["cpu"] == "x"
 
@@ -199,20 +199,20 @@ def test_run_relative_to_needs_a_strategy_that_runs(capsys):
 
 
 def _bad_files(tmp_path):
-    good_csv = reports.render("csv", three(), {"cpu": "x"})
-    good_json = reports.render("json", three(), {"cpu": "x"})
+    good_csv = tables.render("csv", three(), {"cpu": "x"})
+    good_json = tables.render("json", three(), {"cpu": "x"})
     files = {
         "empty.csv": "",
         "blank.json": "\n  \n",
         "truncated.json": good_json[: len(good_json) // 2],
         "truncated.csv": good_csv[: good_csv.rindex(",") - 3],
-        "truncated.jsonl": reports.render("jsonl", three(), {})[:-40],
+        "truncated.jsonl": tables.render("jsonl", three(), {})[:-40],
         "header-only.csv": good_csv.splitlines()[0] + "\n",
         "foreign.csv": "name,age\nann,3\n",
         "foreign.json": json.dumps({"hello": [1, 2]}),
         "foreign-results.json": json.dumps({"results": [{"a": 1}]}),
         "nonnumeric.csv": good_csv.replace(",100.0,", ",fast,", 1),
-        "table.md": reports.render("md", three(), {}),
+        "table.md": tables.render("md", three(), {}),
         "trace.requests.jsonl": json.dumps({"model": "m", "arrival": 0.0, "token_times": [0.1]}) + "\n",
     }
     for name, text in files.items():
@@ -248,8 +248,8 @@ def test_some_reasons_are_specific(tmp_path):
         "missing.csv": "no such file",
     }
     for name, reason in reasons.items():
-        with pytest.raises(compare.InputError, match=reason):
-            compare.load_results(paths[name])
+        with pytest.raises(exports.InputError, match=reason):
+            exports.load_results(paths[name])
 
 
 def test_no_rows_in_common_exit_2(tmp_path, capsys):
@@ -274,12 +274,12 @@ def test_duplicate_rows_in_one_file_exit_2(tmp_path, capsys):
 
 
 def test_older_exports_without_statistics_still_load(tmp_path):
-    text = reports.render("csv", three(), {})
+    text = tables.render("csv", three(), {})
     header, *lines = text.splitlines()
     keep = [i for i, c in enumerate(header.split(",")) if c not in ("ts_cv", "ts_ci95", "throughput_cv", "throughput_ci95")]
     old = "\n".join(",".join(l.split(",")[i] for i in keep) for l in [header, *lines]) + "\n"
     (tmp_path / "old.csv").write_text(old)
-    rows = compare.load_results(str(tmp_path / "old.csv")).rows
+    rows = exports.load_results(str(tmp_path / "old.csv")).rows
     assert len(rows) == 3 and math.isnan(rows[0].ts_cv) and rows[2].chunk_size == 128
 
 
@@ -288,7 +288,7 @@ FIXTURE = __import__("pathlib").Path(__file__).parent / "fixtures" / "baseline-c
 
 def test_a_csv_written_by_the_previous_version_still_loads_and_compares(tmp_path, capsys):
     # results/baseline-ci.csv as `make bench-ci-baseline` wrote it before the pandas loader (no serving columns).
-    old = compare.load_results(str(FIXTURE))
+    old = exports.load_results(str(FIXTURE))
     assert len(old.rows) == 6 and {r.strategy for r in old.rows} == {"sequential", "padded", "chunked"}
     assert all(r.arrival == "closed" and r.rate is None and math.isnan(r.goodput_rps) for r in old.rows)
     assert old.meta["backend_name"] == "gguf"

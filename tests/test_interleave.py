@@ -61,9 +61,9 @@ def test_interleaving_cancels_drift_out_of_ratios():
 
 
 def test_cli_flag(capsys, monkeypatch):
-    import prefillbench.cli as cli_module
+    from prefillbench.commands import runner
 
-    monkeypatch.setattr(cli_module, "load_backend", lambda *a, **k: FakeBackend())
+    monkeypatch.setattr(runner, "load_backend", lambda *a, **k: FakeBackend())
     code = cli.main(["run", "-p", "0", "-n", "0", "--pg", "32,4", "-c", "2", "-r", "2", "--interleave", "--no-progress",
                      "--no-results-file", "--relative-to", "sequential"])
     out = capsys.readouterr().out

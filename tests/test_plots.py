@@ -8,7 +8,7 @@ import pytest
 
 from prefillbench import cli
 from prefillbench.report import plots
-from prefillbench.report import tables as reports
+from prefillbench.report import tables
 from prefillbench.report import traces
 from prefillbench.bench.metrics import ResultRow
 
@@ -60,7 +60,7 @@ TRACE = [
 
 def write_inputs(tmp_path, with_trace=True):
     path = tmp_path / "run.json"
-    reports.export(path, make_rows(), {"cpu": "x"})
+    tables.export(path, make_rows(), {"cpu": "x"})
     if with_trace:
         (tmp_path / "run.requests.jsonl").write_text("\n".join(TRACE) + "\n")
     return path
@@ -120,7 +120,7 @@ def test_chunk_sweep_series(tmp_path):
 def test_no_sweep_with_a_single_chunk_size(tmp_path):
     rows = [r for r in make_rows() if r.chunk_size in (None, 128)]
     path = tmp_path / "one.csv"
-    reports.export(path, rows, {})
+    tables.export(path, rows, {})
     names = set(charts_of(path))
     assert not any(n.startswith("chunk_sweep") for n in names)
     assert not any("cdf" in n for n in names)  # a CSV has no trace beside it
@@ -158,8 +158,8 @@ def test_drawn_lines_carry_the_series(tmp_path):
 
 def test_two_result_files_are_told_apart(tmp_path):
     a, b = tmp_path / "before.csv", tmp_path / "after.csv"
-    reports.export(a, make_rows(("pp512",)), {})
-    reports.export(b, make_rows(("pp512",)), {})
+    tables.export(a, make_rows(("pp512",)), {})
+    tables.export(b, make_rows(("pp512",)), {})
     charts = charts_of(a, b)
     labels = charts["throughput_vs_concurrency_pp512"].panels[0].labels
     assert "before: sequential" in labels and "after: sequential" in labels and len(labels) == 10
@@ -220,7 +220,7 @@ def test_trace_records_from_real_runs(tmp_path):
     assert [r.row.repetitions for r in results] == [2, 2, 2]
     assert all(len(r.runs) == 2 for r in results)  # the warm-up run is not among them
     export = tmp_path / "real.jsonl"
-    reports.export(export, [r.row for r in results], {})
+    tables.export(export, [r.row for r in results], {})
     traces.export_traces(traces.trace_path_for(export), results)
     records = [json.loads(l) for l in (tmp_path / "real.requests.jsonl").read_text().splitlines()]
     assert len(records) == 3 * 2 * 2  # cases x repetitions x requests
@@ -241,7 +241,7 @@ def test_trace_records_from_real_runs(tmp_path):
 
 def test_trace_beside_a_csv_export_is_found(tmp_path):
     path = tmp_path / "ci.csv"
-    reports.export(path, make_rows(("pp512+tg32",)), {})
+    tables.export(path, make_rows(("pp512+tg32",)), {})
     assert not any("cdf" in n for n in charts_of(path))
     (tmp_path / "ci.requests.jsonl").write_text("\n".join(TRACE) + "\n")
     names = set(charts_of(path))

@@ -6,8 +6,8 @@ import math
 import pytest
 
 from prefillbench.report import compare
-from prefillbench.report import tables as reports
-from prefillbench.report.compare import load_results
+from prefillbench.report import tables
+from prefillbench.report.exports import load_results
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.metrics import SLO, Load, e2e_ms, sched_delay_ms, summarize, tpot_ms
 from prefillbench.bench.workloads import TestSpec
@@ -127,12 +127,12 @@ def open_row(strategy="sequential", rate=1.0, goodput=2.0, **kw):
 def test_exports_carry_the_load_and_slo_and_read_back(tmp_path, suffix):
     rows = [open_row(rate=0.5), open_row(rate=2.0)]
     path = tmp_path / f"r.{suffix}"
-    reports.export(path, rows, {"seed": 42})
+    tables.export(path, rows, {"seed": 42})
     back = load_results(str(path)).rows
     assert [(r.arrival, r.rate, r.burstiness, r.slo) for r in back] == [("gamma", 0.5, 0.5, "tbt=150"), ("gamma", 2.0, 0.5, "tbt=150")]
     assert back[0].goodput_rps == 2.0 and back[0].sched_delay_p50_ms == pytest.approx(50.0)
     closed = tmp_path / f"c.{suffix}"
-    reports.export(closed, [summarize(TestSpec(10, 3), [trace()], model="m", backend="b", strategy="s",
+    tables.export(closed, [summarize(TestSpec(10, 3), [trace()], model="m", backend="b", strategy="s",
                                       concurrency=1, chunk_size=None)], {})
     (c,) = load_results(str(closed)).rows
     assert c.rate is None and c.arrival == "closed" and c.slo == ""
@@ -141,8 +141,8 @@ def test_exports_carry_the_load_and_slo_and_read_back(tmp_path, suffix):
 def test_compare_joins_rows_by_rate_and_gates_on_goodput(tmp_path):
     base = tmp_path / "base.csv"
     cur = tmp_path / "cur.csv"
-    reports.export(base, [open_row(rate=1.0, goodput=2.0), open_row(rate=2.0, goodput=3.0)], {})
-    reports.export(cur, [open_row(rate=1.0, goodput=2.0), open_row(rate=2.0, goodput=2.0)], {})
+    tables.export(base, [open_row(rate=1.0, goodput=2.0), open_row(rate=2.0, goodput=3.0)], {})
+    tables.export(cur, [open_row(rate=1.0, goodput=2.0), open_row(rate=2.0, goodput=2.0)], {})
     cmp = compare.compare(load_results(str(base)), load_results(str(cur)), ["goodput_rps"], threshold=10)
     assert len(cmp.entries) == 2
     (bad,) = cmp.regressions
@@ -150,7 +150,7 @@ def test_compare_joins_rows_by_rate_and_gates_on_goodput(tmp_path):
 
 
 def test_md_table_of_an_open_loop_shows_the_load_and_the_goodput():
-    text = reports.render("md", [open_row(rate=0.5), open_row(strategy="chunked", rate=0.5)], {})
+    text = tables.render("md", [open_row(rate=0.5), open_row(strategy="chunked", rate=0.5)], {})
     header = text.splitlines()[0]
     for column in ("arrival req/s", "offered/achieved", "TPOT p50", "E2E p50/p99", "sched p50", "goodput req/s (met tbt=150)"):
         assert column in header

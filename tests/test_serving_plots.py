@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 
 from prefillbench.report import plots
-from prefillbench.report import tables as reports
-from prefillbench.report.compare import load_results
+from prefillbench.report import tables
+from prefillbench.report.exports import load_results
 from prefillbench.bench.metrics import ResultRow
 
 
@@ -23,7 +23,7 @@ def test_latency_vs_load_has_a_line_per_strategy_and_the_slo(tmp_path):
     rows = [row(s, r, chunk=c) for s, c in (("sequential", None), ("chunked", 512)) for r in (4.0, 1.0, 2.0)]
     rows.append(row("sequential", None, concurrency=4, arrival="closed", slo=""))  # a closed-loop row: not on this chart
     path = tmp_path / "sweep.csv"
-    reports.export(path, rows, {})
+    tables.export(path, rows, {})
     charts = plots.make_charts([load_results(str(path))], [])
     (chart,) = [c for c in charts if c.name.startswith("latency_vs_load")]
     tbt, ttft = chart.panels
@@ -39,7 +39,7 @@ def test_latency_vs_load_has_a_line_per_strategy_and_the_slo(tmp_path):
 def test_capacity_bars(tmp_path):
     rows = [row("sequential", capacity=0.8), row("chunked", capacity=2.1, chunk=512)]
     path = tmp_path / "capacity.json"
-    reports.export(path, rows, {})
+    tables.export(path, rows, {})
     charts = plots.make_charts([load_results(str(path))], [])
     assert [c.name for c in charts] == ["capacity_pp1024+tg128_90"]
     (panel,) = charts[0].panels

@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from prefillbench.report import tables as reports
+from prefillbench.report import tables
 from prefillbench.bench import stats
-from prefillbench.report.compare import load_results
+from prefillbench.report.exports import load_results
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.metrics import ResultRow, summarize
 from prefillbench.bench.workloads import TestSpec
@@ -93,7 +93,7 @@ def test_summarize_one_repetition_has_no_spread():
     assert row.repetitions == 1
     assert math.isnan(row.ts_cv) and math.isnan(row.ts_ci95) and math.isnan(row.throughput_ci95)
     assert not row.noisy()
-    assert reports.cv_cell(row) == "-"
+    assert tables.cv_cell(row) == "-"
 
 
 def _row(**kw) -> ResultRow:
@@ -107,13 +107,13 @@ def _row(**kw) -> ResultRow:
 
 def test_md_table_marks_noisy_rows_by_the_threshold():
     rows = [_row(strategy="sequential", throughput_cv=0.25), _row(strategy="padded", ts_cv=0.05, throughput_cv=0.04)]
-    lines = reports.render("md", rows, {}).splitlines()
+    lines = tables.render("md", rows, {}).splitlines()
     assert "CV" in lines[0]
     assert lines[2].rstrip(" |").endswith("25.0% noisy")
     assert lines[3].rstrip(" |").endswith("5.0%") and "noisy" not in lines[3]
-    lines = reports.render("md", rows, {}, noisy_cv=0.03).splitlines()
+    lines = tables.render("md", rows, {}, noisy_cv=0.03).splitlines()
     assert "noisy" in lines[3]
-    lines = reports.render("md", rows, {}, noisy_cv=0.30).splitlines()
+    lines = tables.render("md", rows, {}, noisy_cv=0.30).splitlines()
     assert "noisy" not in "".join(lines)
 
 
@@ -122,7 +122,7 @@ def test_exports_carry_the_statistics_and_read_back(tmp_path, suffix):
     rows = [_row(ts_cv=0.123, ts_ci95=4.5, throughput_cv=0.0625, throughput_ci95=7.25, repetitions=5),
             _row(strategy="chunked", chunk_size=128, ts_cv=math.nan, ts_ci95=math.nan)]
     path = tmp_path / f"r.{suffix}"
-    reports.export(path, rows, {"cpu": "x"})
+    tables.export(path, rows, {"cpu": "x"})
     text = path.read_text()
     for column in ("ts_cv", "ts_ci95", "throughput_cv", "throughput_ci95", "repetitions"):
         assert column in text

@@ -1,14 +1,32 @@
-"""Backend selection: one entry point that turns command-line choices into a loaded backend."""
+"""Backend selection: one registry of backends, each declaring the options its `load` takes, and one entry point
+that turns command-line choices into a loaded backend."""
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from dataclasses import dataclass
 from typing import Any
 
 from prefillbench.backends.base import Backend, BackendError, SlotTable
 
-BACKEND_CHOICES = ("auto", "torch", "gguf", "sim")
-#: Options the torch backend takes (see TorchBackend.__init__); others belong to other backends.
-TORCH_OPTIONS = ("tune_linear", "cuda_graphs", "compile_decode", "decode_plan")
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """Where a backend's class lives: imported only when asked for (torch and llama.cpp take seconds to import)."""
+
+    module: str
+    class_name: str
+
+    def load_class(self) -> type[Backend]:
+        return getattr(importlib.import_module(self.module), self.class_name)
+
+
+BACKENDS: dict[str, BackendEntry] = {
+    "torch": BackendEntry("prefillbench.backends.torch.backend", "TorchBackend"),
+    "gguf": BackendEntry("prefillbench.backends.gguf", "GGUFBackend"),
+    "sim": BackendEntry("prefillbench.backends.sim.backend", "SimBackend"),
+}
+BACKEND_CHOICES = ("auto", *BACKENDS)
 
 
 def cuda_available() -> bool:
@@ -36,58 +54,45 @@ def choose_backend(name: str, model: str | None, tp: int = 1) -> str:
 
 
 def backend_class(name: str) -> type[Backend]:
-    """The class of a resolved backend name, for what it says before anything loads (e.g. its sequence_limit)."""
-    if name == "sim":
-        from prefillbench.backends.sim.backend import SimBackend
-
-        return SimBackend
-    if name == "torch":
-        from prefillbench.backends.torch.backend import TorchBackend
-
-        return TorchBackend
-    if name == "gguf":
-        from prefillbench.backends.gguf import GGUFBackend
-
-        return GGUFBackend
-    raise BackendError(f"unknown backend {name!r}; choose from {', '.join(BACKEND_CHOICES)}")
+    """The class of a resolved backend name, for what it says before anything loads (its sequence_limit, its options)."""
+    entry = BACKENDS.get(name)
+    if entry is None:
+        raise BackendError(f"unknown backend {name!r}; choose from {', '.join(BACKEND_CHOICES)}")
+    return entry.load_class()
 
 
-def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: str = "float32",
-                 threads: int | None = None, **options: Any) -> Backend:
-    from prefillbench.models import default_model_path
+def check_options(name: str, options: dict[str, Any]) -> dict[str, str]:
+    """The options among `options` (by load keyword) that backend `name` will not use, each with why.
 
+    Raises BackendError for those that change what runs and so cannot be dropped quietly: a --tp the launch does
+    not match, --compile off torch, --pp off the sim. `name` is resolved (see choose_backend).
+    """
     from prefillbench.backends.distributed import check_launch
 
-    tp, pp = options.get("tp") or 1, options.get("pp") or 1
-    name = choose_backend(name, model, tp)
-    check_launch(tp, name)
+    check_launch(options.get("tp") or 1, name)
     if options.get("compile_decode") and name != "torch":
         raise BackendError(f"--compile applies to --backend torch, not {name}")
+    pp = options.get("pp") or 1
     if pp > 1 and name != "sim":
         raise BackendError(f"--pp {pp} runs on the sim only (--backend sim); see the README's \"Past one machine\"")
-    if name == "sim":
-        from prefillbench.backends.sim.backend import SimBackend
-
-        return SimBackend.load(
-            options.get("sim_model") or model,
-            options.get("sim_gpu"),
-            tp=tp,
-            pp=pp,
-            calibration=options.get("calibration"),
-            trace=options.get("trace"),
-        )
-    model = model or default_model_path()
-    if name == "torch":
-        from prefillbench.backends.torch.backend import TorchBackend
-
-        torch_options = {k: v for k, v in options.items() if k in TORCH_OPTIONS}
-        return TorchBackend.load(model, device=device, dtype=dtype, threads=threads, tp=tp, **torch_options)
-    if name == "gguf":
-        from prefillbench.backends.gguf import GGUFBackend
-
-        return GGUFBackend.load(model, device=device, threads=threads, **options)
-    raise BackendError(f"unknown backend {name!r}; choose from {', '.join(BACKEND_CHOICES)}")
+    cls = backend_class(name)
+    unused = {k: "" for k in options if k not in cls.options}
+    unusable = cls.unusable_options()
+    return unused | {k: why for k, why in unusable.items() if k in options}
 
 
-__all__ = ["Backend", "BackendError", "SlotTable", "BACKEND_CHOICES", "backend_class", "choose_backend", "load_backend",
-           "resolve_backend_name"]
+def load_backend(name: str, model: str | None, **options: Any) -> Backend:
+    """Load backend `name` (or auto) with the options it declares; the rest of `options` is dropped
+    (the CLI has warned about any a user gave: see check_options)."""
+    from prefillbench.models import default_model_path
+
+    name = choose_backend(name, model, options.get("tp") or 1)
+    ignored = check_options(name, options)
+    taken = {k: v for k, v in options.items() if k not in ignored}
+    if name != "sim":
+        model = model or default_model_path()
+    return backend_class(name).load(model, **taken)
+
+
+__all__ = ["Backend", "BackendError", "SlotTable", "BACKENDS", "BACKEND_CHOICES", "backend_class", "check_options",
+           "choose_backend", "load_backend", "resolve_backend_name"]

@@ -51,6 +51,14 @@ class Backend(ABC):
     #: The most sequences the backend can hold at once, whatever the memory; None: no fixed limit.
     #: A class attribute, so the CLI can refuse a larger -c before loading anything.
     sequence_limit: ClassVar[int | None] = None
+    #: The keyword options `load` takes beyond the model; `load_backend` passes these and no others, and the
+    #: CLI warns about a flag whose option is not here (prefillbench.backends.check_options reads both).
+    options: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def unusable_options(cls) -> dict[str, str]:
+        """Declared options this installation cannot act on, each with why (e.g. GPU layers without a GPU build)."""
+        return {}
 
     @abstractmethod
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:

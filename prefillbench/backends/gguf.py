@@ -146,6 +146,13 @@ def _weights_label(desc: str) -> str:
 class GGUFBackend(Backend):
     name = "gguf"
     sequence_limit = 256  # llama.cpp's LLAMA_MAX_SEQ: n_seq_max above it fails at context creation
+    options = frozenset({"device", "threads", "n_gpu_layers", "n_ubatch", "n_ctx", "kv_type", "flash_attn", "kv_unified"})
+
+    @classmethod
+    def unusable_options(cls) -> dict[str, str]:
+        if llama is not None and not llama.llama_supports_gpu_offload():
+            return {"n_gpu_layers": "this llama-cpp-python was built without GPU offload"}
+        return {}
 
     def __init__(self, model_ptr, path: Path, *, threads: int, n_gpu_layers: int, n_ubatch: int | None,
                  n_ctx_limit: int | None, kv_type: str, flash_attn: str, kv_unified: bool) -> None:
@@ -184,8 +191,7 @@ class GGUFBackend(Backend):
     @classmethod
     def load(cls, model: str, device: str = "auto", threads: int | None = None, n_gpu_layers: int | None = None,
              n_ubatch: int | None = None, n_ctx: int | None = None, kv_type: str = "f16",
-             flash_attn: str | bool | None = DEFAULT_FLASH_ATTN, kv_unified: bool = False,
-             **_ignored: Any) -> "GGUFBackend":
+             flash_attn: str | bool | None = DEFAULT_FLASH_ATTN, kv_unified: bool = False) -> "GGUFBackend":
         """Load a .gguf file. `n_ctx` caps the context size (default: as large as a run needs);
         `kv_type` is the KV cache type (f16, llama.cpp's default, f32 or q8_0); `flash_attn`
         is on, off or auto (llama.cpp decides; True/False/None mean the same); `kv_unified`

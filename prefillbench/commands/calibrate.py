@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any, Literal, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import typer
-
 from strategies import make_strategy
 
 from prefillbench import engine
 from prefillbench.backends import load_backend
 from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.commands.options import CalibrateOptions
 from prefillbench.models import default_model_path
 from prefillbench.report.tables import check_writable, write_atomic
 from prefillbench.backends.sim.calibration import calibrate, calibration_specs, model_spec_of
@@ -52,56 +51,30 @@ def compare_run(backend, cal: dict[str, Any], n_prompt: int, n_gen: int, concurr
     return out
 
 
-def five_ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise typer.BadParameter(f"expected P,N,C,R,CHUNK, got {text!r}") from None
-    if len(values) != 5 or min(values) < 1:
-        raise typer.BadParameter(f"expected five positive integers P,N,C,R,CHUNK, got {text!r}")
-    return values
-
-
-def calibrate_command(
-    model: Annotated[Optional[str], typer.Option("-m", "--model", help="checkpoint for the real backend (default: the shipped model)")] = None,
-    backend: Annotated[Literal["torch", "gguf"], typer.Option(help="real backend to measure")] = "torch",
-    device: Annotated[Literal["auto", "cuda", "cpu"], typer.Option(help="torch device")] = "auto",
-    dtype: Annotated[Literal["float32", "bfloat16", "float16"], typer.Option(help="torch dtype")] = "float32",
-    threads: Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: the library's choice)")] = None,
-    sim_model: Annotated[Optional[str], typer.Option(help="shapes for the sim (default: read from the real backend's model config)")] = None,
-    sim_gpu: Annotated[Optional[str], typer.Option(help="nominal spec the fractions are relative to (default: cpu, or a spec file)")] = None,
-    quick: Annotated[bool, typer.Option("--quick", metavar="", help="a smaller sweep")] = False,
-    repeats: Annotated[int, typer.Option(help="timed repeats per sweep point; the median counts")] = 3,
-    output: Annotated[str, typer.Option("-o", "--output", help="calibration file to write")] = "calibration.json",
-    errors: Annotated[Optional[str], typer.Option(help="also write the per-step measured/predicted times here (.csv)")] = None,
-    check: Annotated[bool, typer.Option("--check", metavar="", help="then run sequential and chunked on the real backend and on the "
-                                        "calibrated sim and compare their throughput ratios")] = False,
-    check_run: Annotated[str, typer.Option(
-        callback=five_ints, metavar="P,N,C,R,CHUNK",
-        help="the --check run: prompt, generation, concurrency, requests, chunk size")] = "192,16,4,8,64",
-) -> int:
+def cmd_calibrate(options: CalibrateOptions) -> int:
     """Fit the sim's attainable fractions and step overhead to a real backend."""
+    output, errors, backend, model = options.output, options.errors, options.load.backend, options.load.model
     for path in (output, errors):
         if path:
             check_writable(path)  # before minutes of sweeping, not after
-    real = load_backend(backend, model, device=device, dtype=dtype, threads=threads)
-    if sim_model:
-        spec = load_model_spec(sim_model)
+    real = load_backend(backend, model, **options.load.load_options())
+    if options.sim_model:
+        spec = load_model_spec(options.sim_model)
     elif backend == "gguf":
         spec = load_model_spec(model or default_model_path())  # shapes from the GGUF metadata
     else:
         spec = model_spec_of(real)
-    nominal = load_gpu_spec(sim_gpu or ("CPU" if real.device == "CPU" else "a100-sxm"))
+    nominal = load_gpu_spec(options.sim_gpu or ("CPU" if real.device == "CPU" else "a100-sxm"))
     print(f"prefillbench: calibrating the sim against {real.model_name} on {real.label} "
           f"(nominal spec {nominal.name})", file=sys.stderr)
 
     def progress(i, n, p):
         print(f"\r  sweep {i}/{n}: {p.label:<32}", end="", file=sys.stderr, flush=True)
 
-    cal = calibrate(real, spec, nominal, quick=quick, repeats=repeats, progress=progress)
+    cal = calibrate(real, spec, nominal, quick=options.quick, repeats=options.repeats, progress=progress)
     print(file=sys.stderr)
-    if check:
-        cal["check"] = compare_run(real, cal, *check_run)
+    if options.check:
+        cal["check"] = compare_run(real, cal, *options.check_run)
     write_atomic(output, json.dumps(cal, indent=2) + "\n")
     if errors:
         write_atomic(errors, pd.DataFrame(cal["steps"], columns=["point", "measured_ms", "predicted_ms", "error"]).to_csv(index=False))
@@ -110,7 +83,7 @@ def calibrate_command(
           f"step overhead {f['step_overhead_s'] * 1e3:.3f} ms")
     print(f"per-step error over {len(cal['steps'])} steps: median {cal['median_abs_error']:.1%}, "
           f"p90 {cal['p90_abs_error']:.1%}")
-    if check:
+    if options.check:
         c = cal["check"]
         print(f"{c['test']} c={c['concurrency']}: chunked/sequential throughput real {c['real_ratio']:.3f}, "
               f"sim {c['sim_ratio']:.3f} ({c['ratio_error']:+.1%}); median step error {c['median_abs_step_error']:.1%}")

@@ -1,34 +1,27 @@
-"""Read exported results back, divide by a reference strategy, and compare two runs.
+"""Divide by a reference strategy, and compare two runs row by row.
 
-`prefillbench compare BASE CURRENT` reads two exports into frames, merges them
-on the row key (model, backend, strategy, test, concurrency, chunk size,
-arrival and rate) and prints, per row and metric,
-both values and a speedup (above 1 is better, whatever the metric's
-direction), in the manner of llama.cpp's compare-llama-bench. It exits 1 when
-a row got worse by more than --threshold percent, 0 otherwise, and 2 with a
-one-line reason when the input cannot be used.
+`prefillbench compare BASE CURRENT` joins two exports (read by report.exports) on the row key
+(model, backend, strategy, test, concurrency, chunk size, arrival and rate) and gives, per row
+and metric, both values and a speedup (above 1 is better, whatever the metric's direction), in
+the manner of llama.cpp's compare-llama-bench; a row regressed when it got worse by more than
+the threshold.
 
-`--relative-to STRATEGY` first divides each row by the same file's row for
-that strategy (same model, backend, test and concurrency), so what is
-compared is, say, chunked/sequential throughput: a ratio that survives a
-machine that is faster or slower today than when the baseline was made.
+`relative_to=STRATEGY` first divides each row by the same file's row for that strategy (same
+model, backend, test and concurrency), so what is compared is, say, chunked/sequential
+throughput: a ratio that survives a machine that is faster or slower today than when the
+baseline was made.
 """
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
-import sys
-from dataclasses import MISSING, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from prefillbench.bench.metrics import OPTIONAL_NUMBERS, ResultRow, noisy_rows, results_frame
+from prefillbench.bench.metrics import noisy_rows
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
+from prefillbench.report.exports import KEY_FIELDS, InputError, Results, py_value, row_key
 
 HIGHER, LOWER = "higher", "lower"
 # metric -> which way is better
@@ -75,189 +68,12 @@ METRIC_LABELS = {
     "capacity_rps": "capacity req/s",
 }
 METRIC_SHORT = {m: label.removesuffix(" ms").removesuffix("/s") for m, label in METRIC_LABELS.items()}
-KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "rate")
-
-_INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions", "capacity_probes"}
-_TEXT_FIELDS = {"arrival", "slo"}
-_KEY_TEXT = {"model", "backend", "strategy", "test"}
-_ALL_FIELDS = {f.name: f for f in fields(ResultRow)}
-# Columns every export has had since the first version; the statistics came later.
-REQUIRED = [f.name for f in fields(ResultRow) if f.default is MISSING]
-
-
-class InputError(ValueError):
-    """A results file that cannot be used: one line, exit 2."""
-
-
-# ---------------------------------------------------------------- loading
-
-
-@dataclass
-class Results:
-    """An export read back: its rows as a frame (a list of ResultRow is turned into one) and its metadata."""
-
-    path: str
-    frame: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.frame, pd.DataFrame):
-            self.frame = results_frame(self.frame)
-
-    @property
-    def rows(self) -> list[ResultRow]:
-        return [_row(r) for r in self.frame.to_dict("records")]
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def read_text(path: str) -> str:
-    """A file's text, or InputError with a one-line reason (missing, a folder, binary, empty)."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{path}: no such file")
-    if p.is_dir():
-        raise InputError(f"{path}: is a directory, not a results file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text file") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
-    if not text.strip():
-        raise InputError(f"{path}: empty file")
-    return text
-
-
-def export_format(path: str) -> str:
-    """csv, json or jsonl, by the file's name (the names `run --export` writes)."""
-    suffix = Path(path).suffix.lower()
-    if suffix in (".md", ".markdown"):
-        raise InputError(f"{path}: a markdown table cannot be read back; export .csv or .json")
-    fmt = {".csv": "csv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl"}.get(suffix)
-    if fmt is None:
-        raise InputError(f"{path}: cannot tell the format from the name; use .csv, .json or .jsonl")
-    return fmt
-
-
-def json_lines(path: str, text: str):
-    """(line number, record) for each non-blank line of a JSON-lines file."""
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                yield n, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path} line {n}: truncated or malformed JSON ({e.msg})") from None
-
-
-def read_frame(path: str) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """An export's records as read (CSV cells as text, typed later) and its metadata."""
-    text = read_text(path)
-    fmt = export_format(path)
-    if fmt == "csv":
-        try:
-            frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
-        except pd.errors.ParserError as e:
-            raise InputError(f"{path}: malformed CSV ({_one_line(e)})") from None
-        # pandas pads a short row with blanks; a row cut off mid-write must not pass for one with empty cells.
-        widths = [len(r) for r in csv.reader(io.StringIO(text)) if r]
-        short = next((n for n, w in enumerate(widths[1:], 2) if w < widths[0]), None)
-        if short is not None:
-            raise InputError(f"{path} line {short}: truncated row ({widths[short - 1]} of {widths[0]} fields)")
-        meta = {k: v for k, v in frame.iloc[0].items() if k not in _ALL_FIELDS} if len(frame) else {}
-        return frame, meta
-    if fmt == "jsonl":
-        records: Any = [record for _, record in json_lines(path, text)]
-        meta: Any = records[0] if records and isinstance(records[0], dict) else {}
-    else:
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path} line {e.lineno}: truncated or malformed JSON ({e.msg})") from None
-        if isinstance(doc, dict) and isinstance(doc.get("results"), list):
-            records, meta = doc["results"], doc.get("metadata") or {}
-        elif isinstance(doc, list):
-            records, meta = doc, {}
-        else:
-            raise InputError(f"{path}: not a prefillbench results file (no \"results\" list)")
-    if not all(isinstance(r, dict) for r in records):
-        raise InputError(f"{path}: not a prefillbench results file (a record is not an object)")
-    meta = {k: v for k, v in meta.items() if k not in _ALL_FIELDS} if isinstance(meta, dict) else {}
-    return pd.DataFrame.from_records(records), meta
-
-
-def _blank(column: pd.Series) -> pd.Series:
-    return column.isna() | column.astype(str).str.strip().str.lower().isin(["", "none", "null", "nan"])
-
-
-def typed_rows(frame: pd.DataFrame, path: str) -> pd.DataFrame:
-    """The ResultRow columns of an export, typed; InputError naming the first cell that does not parse."""
-    if "token_times" in frame.columns:
-        raise InputError(f"{path}: this is a per-request trace (--export-requests), not a results export")
-    missing = [c for c in REQUIRED if c not in frame.columns]
-    if missing:
-        raise InputError(f"{path}: not a prefillbench results file (missing columns "
-                         f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''})")
-    out = pd.DataFrame(index=frame.index)
-    for name in [c for c in _ALL_FIELDS if c in frame.columns]:
-        column, blank = frame[name], _blank(frame[name])
-        if name in _TEXT_FIELDS:
-            out[name] = column.where(column.notna(), "").astype(str)
-        elif name in _KEY_TEXT:
-            if blank.any():
-                raise InputError(f"{path} row {_first(blank)}: empty {name}")
-            out[name] = column.astype(str)
-        else:
-            numbers = pd.to_numeric(column.where(~blank), errors="coerce")
-            bad = (~blank & numbers.isna()) | (blank if name in _INT_FIELDS else False)
-            if bad.any():
-                kind = "an integer" if name in _INT_FIELDS else "a number"
-                raise InputError(f"{path} row {_first(bad)}: {name} is not {kind}: {_one_line(column[bad].iloc[0])!r}")
-            out[name] = numbers
-    # Columns added since the file was written get their default (NaN where there is none).
-    absent = {c: f.default for c, f in _ALL_FIELDS.items() if c not in out.columns}
-    return out.assign(**absent).astype({c: float for c in OPTIONAL_NUMBERS})[list(_ALL_FIELDS)]
-
-
-def _first(mask: pd.Series) -> int:
-    return int(mask.to_numpy().argmax()) + 1
-
-
-def _row(record: dict[str, Any]) -> ResultRow:
-    """A frame's record as a ResultRow: ints where the field is one, None where an optional one is absent."""
-    return ResultRow(**{name: _py(name, value) if name in OPTIONAL_NUMBERS or name in _INT_FIELDS else value
-                        for name, value in record.items()})
-
-
-def load_results(path: str) -> Results:
-    """Rows of a CSV, JSON or JSONL export; InputError with a one-line reason otherwise."""
-    frame, meta = read_frame(path)
-    rows = typed_rows(frame, path)
-    if rows.empty:
-        raise InputError(f"{path}: no result rows")
-    return Results(path, rows, meta)
 
 
 # ---------------------------------------------------------------- ratios
 
 # A row's reference is the row of the reference strategy under the same model, backend, test, concurrency and load.
 _LOAD_KEY = ["model", "backend", "test", "concurrency", "arrival", "rate"]
-
-
-def _py(name: str, value: Any) -> Any:
-    """A key cell as a plain value: int chunk sizes, None where a figure does not apply."""
-    if name not in OPTIONAL_NUMBERS and name not in _INT_FIELDS:
-        return value
-    if pd.isna(value):
-        return None
-    return int(value) if name in _INT_FIELDS or name == "chunk_size" else float(value)
-
-
-def row_key(row: ResultRow | dict[str, Any]) -> tuple:
-    get = row.get if isinstance(row, dict) else lambda f: getattr(row, f)
-    return tuple(_py(f, get(f)) for f in KEY_FIELDS)
 
 
 def ratio(value: Any, ref: Any) -> Any:
@@ -356,7 +172,7 @@ def key_label(key: tuple) -> str:
 def _why_disjoint(base: pd.DataFrame, current: pd.DataFrame) -> str:
     reasons = []
     for name in KEY_FIELDS:
-        a, b = (set(f[name].map(lambda v: str(_py(name, v)))) for f in (base, current))
+        a, b = (set(f[name].map(lambda v: str(py_value(name, v)))) for f in (base, current))
         if not a & b:
             reasons.append(f"{name} {', '.join(sorted(a))} vs {', '.join(sorted(b))}")
     return "; ".join(reasons)
@@ -409,107 +225,3 @@ def compare(
     ]
     return Comparison(metrics, threshold, relative_to, entries, _only(vb, vc), _only(vc, vb))
 
-
-# ---------------------------------------------------------------- printing
-
-
-def _num(value: float, digits: int = 3) -> str:
-    return "nan" if value is None or math.isnan(value) else f"{value:.{digits}f}"
-
-
-def _digits(metric: str, relative: bool) -> int:
-    return 3 if relative else (2 if metric in ("throughput", "ts_mean") else 1 if metric.endswith("_ms") else 3)
-
-
-def _status(e: Entry) -> str:
-    if e.regressed:
-        return "REGRESSION" + (" (noisy)" if e.noisy else "")
-    return "ok" + (" (noisy)" if e.noisy else "")
-
-
-def render_comparison(cmp: Comparison, fmt: str = "md") -> str:
-    from prefillbench.report.tables import md_table
-
-    rel = cmp.relative_to
-    suffix = f"/{rel}" if rel else ""
-    if fmt in ("csv", "json", "jsonl"):
-        records = []
-        for e in cmp.entries:
-            rec: dict[str, Any] = dict(e.fields)
-            for m in cmp.metrics:
-                rec[f"{m}{'_rel' if rel else ''}_base"] = e.base[m]
-                rec[f"{m}{'_rel' if rel else ''}_current"] = e.current[m]
-                rec[f"{m}_speedup"] = e.speedup[m]
-            rec["regressed"] = ",".join(e.regressed)
-            rec["noisy"] = e.noisy
-            records.append(rec)
-        if fmt == "json":
-            doc = {"relative_to": rel, "threshold_pct": cmp.threshold, "metrics": cmp.metrics, "rows": records}
-            return json.dumps(doc, indent=2) + "\n"
-        if fmt == "jsonl":
-            return "".join(json.dumps(r) + "\n" for r in records)
-        return pd.DataFrame(records).astype({"chunk_size": "Int64"}).to_csv(index=False, lineterminator="\n") if records else ""
-
-    def label(e: Entry) -> str:
-        f = e.fields
-        return f"{f['strategy']} ({f['chunk_size']})" if f["chunk_size"] else f["strategy"]
-
-    columns: list[tuple[str, Any, bool]] = [
-        ("model", lambda e: e.fields["model"], False),
-        ("backend", lambda e: e.fields["backend"], False),
-        ("strategy", label, False),
-        ("test", lambda e: e.fields["test"], False),
-        ("concurrency", lambda e: str(e.fields["concurrency"]), True),
-    ]
-    for m in cmp.metrics:
-        name = METRIC_SHORT[m] + suffix if rel else METRIC_LABELS[m]
-        d = _digits(m, bool(rel))
-        columns += [
-            (f"{name} base", lambda e, m=m, d=d: _num(e.base[m], d), True),
-            (f"{name} current", lambda e, m=m, d=d: _num(e.current[m], d), True),
-            ("speedup" if len(cmp.metrics) == 1 else f"{METRIC_SHORT[m]} speedup", lambda e, m=m: _num(e.speedup[m], 2), True),
-        ]
-    columns.append(("status", _status, False))
-    return md_table(columns, cmp.entries, fmt)
-
-
-def render_relative(fmt: str, rows: list[ResultRow], meta: dict[str, Any], strategy: str, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
-    """`run --relative-to`: every row with its ratios to the reference strategy's row."""
-    from prefillbench.report.tables import MD_COLUMNS, TABLE_FORMATS, fmt_number, cv_cell, frame_text, md_table
-
-    frame = results_frame(rows)
-    ratios = relative_frame(frame, strategy, RUN_RATIO_METRICS)
-    if fmt not in TABLE_FORMATS:
-        return frame_text(fmt, frame.join(ratios[RUN_RATIO_METRICS].add_suffix(f"_vs_{strategy}")), meta, relative_to=strategy)
-    head = {h: (h, cell, right) for h, cell, right in MD_COLUMNS}
-    columns = [head[h] for h in ("model", "backend", "strategy", "test", "concurrency")]
-    columns = [(h, (lambda item, cell=cell: cell(item[0])), right) for h, cell, right in columns]
-    for m in RUN_RATIO_METRICS:
-        d = 2 if m in ("throughput", "ts_mean") else 1
-        columns.append((METRIC_LABELS[m], lambda item, m=m, d=d: fmt_number(getattr(item[0], m), d), True))
-        columns.append((f"/{strategy}", lambda item, m=m: _num(item[1][m], 3), True))
-    columns.append(("CV", lambda item: cv_cell(item[0], noisy_cv), True))
-    return md_table(columns, list(zip(rows, ratios.to_dict("records"))), fmt)
-
-
-# ---------------------------------------------------------------- command line
-
-
-def cmd_compare(args: Any) -> int:
-    metrics = args.metric or list(DEFAULT_METRICS)
-    base = load_results(args.base)
-    current = load_results(args.current)
-    cmp = compare(base, current, metrics, args.threshold, args.relative_to, args.noisy_cv / 100.0)
-    sys.stdout.write(render_comparison(cmp, args.output))
-    sys.stdout.flush()
-    for name, keys in ((args.base, cmp.only_base), (args.current, cmp.only_current)):
-        if keys:
-            print(f"prefillbench: {len(keys)} row(s) only in {name}, not compared: {key_label(keys[0])}{' ...' if len(keys) > 1 else ''}",
-                  file=sys.stderr)
-    n = len(cmp.regressions)
-    what = f"{'/'.join(metrics)}{' relative to ' + args.relative_to if args.relative_to else ''}"
-    if n:
-        print(f"prefillbench: {n} of {len(cmp.entries)} row(s) regressed beyond {args.threshold:g}% ({what})", file=sys.stderr)
-        return 1
-    print(f"prefillbench: {len(cmp.entries)} row(s) within {args.threshold:g}% ({what})", file=sys.stderr)
-    return 0

@@ -19,16 +19,14 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
-from prefillbench.report.compare import InputError, Results, load_results, read_text
+from prefillbench.report.exports import InputError, Results, load_results, read_text
 from prefillbench.bench.metrics import SLO, strategy_label
 from prefillbench.report.traces import Trace, is_trace_record, load_traces, parse_traces
 
@@ -383,19 +381,3 @@ def plot_files(paths: list[str], out_dir: str | Path = DEFAULT_OUT) -> list[Char
     for chart in charts:
         save(chart, out_dir)
     return charts
-
-
-def cmd_plot(args: Any) -> int:
-    results, traces = load_inputs(args.files)
-    charts = make_charts(results, traces)
-    if not charts:
-        raise InputError("nothing to plot")
-    for chart in charts:
-        try:
-            print(save(chart, args.out))
-        except OSError as e:
-            raise InputError(f"cannot write {chart.name}.png to {args.out}: {e.strerror or e}") from None
-    if results and not traces:
-        print("prefillbench: no per-request trace given, so no TTFT/TBT distributions (run with --export-requests FILE.jsonl)",
-              file=sys.stderr)
-    return 0

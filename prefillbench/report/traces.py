@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefillbench.report.compare import InputError, json_lines, read_text
+from prefillbench.report.exports import InputError, json_lines, read_text
 
 TRACE_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "token_times")
 

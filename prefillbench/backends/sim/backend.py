@@ -25,6 +25,8 @@ class SimBackend(Backend):
     # A serving engine's batch cap (vLLM's max_num_seqs is 256 to 1024): past it the KV cache clamps anyway,
     # and a larger -c only means more requests, not more in flight.
     sequence_limit = 1024
+    # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
+    options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "calibration", "trace"})
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
@@ -61,8 +63,10 @@ class SimBackend(Backend):
 
     @classmethod
     def load(cls, model: str | None = None, gpu: str | None = None, *, tp: int = 1, pp: int = 1,
-             calibration: str | None = None, trace: str | None = None) -> "SimBackend":
+             calibration: str | None = None, trace: str | None = None, sim_model: str | None = None,
+             sim_gpu: str | None = None) -> "SimBackend":
         """Presets or files by name; a calibration file supplies the model and device it measured when none is named."""
+        model, gpu = sim_model or model, sim_gpu or gpu
         cal = load_calibration(calibration) if calibration else None
         cal_model, cal_gpu = calibration_specs(cal) if cal else (None, None)
         model_spec = load_model_spec(model) if model else (cal_model or load_model_spec("llama-13b"))

@@ -224,6 +224,7 @@ def load_model(model: str, dtype: torch.dtype, device: str, tp: int = 1):
 
 class TorchBackend(Backend):
     name = "torch"
+    options = frozenset({"device", "dtype", "threads", "tp", "tune_linear", "cuda_graphs", "compile_decode", "decode_plan"})
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
                  parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True,

@@ -1,0 +1,438 @@
+"""Each command's options as one typed, validated value, built from the parsed flags here and nowhere else.
+
+cli.py declares the flags and hands them, by parameter name, to a `from_flags` below (hyperfine's
+cli.rs / options.rs split). A `from_flags` checks what the parser cannot: values out of range,
+flags that do not go together, a flag the chosen backend ignores (warned about once, naming flag
+and backend, from the backends' own declarations: prefillbench.backends.check_options), repeated
+list values (dropped, with a note). A bad value ends in UsageError: one line, exit 2.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from strategies import STRATEGIES
+
+from prefillbench.backends import backend_class, check_options, choose_backend
+from prefillbench.backends.distributed import is_rank_zero
+from prefillbench.bench import capacity, stats
+from prefillbench.bench.cases import BenchConfig
+from prefillbench.bench.metrics import SLO
+from prefillbench.bench.workloads import ARRIVALS, TestSpec, load_workload, make_tests, workload_test
+from prefillbench.errors import BackendError, UsageError
+from prefillbench.report.ab import AB_METRICS, DEFAULT_GATED, DEFAULT_THRESHOLD
+from prefillbench.report.compare import DEFAULT_METRICS
+from prefillbench.report.tables import OUTPUT_FORMATS, format_for_path
+
+
+def note(text: str) -> None:
+    """A line on stderr about how the input was read; under torchrun, from rank 0 only."""
+    if is_rank_zero():
+        print(f"prefillbench: {text}", file=sys.stderr)
+
+
+def unique(values: list[Any] | None, flag: str) -> list[Any] | None:
+    """The values in their order, each once; a note names the flag when some were given twice."""
+    if values is None:
+        return None
+    once = list(dict.fromkeys(values))
+    if len(once) < len(values):
+        twice = [v for i, v in enumerate(once) if values.count(v) > 1]
+        shown = ", ".join(",".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in twice)
+        note(f"note: {flag} lists {shown} more than once; each value runs once")
+    return once
+
+
+def _check_output(output: str) -> str:
+    if output not in OUTPUT_FORMATS:
+        raise UsageError(f"-o {output}: choose one of {', '.join(OUTPUT_FORMATS)}")
+    return output
+
+
+def _check_export(path: str | None) -> None:
+    if path:
+        try:
+            format_for_path(path)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+
+def _check_seed(seed: int) -> None:
+    if seed < 0:
+        raise UsageError(f"--seed must be 0 or more, got {seed}")
+
+
+def _check_relative_to(strategy: str | None, strategies: list[str], what: str) -> None:
+    if strategy and strategy not in strategies:
+        raise UsageError(f"--relative-to {strategy}: not among the strategies {what} ({', '.join(strategies)})")
+
+
+def strategy_names(given: list[str] | None) -> list[str]:
+    names = unique(given, "-s") or list(STRATEGIES)
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown:
+        raise UsageError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
+    return names
+
+
+# ---------------------------------------------------------------- the backend
+
+
+def _backend_option(default: Any, flag: str, option: str, negated: bool = False) -> Any:
+    """A field that stands for load option `option` of the backends; `negated`: a --no-X flag for X=False."""
+    return field(default=default, metadata={"flag": flag, "option": option, "negated": negated})
+
+
+@dataclass
+class BackendOptions:
+    """What loads the backend: shared by run, capacity and calibrate."""
+
+    model: str | None = None
+    backend: str = "auto"
+    device: str = _backend_option("auto", "--device", "device")
+    dtype: str = _backend_option("float32", "--dtype", "dtype")
+    threads: int | None = _backend_option(None, "-t", "threads")
+    n_gpu_layers: int | None = _backend_option(None, "-ngl", "n_gpu_layers")
+    ubatch: int | None = _backend_option(None, "--ubatch", "n_ubatch")
+    flash_attn: str | None = _backend_option(None, "-fa", "flash_attn")
+    no_cuda_graphs: bool = _backend_option(False, "--no-cuda-graphs", "cuda_graphs", negated=True)
+    no_tune_linear: bool = _backend_option(False, "--no-tune-linear", "tune_linear", negated=True)
+    compile_decode: bool = _backend_option(False, "--compile", "compile_decode")
+    sim_model: str | None = _backend_option(None, "--sim-model", "sim_model")
+    sim_gpu: str | None = _backend_option(None, "--sim-gpu", "sim_gpu")
+    tp: int = _backend_option(1, "--tp", "tp")
+    pp: int = _backend_option(1, "--pp", "pp")
+    calibration: str | None = _backend_option(None, "--calibration", "calibration")
+    trace: str | None = _backend_option(None, "--trace", "trace")
+
+    @classmethod
+    def pick(cls, flags: dict[str, Any]) -> BackendOptions:
+        """The backend's options out of a command's flags (those this class has a field for)."""
+        return cls(**{f.name: flags[f.name] for f in fields(cls) if f.name in flags})
+
+    @property
+    def name(self) -> str:
+        """The backend that runs: --backend with auto resolved for this model."""
+        return choose_backend(self.backend, self.model, self.tp)
+
+    def _given(self) -> list[tuple[Any, Any]]:
+        """(field, value) of each option set away from its default."""
+        return [(f, getattr(self, f.name)) for f in fields(self) if "option" in f.metadata and getattr(self, f.name) != f.default]
+
+    def load_options(self) -> dict[str, Any]:
+        """The load_backend options the flags stand for: only those given, so each backend keeps its own defaults."""
+        return {f.metadata["option"]: (not v if f.metadata["negated"] else v) for f, v in self._given()}
+
+    def validate(self) -> None:
+        """Refuse what cannot run and warn, once each, about every flag the backend will not use."""
+        name = self.name
+        if name != "sim" and self.model and Path(self.model).is_dir():
+            folder = Path(self.model)
+            if not (folder / "config.json").is_file() and not any(folder.glob("*.gguf")):
+                raise UsageError(f"-m {self.model}: the folder holds no model (no config.json and no .gguf file)")
+        try:
+            ignored = check_options(name, self.load_options())
+        except BackendError as e:
+            raise UsageError(str(e)) from None
+        for f, value in self._given():
+            option = f.metadata["option"]
+            if option in ignored:
+                shown = f.metadata["flag"] if isinstance(value, bool) else f"{f.metadata['flag']} {value}"
+                why = f" ({ignored[option]})" if ignored[option] else ""
+                note(f"warning: {shown} is ignored by the {name} backend{why}")
+
+    def check_concurrency(self, most: int) -> None:
+        """Refuse a -c the backend cannot hold, before loading a model to find out."""
+        limit = backend_class(self.name).sequence_limit
+        if limit is not None and most > limit:
+            raise UsageError(f"-c {most}: the {self.name} backend runs at most {limit} sequences at once")
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_specs(n_prompt: list[int] | None, n_gen: list[int] | None, pg: list[tuple[int, int]] | None,
+               arrival: str | None, len_spread: float, workload: str | None) -> list[TestSpec]:
+    """-p/-n/--pg with --len-spread, or the one test a --workload file makes.
+
+    In an open loop, --pg alone means just that test: pp-only and tg-only requests are not what a server sees.
+    """
+    try:
+        if workload:
+            if n_prompt or n_gen or pg or len_spread:
+                raise UsageError("--workload gives the lengths: drop -p, -n, --pg and --len-spread")
+            return [workload_test(load_workload(workload))]
+        defaults = not (pg and arrival not in (None, "closed"))
+        return make_tests(unique(n_prompt, "-p") or ([512] if defaults else []), unique(n_gen, "-n") or ([128] if defaults else []),
+                          unique(pg, "--pg") or [], len_spread)
+    except UsageError:
+        raise
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+# ---------------------------------------------------------------- run
+
+
+@dataclass
+class RunOptions:
+    """`prefillbench run`, validated: `config` is the benchmark the flags describe."""
+
+    load: BackendOptions
+    n_prompt: list[int] | None = None
+    n_gen: list[int] | None = None
+    pg: list[tuple[int, int]] | None = None
+    concurrency: list[int] | None = None
+    strategy: list[str] | None = None
+    chunk_size: list[int] | None = None
+    repetitions: int | None = None
+    requests: int | None = None
+    seed: int = 42
+    no_warmup: bool = False
+    len_spread: float = 0.0
+    workload: str | None = None
+    arrival: str | None = None
+    rate: list[float] | None = None
+    burstiness: float = 1.0
+    slo: SLO | None = None
+    interleave: bool = False
+    output: str = "md"
+    export: str | None = None
+    export_requests: str | None = None
+    relative_to: str | None = None
+    noisy_cv: float = 100 * stats.DEFAULT_NOISY_CV  # percent
+    results_dir: str = "results"
+    no_results_file: bool = False
+    verify: bool = False
+    no_progress: bool = False
+    config: BenchConfig = field(init=False, repr=False)
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> RunOptions:
+        load = BackendOptions.pick(flags)
+        own = {f.name for f in fields(cls) if f.init}
+        options = cls(load, **{k: v for k, v in flags.items() if k in own and k != "load"})
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        _check_output(self.output)
+        _check_seed(self.seed)
+        if self.repetitions is not None and self.repetitions < 1:
+            raise UsageError(f"-r {self.repetitions}: at least 1 repetition")
+        self.config = self.bench_config()
+        _check_relative_to(self.relative_to, self.config.strategies, "run")
+        _check_export(self.export)
+        if self.export_requests and not self.export_requests.endswith((".jsonl", ".ndjson")):
+            raise UsageError(f"--export-requests writes JSON lines: use a .jsonl name, not {self.export_requests}")
+        if self.requests is not None and not self.config.open_loop and self.requests < max(self.config.concurrency):
+            raise UsageError(f"--requests {self.requests} is below -c {max(self.config.concurrency)}: a closed loop "
+                             f"never has more requests in flight than it has requests; raise --requests or lower -c")
+        self.load.check_concurrency(max(self.config.concurrency))
+        self.load.validate()
+
+    def bench_config(self) -> BenchConfig:
+        strategies = strategy_names(self.strategy)
+        tests = test_specs(self.n_prompt, self.n_gen, self.pg, self.arrival, self.len_spread, self.workload)
+        arrival = self.arrival or ("trace" if tests and tests[0].workload and tests[0].workload.arrivals else "closed")
+        if arrival not in ARRIVALS + ("trace",):
+            raise UsageError(f"--arrival {arrival}: choose from {', '.join(ARRIVALS)}")
+        open_loop = arrival != "closed"
+        config = BenchConfig(
+            tests=tests,
+            strategies=strategies,
+            concurrency=unique(self.concurrency, "-c") or ([0] if open_loop else [1, 2, 4]),
+            chunk_sizes=unique(self.chunk_size, "--chunk-size") or [256],
+            repetitions=self.repetitions or (1 if open_loop else 3),
+            requests=self.requests,
+            seed=self.seed,
+            warmup=not self.no_warmup,
+            arrival=arrival,
+            rates=unique(self.rate, "--rate") or [],
+            burstiness=self.burstiness,
+            slo=self.slo,
+        )
+        try:
+            config.validate()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        return config
+
+    def workload_settings(self) -> dict[str, Any]:
+        """What made the requests, for the export's metadata (arrival, rate and SLO are columns of every row)."""
+        return {"seed": self.seed, "len_spread": self.len_spread, "workload": self.workload or ""}
+
+
+# ---------------------------------------------------------------- capacity
+
+
+@dataclass
+class CapacityOptions:
+    """`prefillbench capacity`, validated; `config` needs the backend's name only, so it is known before loading."""
+
+    load: BackendOptions
+    pg: list[tuple[int, int]] | None = None
+    len_spread: float = 0.0
+    workload: str | None = None
+    strategy: list[str] | None = None
+    chunk_size: list[int] | None = None
+    concurrency: int = 0
+    seed: int = 42
+    no_warmup: bool = False
+    slo: SLO | None = None
+    max_sched_delay: float = capacity.DEFAULT_MAX_SCHED_DELAY_MS
+    requests: int | None = None
+    precision: float = 100 * capacity.DEFAULT_PRECISION  # percent
+    start_rate: float = capacity.DEFAULT_START_RATE
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    relative_to: str | None = None
+    output: str = "md"
+    export: str | None = None
+    no_progress: bool = False
+    config: capacity.CapacityConfig = field(init=False, repr=False)
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> CapacityOptions:
+        load = BackendOptions.pick(flags)
+        own = {f.name for f in fields(cls) if f.init}
+        options = cls(load, **{k: v for k, v in flags.items() if k in own and k != "load"})
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        _check_output(self.output)
+        _check_seed(self.seed)
+        if self.slo is None or self.slo.tbt_ms is None:
+            raise UsageError("capacity needs --slo tbt=MS: the highest rate whose P99 time between tokens stays within it")
+        tests = test_specs(None, None, self.pg or [(512, 128)], self.arrival, self.len_spread, self.workload)
+        if len(tests) != 1:
+            raise UsageError("capacity searches one test: give one --pg or a --workload")
+        strategies = strategy_names(self.strategy)
+        _check_relative_to(self.relative_to, strategies, "searched")
+        _check_export(self.export)
+        sim = self.load.name == "sim"
+        self.config = capacity.CapacityConfig(
+            tests[0], strategies, unique(self.chunk_size, "--chunk-size") or [256],
+            capacity.Criteria(self.slo.tbt_ms, self.max_sched_delay),
+            requests=self.requests or (capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS),
+            concurrency=self.concurrency, arrival=self.arrival, burstiness=self.burstiness, seed=self.seed,
+            start_rate=self.start_rate, precision=self.precision / 100, warmup=not self.no_warmup, slo=self.slo,
+        )
+        try:
+            self.config.validate()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        self.load.check_concurrency(self.concurrency)
+        self.load.validate()
+
+    def workload_settings(self) -> dict[str, Any]:
+        return {"seed": self.seed, "len_spread": self.len_spread, "workload": self.workload or ""}
+
+
+# ---------------------------------------------------------------- compare, plot, calibrate
+
+
+@dataclass
+class CompareOptions:
+    base: str
+    current: str
+    metric: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
+    threshold: float = 10.0  # percent
+    relative_to: str | None = None
+    noisy_cv: float = 100 * stats.DEFAULT_NOISY_CV  # percent
+    output: str = "md"
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> CompareOptions:
+        options = cls(**{**flags, "metric": flags.get("metric") or list(DEFAULT_METRICS)})
+        _check_output(options.output)
+        return options
+
+
+@dataclass
+class PlotOptions:
+    files: list[str]
+    out: str
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> PlotOptions:
+        return cls(**flags)
+
+
+@dataclass
+class CalibrateOptions:
+    load: BackendOptions
+    sim_model: str | None = None  # shapes for the sim; None: the real backend's model config
+    sim_gpu: str | None = None  # the nominal spec the fractions are relative to
+    quick: bool = False
+    repeats: int = 3
+    output: str = "calibration.json"
+    errors: str | None = None
+    check: bool = False
+    check_run: tuple[int, ...] = (192, 16, 4, 8, 64)
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> CalibrateOptions:
+        # --sim-model and --sim-gpu describe the sim being fitted here, not a sim backend to load.
+        backend_flags = {k: v for k, v in flags.items() if k not in ("sim_model", "sim_gpu")}
+        own = {f.name for f in fields(cls)} - {"load"}
+        options = cls(BackendOptions.pick(backend_flags), **{k: v for k, v in flags.items() if k in own})
+        if options.repeats < 1:
+            raise UsageError(f"--repeats must be at least 1, got {options.repeats}")
+        options.load.validate()
+        return options
+
+
+# ---------------------------------------------------------------- ab
+
+# Small on purpose: each side runs it once per round, and short runs keep a round's two runs
+# close in time. One thread: llama.cpp's threads spin-wait on each other, and with as many
+# threads as cores any other process on the runner can slow a run several-fold (measured 7x
+# on a shared 2-core machine), noise no pairing can cancel. About 15 s a run on a quiet 2-core CPU.
+DEFAULT_PRESET = ["--backend", "auto", "-t", "1", "-p", "0", "-n", "0", "--pg", "64,16", "-c", "4",
+                  "-s", "sequential,padded,chunked", "--chunk-size", "32", "-r", "1", "--interleave"]
+DEFAULT_MIN_ROUNDS = 5
+DEFAULT_MAX_ROUNDS = 12
+DEFAULT_MAX_SECONDS = 480.0
+
+
+@dataclass
+class ABOptions:
+    base_ref: str
+    preset: list[str] = field(default_factory=lambda: list(DEFAULT_PRESET))
+    repo: Path = Path(".")
+    metrics: list[str] = field(default_factory=lambda: list(AB_METRICS))
+    gated: list[str] = field(default_factory=lambda: list(DEFAULT_GATED))
+    threshold: float = DEFAULT_THRESHOLD
+    confidence: float = stats.DEFAULT_CONFIDENCE
+    min_rounds: int = DEFAULT_MIN_ROUNDS
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    max_seconds: float = DEFAULT_MAX_SECONDS
+    out: Path | None = None  # keep every round's exports here
+    summary: Path | None = None
+
+    @classmethod
+    def from_flags(cls, base: str, run_args: list[str] | None, metric: list[str] | None, gate: list[str] | None,
+                   confidence: float, **flags: Any) -> ABOptions:
+        metrics = metric or list(AB_METRICS)
+        options = cls(base_ref=base, preset=list(run_args or DEFAULT_PRESET), metrics=metrics,
+                      gated=gate or [m for m in DEFAULT_GATED if m in metrics], confidence=confidence / 100, **flags)
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        if self.min_rounds < 2:
+            raise UsageError(f"--min-rounds must be at least 2 (an interval needs two rounds), got {self.min_rounds}")
+        if self.max_rounds < self.min_rounds:
+            raise UsageError(f"--max-rounds ({self.max_rounds}) is below --min-rounds ({self.min_rounds})")
+        if not 0 < self.confidence < 1:
+            raise UsageError(f"--confidence must lie between 0 and 100%, got {100 * self.confidence:g}%")
+        unknown = [m for m in self.gated if m not in self.metrics]
+        if unknown:
+            raise UsageError(f"--gate {unknown[0]} is not among the compared metrics ({', '.join(self.metrics)})")
+        for flag in ("--export", "--export-requests", "-o", "--output", "--relative-to", "--verify"):
+            if flag in self.preset:
+                raise UsageError(f"the preset may not set {flag}: the A/B job sets its own output")

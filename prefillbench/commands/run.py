@@ -1,0 +1,112 @@
+"""`prefillbench run`: the benchmark, its table on stdout, its files, and with --verify the logit check."""
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefillbench.backends.base import Backend, BackendError
+from prefillbench.backends.distributed import is_rank_zero
+from prefillbench.bench import interleave
+from prefillbench.bench.cases import BenchConfig, CaseResult, run_case, verify_logits
+from prefillbench.commands.options import RunOptions
+from prefillbench.commands.runner import error_prefix, measuring, open_backend, progress_bar
+from prefillbench.errors import UsageError
+from prefillbench.meta import run_metadata
+from prefillbench.report import compare_tables, tables, traces
+
+
+def cmd_run(options: RunOptions) -> int:
+    config = options.config
+    trace_path = options.export_requests or (traces.trace_path_for(options.export) if options.export else None)
+    # Under torchrun every rank runs the same cases; rank 0 alone prints, writes and shows progress.
+    rank_zero = is_rank_zero()
+    export = options.export if rank_zero else None
+    results_path = None if options.no_results_file else Path(options.results_dir) / f"{dt.datetime.now():%Y%m%d-%H%M%S}.csv"
+    if not rank_zero:
+        trace_path = results_path = None
+    for path in (export, trace_path, results_path):
+        if path:
+            tables.check_writable(path)
+    backend = open_backend(options.load)
+    if options.verify and backend.logit_tolerance() is None:
+        raise UsageError(f"--verify compares logits, and the {backend.name} backend computes none")
+    longest = max(t.max_seq_len for t in config.tests)
+    if longest > backend.context_length:
+        raise UsageError(f"a test needs {longest} positions but the model's context is {backend.context_length}")
+
+    with measuring(config.tokens_to_emit(), not options.no_progress) as (measured, progress):
+        if options.interleave:
+            for result in interleave.run_interleaved(backend, config, progress.advance, progress.describe):
+                measured.results.append(result)
+        for case in ([] if options.interleave else config.cases()):
+            label = f"{case.test.name} {case.strategy} c={case.concurrency}"
+            if case.rate is not None:
+                label += f" {case.rate:g} req/s"
+            progress.describe(label)
+            measured.results.append(run_case(backend, case, config, on_token=progress.advance))
+    results: list[CaseResult] = measured.results
+    rows = [r.row for r in results]
+    write_failure = None
+    meta = run_metadata(backend.metadata())
+    meta.update(model_path=options.load.model or "default", backend_name=backend.name, device=backend.device,
+                **options.workload_settings())
+    if rows and rank_zero:
+        noisy_cv = options.noisy_cv / 100
+        if options.relative_to:
+            sys.stdout.write(compare_tables.render_relative(options.output, rows, meta, options.relative_to, noisy_cv))
+        else:
+            sys.stdout.write(tables.render(options.output, rows, meta, noisy_cv))
+        sys.stdout.flush()
+        write_failure = write_outputs(export, trace_path, results_path, results, meta)
+    if write_failure is not None:
+        print(f"prefillbench: error: {write_failure} (the {len(rows)} measured row(s) are on stdout)", file=sys.stderr)
+    ended = measured.ending("measured row(s)")
+    if ended is not None:
+        return ended
+    if write_failure is not None:
+        return 2
+    if options.verify:
+        return run_verify(backend, config, not options.no_progress and rank_zero)
+    return 0
+
+
+def run_verify(backend: Backend, config: BenchConfig, show_progress: bool) -> int:
+    """The teacher-forced logit comparison, reported on stderr: 0 if every strategy agrees, else 1.
+
+    Under torchrun every rank computes it (the steps need all ranks); rank 0 alone reports it.
+    """
+    progress = progress_bar(show_progress)
+    with progress:
+        task = progress.add_task("verify")
+        try:
+            agreements = verify_logits(backend, config, on_case=lambda label: progress.update(task, description=label))
+        except BackendError as e:
+            print(f"{error_prefix()}: verify: {e}", file=sys.stderr)
+            return 2
+    failed = [a for a in agreements if not a.passed]
+    if is_rank_zero():
+        sys.stderr.write(tables.render_verify(agreements))
+        if failed:
+            print(f"verify: {len(failed)} of {len(agreements)} comparisons disagree beyond tolerance", file=sys.stderr)
+        else:
+            print(f"verify: all {len(agreements)} comparisons agree within tolerance", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def write_outputs(export: str | None, trace_path: str | Path | None, results_path: Path | None,
+                  results: list[CaseResult], meta: dict[str, Any]) -> str | None:
+    """Write the run's files; the reason, in one line, if one could not be written (the rows are on stdout)."""
+    rows = [r.row for r in results]
+    try:
+        if export:
+            tables.export(export, rows, meta)
+        if trace_path:
+            traces.export_traces(trace_path, results)
+        if results_path:
+            tables.export(results_path, rows, meta)
+            print(f"prefillbench: wrote {results_path}", file=sys.stderr)
+    except OSError as e:
+        return f"cannot write {e.filename or 'a results file'}: {e.strerror or e}"
+    return None
