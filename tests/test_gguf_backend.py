@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import numpy as np
+import llama_cpp  # noqa: F401  a hard dependency: a broken install fails these tests, not skips them
 import pytest
 
-pytest.importorskip("llama_cpp")
-
-import prefillbench  # noqa: E402
+import prefillbench
 from prefillbench import engine
 from prefillbench.backends import load_backend
 from prefillbench.backends import gguf as gguf_backend

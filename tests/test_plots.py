@@ -203,8 +203,9 @@ def test_missing_file_exit_2(tmp_path, capsys):
 
 def test_trace_records_from_real_runs(tmp_path):
     """End to end on a tiny random model: bench -> export + trace -> plot."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
+
     from prefillbench.backends.torch.backend import TorchBackend
     from prefillbench.bench.cases import BenchConfig, run_case
     from prefillbench.bench.workloads import TestSpec

@@ -106,7 +106,6 @@ def test_the_sim_has_no_logits_to_verify():
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
-    pytest.importorskip("llama_cpp")
     from prefillbench.backends.gguf import GGUFBackend
     from tiny_gguf import tiny_llama, write_gguf
 
@@ -117,7 +116,6 @@ def tiny_gguf(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smol():
-    pytest.importorskip("llama_cpp")
     from prefillbench.backends.gguf import GGUFBackend
     from prefillbench.models import default_model_path
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from prefillbench.report.exports import InputError, Results, load_results, read_text
+from prefillbench.report.exports import Results, load_results, read_text
 from prefillbench.bench.metrics import SLO, strategy_label
 from prefillbench.report.traces import Trace, is_trace_record, load_traces, parse_traces
 

@@ -18,6 +18,7 @@ from tabulate import tabulate
 from prefillbench.bench.metrics import ResultRow, results_frame, strategy_label
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
 
+#: What --export writes, by the file's suffix.
 FORMATS = ("md", "csv", "json", "jsonl")
 
 
@@ -82,10 +83,10 @@ def cv_cell(row: ResultRow, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
     return f"{100 * cv:.1f}%" + (" noisy" if row.noisy(noisy_cv) else "")
 
 
-#: Table formats for the terminal, by -o name: tabulate's table format for each.
+#: The table printers, for reading in a terminal, by -o name: tabulate's table format for each.
 TABLE_FORMATS = {"md": "pipe", "grid": "rounded_outline"}
-#: What -o accepts: the tables and the machine-readable formats.
-OUTPUT_FORMATS = (*TABLE_FORMATS, *FORMATS[1:])
+#: What -o accepts: the table printers and the record printers (below).
+OUTPUT_FORMATS = (*TABLE_FORMATS, "csv", "json", "jsonl")
 
 
 def md_table(columns: list[tuple[str, Callable[[Any], str], bool]], items: list[Any], fmt: str = "md") -> str:
@@ -121,18 +122,34 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
 
+def _csv(frame: pd.DataFrame, meta: dict[str, Any], doc: dict[str, Any]) -> str:
+    """CSV: the metadata a column of every record (`doc` is for the JSON document alone)."""
+    return _flat(frame, meta).to_csv(index=False, lineterminator="\n")
+
+
+def _json(frame: pd.DataFrame, meta: dict[str, Any], doc: dict[str, Any]) -> str:
+    """One JSON document: the metadata (and `doc`) beside the records."""
+    return json.dumps({"metadata": meta, **doc, "results": _records(_flat(frame, {}))}, indent=2) + "\n"
+
+
+def _jsonl(frame: pd.DataFrame, meta: dict[str, Any], doc: dict[str, Any]) -> str:
+    """JSON lines: one record a line, the metadata in each."""
+    return "".join(json.dumps(rec) + "\n" for rec in _records(_flat(frame, meta)))
+
+
+#: The machine-readable printers, one per format, each given the whole frame (every field) and the metadata.
+RECORD_PRINTERS: dict[str, Callable[[pd.DataFrame, dict[str, Any], dict[str, Any]], str]] = {
+    "csv": _csv, "json": _json, "jsonl": _jsonl,
+}
+
+
 def frame_text(fmt: str, frame: pd.DataFrame, meta: dict[str, Any], **doc: Any) -> str:
-    """A results frame as CSV or JSON lines (the metadata a column of every record), or as a JSON
-    document with the metadata (and `doc`) beside the records."""
-    if fmt == "json":
-        return json.dumps({"metadata": meta, **doc, "results": _records(_flat(frame, {}))}, indent=2) + "\n"
-    flat = _flat(frame, meta)
-    if fmt == "jsonl":
-        return "".join(json.dumps(rec) + "\n" for rec in _records(flat))
-    return flat.to_csv(index=False, lineterminator="\n")
+    """A results frame in a record format (csv, json, jsonl); `doc`: more top-level keys of a JSON document."""
+    return RECORD_PRINTERS[fmt](frame, meta, doc)
 
 
 def render(fmt: str, rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV) -> str:
+    """The rows in format `fmt`: a table printer (md, grid) shows the formatted columns, a record printer every field."""
     if fmt in TABLE_FORMATS:
         return render_md(rows, meta, noisy_cv, fmt)
     return frame_text(fmt, results_frame(rows), meta)

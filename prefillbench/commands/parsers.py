@@ -1,0 +1,119 @@
+"""The flags' value parsers: Typer callbacks that turn what was typed into values, or raise typer.BadParameter,
+which names the flag in its one-line message.
+
+List options arrive as one string per use of the flag (`-p 128,512 -p 1024`). Every list flag reads its values
+alike: an empty item (`1,,2`, `,`) is a mistake, not a value to skip.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
+
+import typer
+
+from prefillbench.bench.metrics import SLO
+from prefillbench.report.compare import DEFAULT_METRICS, METRICS
+
+
+
+def _items(texts: list[str] | None, what: str) -> list[str]:
+    items = [v.strip() for text in texts or [] for v in text.split(",")]
+    if not items or "" in items:
+        raise typer.BadParameter(f"expected a comma-separated list of {what}, got {','.join(texts or [])!r}")
+    return items
+
+
+def _number_list(texts: list[str] | None, convert: type, what: str) -> list | None:
+    """Comma lists and repeated flags, flattened: ["128,512", "1024"] -> [128, 512, 1024]; None when not given."""
+    if not texts:
+        return None
+    try:
+        return [convert(v) for v in _items(texts, what)]
+    except ValueError:
+        raise typer.BadParameter(f"expected a comma-separated list of {what}, got {','.join(texts)!r}") from None
+
+
+def int_list(texts: list[str] | None) -> list[int] | None:
+    return _number_list(texts, int, "integers")
+
+
+def lengths(texts: list[str] | None) -> list[int] | None:
+    """-p and -n: token counts, where 0 skips that kind of test (llama-bench's rule) and below 0 is a mistake."""
+    values = int_list(texts)
+    for v in values or []:
+        if v < 0:
+            raise typer.BadParameter(f"a length cannot be negative, got {v}")
+    return values
+
+
+def str_list(texts: list[str] | None) -> list[str] | None:
+    return _items(texts, "names") if texts else None
+
+
+def pp_tg_pairs(texts: list[str] | None) -> list[tuple[int, int]]:
+    pairs = []
+    for text in texts or []:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if len(values) != 2 or min(values) < 1:
+            raise typer.BadParameter(f"expected PP,TG with both above 0, got {text!r}")
+        pairs.append((values[0], values[1]))
+    return pairs
+
+
+def float_list(texts: list[str] | None) -> list[float] | None:
+    return _number_list(texts, float, "numbers")
+
+
+def slo_spec(text: str | None) -> SLO | None:
+    if text is None or isinstance(text, SLO):
+        return text
+    try:
+        return SLO.parse(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def percent(text: str | float) -> float:
+    try:
+        value = float(str(text).strip().rstrip("%"))
+    except ValueError:
+        raise typer.BadParameter(f"expected a percentage such as 10 or 10%, got {text!r}") from None
+    if value < 0 or value != value:
+        raise typer.BadParameter(f"expected a percentage of at least 0, got {text!r}")
+    return value
+
+
+def metric_list(texts: list[str] | None) -> list[str]:
+    names = _items(texts, "metrics") if texts else []
+    for n in names:
+        if n not in METRICS:
+            raise typer.BadParameter(f"unknown metric {n!r}; choose from {', '.join(METRICS)}")
+    return list(dict.fromkeys(names)) or list(DEFAULT_METRICS)
+
+
+def metrics_if_given(texts: list[str] | None) -> list[str] | None:
+    return metric_list(texts) if texts else None
+
+
+def choice(*values: str) -> Callable[[Optional[str]], Optional[str]]:
+    """A callback that takes one of `values`, and otherwise says which in one plain line."""
+
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is not None and value not in values:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(values)}")
+        return value
+
+    return check
+
+
+def five_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"expected P,N,C,R,CHUNK, got {text!r}") from None
+    if len(values) != 5 or min(values) < 1:
+        raise typer.BadParameter(f"expected five positive integers P,N,C,R,CHUNK, got {text!r}")
+    return values
