@@ -24,7 +24,7 @@ from prefillbench.bench.workloads import ARRIVALS, TestSpec, load_workload, make
 from prefillbench.errors import BackendError, UsageError
 from prefillbench.report.ab import AB_METRICS, DEFAULT_GATED, DEFAULT_THRESHOLD
 from prefillbench.report.compare import DEFAULT_METRICS
-from prefillbench.report.tables import OUTPUT_FORMATS, format_for_path
+from prefillbench.report.tables import format_for_path
 
 
 def note(text: str) -> None:
@@ -43,12 +43,6 @@ def unique(values: list[Any] | None, flag: str) -> list[Any] | None:
         shown = ", ".join(",".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in twice)
         note(f"note: {flag} lists {shown} more than once; each value runs once")
     return once
-
-
-def _check_output(output: str) -> str:
-    if output not in OUTPUT_FORMATS:
-        raise UsageError(f"-o {output}: choose one of {', '.join(OUTPUT_FORMATS)}")
-    return output
 
 
 def _check_export(path: str | None) -> None:
@@ -173,11 +167,34 @@ def test_specs(n_prompt: list[int] | None, n_gen: list[int] | None, pg: list[tup
         raise UsageError(str(e)) from None
 
 
+class Measuring:
+    """What run and capacity share: options built around the backend they load, and requests made from a seed."""
+
+    load: BackendOptions
+    seed: int
+    len_spread: float
+    workload: str | None
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> Any:
+        own = {f.name for f in fields(cls) if f.init} - {"load"}  # type: ignore[arg-type]
+        options = cls(BackendOptions.pick(flags), **{k: v for k, v in flags.items() if k in own})  # type: ignore[call-arg]
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        raise NotImplementedError
+
+    def workload_settings(self) -> dict[str, Any]:
+        """What made the requests, for the export's metadata (arrival, rate and SLO are columns of every row)."""
+        return {"seed": self.seed, "len_spread": self.len_spread, "workload": self.workload or ""}
+
+
 # ---------------------------------------------------------------- run
 
 
 @dataclass
-class RunOptions:
+class RunOptions(Measuring):
     """`prefillbench run`, validated: `config` is the benchmark the flags describe."""
 
     load: BackendOptions
@@ -209,16 +226,7 @@ class RunOptions:
     no_progress: bool = False
     config: BenchConfig = field(init=False, repr=False)
 
-    @classmethod
-    def from_flags(cls, **flags: Any) -> RunOptions:
-        load = BackendOptions.pick(flags)
-        own = {f.name for f in fields(cls) if f.init}
-        options = cls(load, **{k: v for k, v in flags.items() if k in own and k != "load"})
-        options.validate()
-        return options
-
     def validate(self) -> None:
-        _check_output(self.output)
         _check_seed(self.seed)
         if self.repetitions is not None and self.repetitions < 1:
             raise UsageError(f"-r {self.repetitions}: at least 1 repetition")
@@ -260,16 +268,12 @@ class RunOptions:
             raise UsageError(str(e)) from None
         return config
 
-    def workload_settings(self) -> dict[str, Any]:
-        """What made the requests, for the export's metadata (arrival, rate and SLO are columns of every row)."""
-        return {"seed": self.seed, "len_spread": self.len_spread, "workload": self.workload or ""}
-
 
 # ---------------------------------------------------------------- capacity
 
 
 @dataclass
-class CapacityOptions:
+class CapacityOptions(Measuring):
     """`prefillbench capacity`, validated; `config` needs the backend's name only, so it is known before loading."""
 
     load: BackendOptions
@@ -294,16 +298,7 @@ class CapacityOptions:
     no_progress: bool = False
     config: capacity.CapacityConfig = field(init=False, repr=False)
 
-    @classmethod
-    def from_flags(cls, **flags: Any) -> CapacityOptions:
-        load = BackendOptions.pick(flags)
-        own = {f.name for f in fields(cls) if f.init}
-        options = cls(load, **{k: v for k, v in flags.items() if k in own and k != "load"})
-        options.validate()
-        return options
-
     def validate(self) -> None:
-        _check_output(self.output)
         _check_seed(self.seed)
         if self.slo is None or self.slo.tbt_ms is None:
             raise UsageError("capacity needs --slo tbt=MS: the highest rate whose P99 time between tokens stays within it")
@@ -328,9 +323,6 @@ class CapacityOptions:
         self.load.check_concurrency(self.concurrency)
         self.load.validate()
 
-    def workload_settings(self) -> dict[str, Any]:
-        return {"seed": self.seed, "len_spread": self.len_spread, "workload": self.workload or ""}
-
 
 # ---------------------------------------------------------------- compare, plot, calibrate
 
@@ -347,9 +339,7 @@ class CompareOptions:
 
     @classmethod
     def from_flags(cls, **flags: Any) -> CompareOptions:
-        options = cls(**{**flags, "metric": flags.get("metric") or list(DEFAULT_METRICS)})
-        _check_output(options.output)
-        return options
+        return cls(**{**flags, "metric": flags.get("metric") or list(DEFAULT_METRICS)})
 
 
 @dataclass
