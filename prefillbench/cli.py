@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from typer.core import TyperArgument, TyperCommand
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from strategies import STRATEGIES
 
@@ -181,24 +181,28 @@ NoProgress = Annotated[bool, _flag("--no-progress", OUTPUT_PANEL, help="no progr
 # ---------------------------------------------------------------- the app
 
 
-class Command(TyperCommand):
-    """Typer's command, with a help screen that shows no types where a flag takes none: no `<bool>` beside
-    -h/--help, and a list argument shown as `FILE...` in the usage line, without `<list[str]>` beside it."""
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        if option is not None:
-            option.metavar = ""
-        return option
+class _PlainHelp:
+    """A help screen that shows no type where a flag takes none: no `<bool>` beside -h/--help, --version or
+    --install-completion, and a list argument as `FILE...` in the usage line, without `<list[str]>` beside it."""
 
     def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)
+        params = super().get_params(ctx)  # type: ignore[misc]
         for param in params:
             if isinstance(param, TyperArgument) and param.nargs != 1:
                 name = param.metavar or param.name
                 param.display_type_rich = lambda ctx: None
                 param.get_usage_pieces = lambda ctx, name=name: [f"{name}..."]
+            elif getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
         return params
+
+
+class Command(_PlainHelp, TyperCommand):
+    pass
+
+
+class Group(_PlainHelp, TyperGroup):
+    pass
 
 
 def _version(value: bool) -> None:
@@ -209,6 +213,7 @@ def _version(value: bool) -> None:
 
 app = typer.Typer(
     name="prefillbench",
+    cls=Group,
     help="Measure how LLM engines should schedule prefill against decode.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

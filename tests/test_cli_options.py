@@ -124,8 +124,8 @@ def test_the_strategy_default_is_whole_at_80_columns(capsys, monkeypatch):
 
 
 def test_help_shows_no_type_where_a_flag_takes_none(capsys, monkeypatch):
-    for command in ("run", "capacity", "compare", "plot", "calibrate"):
-        assert "<bool>" not in _help(capsys, monkeypatch, command), command
+    for command in ([], ["run"], ["capacity"], ["compare"], ["plot"], ["calibrate"], ["ab"]):
+        assert "<bool>" not in _help(capsys, monkeypatch, *command), command
 
 
 def test_plot_usage_names_its_files_plainly(capsys, monkeypatch):

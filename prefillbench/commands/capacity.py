@@ -11,7 +11,7 @@ from prefillbench.commands.options import CapacityOptions
 from prefillbench.commands.runner import measuring, open_backend
 from prefillbench.errors import UsageError
 from prefillbench.meta import run_metadata
-from prefillbench.report import capacity as capacity_report
+from prefillbench.report.capacity import render_md
 from prefillbench.report import tables
 
 
@@ -46,7 +46,7 @@ def cmd_capacity(options: CapacityOptions) -> int:
                 **options.workload_settings(), **config.settings())
     if rows and rank_zero:
         if options.output == "md":
-            text = capacity_report.render_md(results, options.relative_to)
+            text = render_md(results, options.relative_to)
         else:
             text = tables.render(options.output, rows, meta)
         sys.stdout.write(text)
