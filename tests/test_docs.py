@@ -95,3 +95,29 @@ def test_the_readme_names_every_command():
     text = (ROOT / "README.md").read_text()
     for name in get_command(app).commands:
         assert f"`prefillbench {name}`" in text, name
+
+
+#: Paths the pages name that a run or the reader creates: exports under results/, the workflow ci.md tells you to save.
+CREATED = ("results/", ".github/workflows/")
+CODE_PATH = re.compile(r"`([\w./-]+/[\w.-]+\.(?:py|c|h|sh|md|csv|json|yml|yaml))`")
+
+
+def named_paths(page: Path) -> list[str]:
+    return [m.group(1) for line in prose(page.read_text()) for m in CODE_PATH.finditer(line)]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if "history" not in p.parts],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_file_the_docs_name_exists(page):
+    """Today's pages name today's files (paths from the repository root, or inside prefillbench/); the dated
+    history keeps the names of its time and maps them in docs/history/README.md."""
+    missing = [p for p in named_paths(page) if not p.startswith(CREATED)
+               and not any((base / p).exists() for base in (ROOT, ROOT / "prefillbench"))]
+    assert not missing, f"{page.relative_to(ROOT)} names files that are not there: {missing}"
+
+
+def test_the_path_check_sees_a_stale_name(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("`prefillbench/backends/torch_linear.py` and `backends/torch/linear.py`\n")
+    assert named_paths(page) == ["prefillbench/backends/torch_linear.py", "backends/torch/linear.py"]
+    assert not (ROOT / "prefillbench/backends/torch_linear.py").exists()
