@@ -106,18 +106,22 @@ def named_paths(page: Path) -> list[str]:
     return [m.group(1) for line in prose(page.read_text()) for m in CODE_PATH.finditer(line)]
 
 
+def missing_paths(page: Path) -> list[str]:
+    return [p for p in named_paths(page) if not p.startswith(CREATED)
+            and not any((base / p).exists() for base in (ROOT, ROOT / "prefillbench"))]
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if "history" not in p.parts],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_file_the_docs_name_exists(page):
     """Today's pages name today's files (paths from the repository root, or inside prefillbench/); the dated
     history keeps the names of its time and maps them in docs/history/README.md."""
-    missing = [p for p in named_paths(page) if not p.startswith(CREATED)
-               and not any((base / p).exists() for base in (ROOT, ROOT / "prefillbench"))]
+    missing = missing_paths(page)
     assert not missing, f"{page.relative_to(ROOT)} names files that are not there: {missing}"
 
 
 def test_the_path_check_sees_a_stale_name(tmp_path):
     page = tmp_path / "p.md"
-    page.write_text("`prefillbench/backends/torch_linear.py` and `backends/torch/linear.py`\n")
-    assert named_paths(page) == ["prefillbench/backends/torch_linear.py", "backends/torch/linear.py"]
-    assert not (ROOT / "prefillbench/backends/torch_linear.py").exists()
+    page.write_text("`prefillbench/backends/torch_linear.py`, `backends/torch/linear.py`, `results/run.csv`\n"
+                    "```\n`ignored/in_code.py`\n```\n")
+    assert missing_paths(page) == ["prefillbench/backends/torch_linear.py"]
