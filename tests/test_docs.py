@@ -125,3 +125,34 @@ def test_the_path_check_sees_a_stale_name(tmp_path):
     page.write_text("`prefillbench/backends/torch_linear.py`, `backends/torch/linear.py`, `results/run.csv`\n"
                     "```\n`ignored/in_code.py`\n```\n")
     assert missing_paths(page) == ["prefillbench/backends/torch_linear.py"]
+
+
+def undocumented_options(command, text: str) -> list[str]:
+    """The options of a click command none of whose spellings appear in `text` as a whole word."""
+    missing = []
+    for param in command.params:
+        spellings = [o for o in (*param.opts, *param.secondary_opts) if o.startswith("-")]
+        if spellings and not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text) for o in spellings):
+            missing.append(spellings[0])
+    return missing
+
+
+def test_usage_documents_every_option_of_the_commands_it_covers():
+    """docs/usage.md's flag reference holds every option of each command it has a section for."""
+    from typer.main import get_command
+
+    from prefillbench.cli import app
+
+    text = (ROOT / "docs" / "usage.md").read_text()
+    covered = set(re.findall(r"^### `prefillbench (\w+)", text, re.M))
+    commands = get_command(app).commands
+    assert {"run", "capacity", "compare", "plot", "ab", "calibrate"} <= covered <= set(commands)
+    missing = {name: undocumented_options(commands[name], text) for name in covered}
+    assert not any(missing.values()), missing
+
+
+def test_the_option_check_sees_an_undocumented_flag():
+    import click
+
+    command = click.Command("x", params=[click.Option(["--kept"]), click.Option(["-z", "--zap"])])
+    assert undocumented_options(command, "`--kept` and `--kept-more`, `--zapper`") == ["-z"]
