@@ -193,7 +193,8 @@ def main(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     budget = Budget(args.max_seconds or (120.0 if args.config == "tiny" else 480.0))
     parity_files = [f for f in args.parity_tests.split(",") if f]
-    print(plan(args, sizes, dtype, budget, parity_files), flush=True)
+    planned = plan(args, sizes, dtype, budget, parity_files)
+    print(planned, flush=True)
     if args.device == "cpu":
         hold_freed_memory()
     results: dict[str, object] = {}
@@ -210,7 +211,7 @@ def main(args: argparse.Namespace) -> int:
         results["parity tests (beside the build)"] = parity.wait(budget.share("parity tests (beside the build)")
                                                                  - (time.perf_counter() - parity.start))
     setup = results["model build"]
-    header = [plan(args, sizes, dtype, budget, parity_files).splitlines()[0].removeprefix("# ")]
+    header = [planned.splitlines()[0].removeprefix("# ")]
     if isinstance(setup, Setup):
         header.append("backend: " + "; ".join(f"{k} {v}" for k, v in setup.backend.metadata().items()))
         print(header[-1], flush=True)

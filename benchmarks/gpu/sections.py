@@ -103,21 +103,41 @@ class Workload:
     label: str
 
 
+def fitting_requests(warm: engine.RunRecord, s: Sizes, seconds: float) -> int:
+    """How many of the workload's requests both strategies' runs fit in `seconds`, judged by a sequential warm-up
+    run's steps: a prompt step per request and a decode step per `concurrency` generated tokens, each run."""
+    def median(steps: list[engine.StepRecord]) -> float:
+        return float(np.median([x.seconds for x in steps])) if steps else 0.0
+
+    prompt = median([x for x in warm.steps if x.prefill_chunks])
+    decode = median([x for x in warm.steps if not x.prefill_chunks])
+    per_request = prompt + s.gen / s.concurrency * decode
+    if per_request <= 0:
+        return s.requests
+    return max(min(s.requests, 2 * s.concurrency), min(s.requests, int(seconds / (2 * per_request))))
+
+
 def workload(setup: Setup, seconds: float) -> Workload:
-    """Sequential and chunked over the same closed-loop requests, each after a short warm-up run, as `prefillbench run` times them."""
+    """Sequential and chunked over the same closed-loop requests, each after a short warm-up run, as `prefillbench run`
+    times them; fewer requests (never under twice the concurrency) where the full count would overrun `seconds`."""
     s, backend = setup.sizes, setup.backend
     test = TestSpec(s.prompt, s.gen, spread=s.len_spread)
-    requests = make_requests(test, s.requests, backend.vocab_size, seed=0)
     warm = make_requests(TestSpec(s.prompt, 2, spread=s.len_spread), s.concurrency, backend.vocab_size, seed=1)
+    t0 = time.perf_counter()
+    warm_run = engine.run(backend, make_strategy("sequential"), warm, s.concurrency)
+    count = fitting_requests(warm_run, s, seconds - 2 * (time.perf_counter() - t0))
+    requests = make_requests(test, count, backend.vocab_size, seed=0)
     rows = {}
     for name in ("sequential", "chunked"):
         strategy = make_strategy(name, s.chunk_size)
-        engine.run(backend, strategy, warm, s.concurrency)
+        if name != "sequential":
+            engine.run(backend, strategy, warm, s.concurrency)
         record = engine.run(backend, strategy, requests, s.concurrency)
         rows[name] = summarize(test, [record], model=backend.model_name, backend="torch", strategy=name,
                                concurrency=s.concurrency, chunk_size=s.chunk_size if strategy.uses_chunk_size else None)
     spread = f" (lengths ±{s.len_spread:.0%})" if s.len_spread else ""
-    return Workload(rows, f"{s.requests} x pp{s.prompt}+tg{s.gen}{spread}, c={s.concurrency}, chunk {s.chunk_size}")
+    cut = f" (of {s.requests}: the budget)" if count < s.requests else ""
+    return Workload(rows, f"{count}{cut} x pp{s.prompt}+tg{s.gen}{spread}, c={s.concurrency}, chunk {s.chunk_size}")
 
 
 def prefill(setup: Setup, seconds: float) -> Timing:

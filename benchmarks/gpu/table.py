@@ -45,13 +45,17 @@ def rows_for(results: dict[str, object], s: Sizes, costs: StepCosts | None, devi
         return None
 
     if limits is not None:
-        rows.append(Row("device limits", f"GEMM {limits.peak / 1e12:.2f} TFLOP/s, copy {limits.bandwidth / 1e9:.0f} GB/s",
+        peak = f"{limits.peak / 1e12:.1f} TFLOP/s" if limits.peak >= 1e12 else f"{limits.peak / 1e9:.1f} GFLOP/s"
+        rows.append(Row("device limits", f"GEMM {peak}, copy {limits.bandwidth / 1e9:.0f} GB/s",
                         against="the higher of a measurement before and after the steps"))
 
     target = "no math SDPA or bmm attention"
     profiles = value("attention kernels (profiler)", dict, [("attention kernels", target)])
     for kind, p in (profiles or {}).items():
         p: AttentionProfile
+        if p.blind:
+            rows.append(Row(f"attention: {kind}", "the profiler recorded no device kernel", "unknown", target=target, passed=False))
+            continue
         math = f"yes: {'; '.join(p.unfused[:2])}" if p.math else "no"
         rows.append(Row(f"attention: {kind}", ", ".join(p.kernels[:2]) or "no kernel named as attention", math,
                         target=target, passed=not p.math))

@@ -26,6 +26,7 @@ BMM_OPS = {"aten::bmm", "aten::baddbmm"}
 class AttentionProfile:
     kernels: list[str]  # attention kernels (or ops) the step ran, the most time first
     unfused: list[str]  # evidence of unfused attention; empty if none
+    blind: bool = False  # a GPU step whose profile holds no device kernel at all: nothing can be read off it
 
     @property
     def math(self) -> bool:
@@ -85,4 +86,5 @@ def attention_profile(step: Callable[[], object], device: torch.device, head_dim
         elif ATTENTION_NAME.search(key) and key not in DISPATCH_OPS:
             ops[key] += event.self_cpu_time_total
     named = on_device or ops
-    return AttentionProfile(sorted(named, key=named.get, reverse=True), sorted(unfused))
+    seen_device = any(e.device_type != DeviceType.CPU for e in prof.key_averages())
+    return AttentionProfile(sorted(named, key=named.get, reverse=True), sorted(unfused), blind=cuda and not seen_device)
