@@ -14,15 +14,13 @@ import argparse
 import sys
 
 import numpy as np
-import torch
 
 
 from prefillbench.backends.torch.cpu import decode_plan as cpu_decode_plan
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 
 from benchmarks.lib import cli
-from benchmarks.lib.both_ways import add_both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run
-from benchmarks.lib.timing import Clock, time_both_ways
+from benchmarks.lib.both_ways import add_both_ways_arguments, compare_switch, switch_backend
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,9 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads)
     sizes = (1, 2, 4, cpu_decode_plan.MAX_BATCH)
-    backend = default_backend(args.dtype, max(sizes), args.context + 8)
+    backend = switch_backend(args, max(sizes), 8)
     plan = backend.decode_plan
     if plan is None:
         sys.exit(f"the decode plan is {backend.decode_plan_note}")
@@ -45,13 +42,7 @@ def main(args: argparse.Namespace) -> None:
     def switch(planned: bool) -> None:
         backend.decode_plan = plan if planned else None
 
-    run = switched_run(backend, switch)
-
-    logits = logit_column(run, steps)
-    times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
-    print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
-          f"decodes at {args.context} positions")
-    print_both_ways(times, "step", "plan", "eager", logits)
+    compare_switch(backend, switch, steps, args, "plan", "eager")
 
 
 if __name__ == "__main__":

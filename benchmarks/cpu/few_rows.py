@@ -23,8 +23,8 @@ from prefillbench.backends.torch import linear as torch_linear
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 
 from benchmarks.lib import cli
-from benchmarks.lib.both_ways import add_both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run
-from benchmarks.lib.timing import Clock, time_both_ways, time_interleaved
+from benchmarks.lib.both_ways import add_both_ways_arguments, compare_switch, switch_backend
+from benchmarks.lib.timing import Clock, time_interleaved
 
 PACKED = "few_rows_packed"
 
@@ -50,11 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads)
-    if cpu_few_rows.status():
-        sys.exit(f"the few-rows kernel is {cpu_few_rows.status()}")
     # decode_plan=False: the plan multiplies decode-only steps through few_rows whatever the tuner chose
-    backend = default_backend(args.dtype, 8, args.context + 260, decode_plan=False)
+    backend = switch_backend(args, 8, 260, cpu_few_rows, "few-rows kernel is", decode_plan=False)
     kernels = backend.linear_kernels
     with_packed = dict(kernels.choice)
     if PACKED not in with_packed.values():
@@ -72,16 +69,9 @@ def main(args: argparse.Namespace) -> None:
     def switch(packed: bool) -> None:
         kernels.choice = with_packed if packed else without
 
-    run = switched_run(backend, switch)
-
-    logits = logit_column(run, steps)
+    compare_switch(backend, switch, steps, args, "packed", "torch kernels",
+                   note=f"packed kernel chosen for: {', '.join(k for k, v in kernels.summary().items() if v == PACKED)}")
     clock = Clock(torch.device("cpu"))
-    times = time_both_ways(run, steps, args.reps, clock)
-    print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
-          f"decodes at {args.context} positions")
-    print(f"packed kernel chosen for: {', '.join(k for k, v in kernels.summary().items() if v == PACKED)}")
-    print()
-    print_both_ways(times, "step", "packed", "torch kernels", logits)
 
     weights = [w for peers in kernels.layers.values() for w in peers]
     nbytes = sum(w.weight.numel() * w.weight.element_size() for w in weights)

@@ -12,15 +12,13 @@ import argparse
 import sys
 
 import numpy as np
-import torch
 
 
 from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 
 from benchmarks.lib import cli
-from benchmarks.lib.both_ways import add_both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run
-from benchmarks.lib.timing import Clock, time_both_ways
+from benchmarks.lib.both_ways import add_both_ways_arguments, compare_switch, switch_backend
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,11 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads)
-    if cpu_layer_ops.status():
-        sys.exit(f"the layer kernels are {cpu_layer_ops.status()}")
     # decode_plan=False: the plan runs decode-only steps through the compiled loops whatever c_layer_ops says
-    backend = default_backend(args.dtype, 16, args.context + 520, decode_plan=False)
+    backend = switch_backend(args, 16, 520, cpu_layer_ops, "layer kernels are", decode_plan=False)
     if backend.fused is None or not backend.fused.c_layer_ops:
         sys.exit("this model's layers do not take the compiled loops")
     rng = np.random.default_rng(0)
@@ -54,13 +49,7 @@ def main(args: argparse.Namespace) -> None:
     def switch(compiled: bool) -> None:
         backend.fused.c_layer_ops = compiled
 
-    run = switched_run(backend, switch)
-
-    logits = logit_column(run, steps)
-    times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
-    print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
-          f"decodes at {args.context} positions")
-    print_both_ways(times, "step", "compiled loops", "torch ops", logits)
+    compare_switch(backend, switch, steps, args, "compiled loops", "torch ops")
 
 
 if __name__ == "__main__":

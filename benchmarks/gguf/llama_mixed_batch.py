@@ -30,7 +30,6 @@ import argparse
 import ctypes
 import itertools
 import statistics
-import sys
 import time
 
 from pathlib import Path

@@ -3,15 +3,17 @@ switch, the table (benchmarks.cpu.* and benchmarks.torch.query_blocks)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.models import default_model_path
 from prefillbench.step import Step
 
-from benchmarks.lib.timing import Timing
+from benchmarks.lib.timing import Clock, Timing, time_both_ways
 
 
 def add_both_ways_arguments(parser: argparse.ArgumentParser, context_help: str) -> None:
@@ -30,6 +32,31 @@ def default_backend(dtype: str, n_slots: int, max_len: int, **options) -> TorchB
     for s in range(n_slots):
         backend.slots.slot(s)
     return backend
+
+
+def switch_backend(args: argparse.Namespace, n_slots: int, extra_positions: int, kernel=None, what: str = "",
+                   **options) -> TorchBackend:
+    """default_backend for the flags of add_both_ways_arguments (threads set, `extra_positions` past --context),
+    after exiting with a line if the C kernel module `kernel` (called `what`) is not in use."""
+    torch.set_num_threads(args.threads)
+    if kernel is not None and kernel.status():
+        sys.exit(f"the {what} {kernel.status()}")
+    return default_backend(args.dtype, n_slots, args.context + extra_positions, **options)
+
+
+def compare_switch(backend: TorchBackend, switch: Callable[[bool], None], steps: dict[str, Step], args: argparse.Namespace,
+                   on: str, off: str, note: str = "") -> None:
+    """Time `steps` with `switch` on and off, alternated, and print the table with each step's logits compared,
+    under a header naming the run (and `note`, a line of the caller's)."""
+    run = switched_run(backend, switch)
+    logits = logit_column(run, steps)
+    times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
+    print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
+          f"decodes at {args.context} positions")
+    if note:
+        print(note)
+        print()
+    print_both_ways(times, "step", on, off, logits)
 
 
 def switched_run(backend: TorchBackend, switch: Callable[[bool], None]) -> Callable[..., object]:
