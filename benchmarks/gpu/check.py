@@ -135,7 +135,8 @@ def plan(args: argparse.Namespace, sizes: Sizes, dtype: str, budget: Budget, par
     spec = CONFIGS[args.config]
     lines = [f"# gpu check: {args.config} ({spec['num_hidden_layers']} layers, hidden {spec['hidden_size']}, "
              f"{spec['num_attention_heads']}/{spec['num_key_value_heads']} heads, vocab {spec['vocab_size']}), random weights, "
-             f"{dtype} on {args.device}; torch {torch.__version__}; budget {budget.total:.0f} s"]
+             f"{dtype} on {args.device}; torch {torch.__version__}; budget {budget.total:.0f} s, of which the sections "
+             f"take at most {sum(SHARES.values()) * budget.total:.0f} s"]
     what = {
         "parity tests (beside the build)": f"{', '.join(parity) or 'none'}{f' -k {args.parity_k!r}' if args.parity_k else ''} "
                                            f"with PREFILLBENCH_TEST_DEVICE={args.device}",
@@ -213,8 +214,6 @@ def main(args: argparse.Namespace) -> int:
     setup = results["model build"]
     header = [planned.splitlines()[0].removeprefix("# ")]
     if isinstance(setup, Setup):
-        header.append("backend: " + "; ".join(f"{k} {v}" for k, v in setup.backend.metadata().items()))
-        print(header[-1], flush=True)
         timed = {"GEMM peak and copy bandwidth": sections.limits, "workload: sequential and chunked": sections.workload,
                  "prompt step": sections.prefill, "decode steps and piggyback": sections.decode_steps,
                  "context scaling": sections.context_scaling, "attention kernels (profiler)": sections.attention_kernels,
@@ -222,6 +221,9 @@ def main(args: argparse.Namespace) -> int:
         for name, fn in timed.items():
             guarded(results, name, budget, lambda fn=fn, name=name: fn(setup, budget.share(name)))
         costs = StepCosts.of(setup.backend)
+        # After the sections: what the backend decided at prepare() (attention route, graphs, kernels) is in it.
+        header.append("backend: " + "; ".join(f"{k} {v}" for k, v in setup.backend.metadata().items()))
+        print(header[-1], flush=True)
     else:
         costs = None
     rows = rows_for(results, sizes, costs, args.device)
