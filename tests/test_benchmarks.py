@@ -3,6 +3,7 @@ command, and nothing in the repository points at a benchmark path that no longer
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import re
 import subprocess
