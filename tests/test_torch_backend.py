@@ -155,7 +155,7 @@ def test_ragged_multi_chunk_steps_match_plain_forward(pair):
 def test_static_decode_layout_of_cuda_graphs_matches_plain_forward(pair):
     """The graphs' layout (every slot, every position, padded batch sizes), run eagerly: same logits.
 
-    On a CUDA machine the backend captures it (gpu_check.sh runs this file there); here it runs uncaptured.
+    On a CUDA machine the backend captures it (benchmarks/gpu/check.sh runs this file there); here it runs uncaptured.
     """
     backend, reference = pair
     backend.prepare(4, 64, 64)

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-#: Where the torch tests run: cpu, or cuda on a GPU machine (benchmarks/gpu_check.sh sets it).
+#: Where the torch tests run: cpu, or cuda on a GPU machine (benchmarks/gpu/check.sh sets it).
 TEST_DEVICE = os.environ.get("PREFILLBENCH_TEST_DEVICE", "cpu")
 
 ARCHITECTURES = ("llama", "qwen2")

@@ -24,7 +24,7 @@ Design notes
   row of the tile can see: a decode token inside a prompt chunk's batch then
   costs 64 rows' worth of attention over its whole context (a 64-token chunk
   with 3 decodes at 1,024 positions took 8x a decode-only step more than the
-  chunk alone; benchmarks/llama_mixed_batch.py shows it without prefillbench).
+  chunk alone; benchmarks/gguf/llama_mixed_batch.py shows it without prefillbench).
   With streams llama.cpp cuts a step into micro-batches of equally many
   tokens per sequence (a chunk with decodes: one micro-batch of one token per
   sequence, then the rest of the chunk), which costs one more pass over the

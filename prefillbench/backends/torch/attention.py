@@ -60,7 +60,7 @@ class QueryBlock:
 #: SDPA's CPU flash kernel works in K/V tiles of 512 positions and skips a tile only when it is masked
 #: whole, so a causal prompt of up to 512 tokens costs its whole square. Cut into blocks of QUERY_BLOCK
 #: rows, each attending only up to its last position, it costs about 5/8 of it at 512 tokens. Measured
-#: on this project's 2-core CPU, whole prompt steps of SmolLM2-135M, fp32 (benchmarks/query_blocks.py,
+#: on this project's 2-core CPU, whole prompt steps of SmolLM2-135M, fp32 (benchmarks/torch/query_blocks.py,
 #: 9 alternated reps, paired medians): 0.97x the single call's time at 300 and 512 tokens, 1.01x at 256,
 #: 1.03x at 768 and 1,024 (which already span two tiles), so only 257-512 tokens are cut.
 QUERY_BLOCK = 128
@@ -110,7 +110,7 @@ def decode_runs(slots: list[int], positions: torch.Tensor, dtype: torch.dtype) -
 
 #: Where the compiled kernel does not apply (fp16, no C compiler): from this many cache positions on, a CPU
 #: decode attends through two matmuls instead of SDPA.
-#: Measured on this project's 2-core CPU (benchmarks/decode_attention.py, fp32, SmolLM2-135M's heads,
+#: Measured on this project's 2-core CPU (benchmarks/cpu/decode_attention.py, fp32, SmolLM2-135M's heads,
 #: 30 layers, SDPA and matmuls alternated rep by rep), matmul time / SDPA time: at 1,024 positions
 #: 0.90 and 0.93 for four sequences, 0.84 and 1.09 for one; at 512, 1.04-1.26; below, SDPA's lower
 #: fixed cost wins by up to 1.6x.

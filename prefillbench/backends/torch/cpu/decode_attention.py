@@ -7,11 +7,11 @@ project's 2-core CPU (SmolLM2-135M's heads at 1,024 positions, 30 layers, fp32),
 they read the cache at 8-13 GB/s where a plain reduction streams it at
 25-29 GB/s. The loop in decode_attention.c reads each K row once for the whole
 query group, takes the softmax in between (the C library's vector expf), and
-reads each V row once (benchmarks/decode_attention.py compares the two). With
+reads each V row once (benchmarks/cpu/decode_attention.py compares the two). With
 AVX-512, heads of 64 or 128 and groups of 1-8 (the sizes compiled in), it sums
 16 keys' scores across lanes at once and keeps the V sums in registers: 0.77-0.88x
 the time of the plain loop in fp32 and 0.56-0.63x with a bf16 cache
-(benchmarks/kernel_revisions.py decode_attention 85209ef). A bfloat16 cache is
+(benchmarks/cpu/kernel_revisions.py decode_attention 85209ef). A bfloat16 cache is
 read as such and widened in registers; the arithmetic is float32 either way.
 
 It is compiled on first use and cached (c_kernels); without a C compiler, with

@@ -9,7 +9,7 @@ elements and costs its dispatch. Here a layer does them in four calls:
 - residual += delta, then RMSNorm, in one pass (vLLM's fused_add_rms_norm);
 - rotary embedding in place on the q and k heads of the fused qkv product;
 - silu(gate) * up from the fused gate-up product.
-Whole steps against the same loop of torch ops (benchmarks/layer_ops.py, fp32,
+Whole steps against the same loop of torch ops (benchmarks/cpu/layer_ops.py, fp32,
 paired medians): pp512 0.84x, a 256-token chunk 0.96x, decode x1/x4/x16
 0.88/0.91/0.96x; bf16 0.88-0.96x.
 In bfloat16 each result is rounded where transformers rounds it, so both paths

@@ -17,8 +17,8 @@
    decode-only is what the decodes add to the chunk's step, in decode-only
    steps. `--kv-unified` and `--flash-attn` compare the backend's settings.
 
-Usage: python benchmarks/gguf_overhead.py [-m MODEL.gguf] [-t THREADS] [-r REPS]
-       python benchmarks/gguf_overhead.py --mixed [-k 3] [--chunk 64] [--flash-attn on,off] [--kv-unified 0,1]
+Usage: python -m benchmarks.gguf.overhead [-m MODEL.gguf] [-t THREADS] [-r REPS]
+       python -m benchmarks.gguf.overhead --mixed [-k 3] [--chunk 64] [--flash-attn on,off] [--kv-unified 0,1]
            [--ubatch 512,32] [--kv-type f16,q8_0]
 
 Run it on an otherwise idle machine: llama.cpp's worker threads spin-wait, so
@@ -32,18 +32,17 @@ import itertools
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from prefillbench import engine
+from prefillbench.backends.gguf import GGUFBackend, _install_log
+from prefillbench.models import default_model_path
+from prefillbench.step import DecodeToken, PrefillChunk, Step
+from prefillbench.sequence import Request
+from strategies import make_strategy
 
-from prefillbench import engine  # noqa: E402
-from prefillbench.backends.gguf import GGUFBackend, _install_log  # noqa: E402
-from prefillbench.models import default_model_path  # noqa: E402
-from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
-from prefillbench.sequence import Request  # noqa: E402
-from strategies import make_strategy  # noqa: E402
+from benchmarks.lib import cli
 
 
 def decode_overhead(backend: GGUFBackend, concurrency: int, prompt_len: int, n_gen: int, reps: int) -> dict:
@@ -181,8 +180,7 @@ def _print_table(rows) -> None:
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", "--model", default=None, help="a .gguf file (default: the shipped SmolLM2-135M-Instruct Q4_1)")
     parser.add_argument("-t", "--threads", type=int, default=None)
     parser.add_argument("-r", "--reps", type=int, default=5, help="pp512 repetitions per side (default: 5)")
@@ -195,7 +193,9 @@ def main() -> int:
     parser.add_argument("--kv-unified", default="0", help="--mixed: 0 (a KV stream per sequence), 1 (unified), or 0,1")
     parser.add_argument("--ubatch", default="default", help="--mixed: llama.cpp n_ubatch values, a comma list (default: llama.cpp's)")
     parser.add_argument("--kv-type", default="f16", help="--mixed: KV cache types, a comma list of f16, f32, q8_0")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
     if args.mixed:
         return mixed_main(args)
 
@@ -228,4 +228,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(__name__)

@@ -6,8 +6,11 @@ SmolLM2-135M's heads (9 query, 3 K/V, 64 wide), 2 threads. Each rep runs every r
 so the machine's drift hits them alike; the table gives medians and the paired median ratio.
 Outputs are compared (they should be equal or within rounding).
 
-    .venv/bin/python benchmarks/kernel_revisions.py decode_attention 85209ef [--dtype bfloat16]
-    .venv/bin/python benchmarks/kernel_revisions.py prefill_attention 85209ef
+    python -m benchmarks.cpu.kernel_revisions decode_attention 85209ef [--dtype bfloat16]
+    python -m benchmarks.cpu.kernel_revisions prefill_attention 85209ef
+
+Revisions from before the backends moved into prefillbench/backends/torch/cpu/ are found at their old
+place, prefillbench/backends/.
 """
 from __future__ import annotations
 
@@ -21,24 +24,31 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, time_interleaved  # noqa: E402
-
 from prefillbench.backends.torch.cpu import build as c_kernels
 from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention
-from prefillbench.backends.torch.cpu import huge_pages  # noqa: E402
+from prefillbench.backends.torch.cpu import huge_pages
 
-HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
-BACKENDS = Path(__file__).resolve().parent.parent / "prefillbench" / "backends"
+from benchmarks.lib import cli
+from benchmarks.lib.models import DIM, HEADS, KV_HEADS, LAYERS
+from benchmarks.lib.timing import Clock, time_interleaved
+
+#: Where the kernels' sources are now, and where they were before the move (the folders relative to the repository).
+KERNELS = Path(cpu_decode_attention.__file__).resolve().parent
+ROOT = KERNELS.parents[3]
+FOLDERS = ("prefillbench/backends/torch/cpu", "prefillbench/backends")
 
 
 def build_at(revision: str, name: str, folder: Path) -> ctypes.CDLL:
     """The kernel `name`.c with the headers beside it, as they were at `revision`, built into a library."""
-    listing = subprocess.run(["git", "ls-tree", "--name-only", revision, "prefillbench/backends/"], check=True,
-                             capture_output=True, text=True, cwd=BACKENDS.parent.parent).stdout.split()
-    for path in [p for p in listing if p.endswith(".h")] + [f"prefillbench/backends/{name}.c"]:
-        text = subprocess.run(["git", "show", f"{revision}:{path}"], check=True, capture_output=True,
-                              cwd=BACKENDS.parent.parent).stdout
+    for place in FOLDERS:
+        listing = subprocess.run(["git", "ls-tree", "--name-only", revision, f"{place}/"], check=True,
+                                 capture_output=True, text=True, cwd=ROOT).stdout.split()
+        if f"{place}/{name}.c" in listing:
+            break
+    else:
+        sys.exit(f"{name}.c is in none of {', '.join(FOLDERS)} at {revision}")
+    for path in [p for p in listing if p.endswith(".h")] + [f"{place}/{name}.c"]:
+        text = subprocess.run(["git", "show", f"{revision}:{path}"], check=True, capture_output=True, cwd=ROOT).stdout
         (folder / Path(path).name).write_bytes(text)
     return c_kernels._build(folder / f"{name}.c")
 
@@ -92,20 +102,21 @@ def prefill_cases(libraries: dict[str, ctypes.CDLL], dtype: torch.dtype):
         yield f"{length} queries at offset {start}", flops, runs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kernel", choices=("decode_attention", "prefill_attention"))
     parser.add_argument("revision", help="the earlier git revision (a commit, tag or branch)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="decode: the cache's dtype")
     parser.add_argument("--reps", type=int, default=11)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     if args.kernel == "prefill_attention" and dtype != torch.float32:
         sys.exit("the prefill kernel is float32 only")
     with tempfile.TemporaryDirectory() as folder:
-        libraries = {"now": c_kernels._build(BACKENDS / f"{args.kernel}.c"),
+        libraries = {"now": c_kernels._build(KERNELS / f"{args.kernel}.c"),
                      args.revision: build_at(args.revision, args.kernel, Path(folder))}
     cases = decode_cases if args.kernel == "decode_attention" else prefill_cases
     print(f"# {args.kernel}, {args.dtype}, {LAYERS} layers of {HEADS}/{KV_HEADS} heads x {DIM}, "
@@ -124,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

@@ -4,34 +4,34 @@ Whole prompt steps of the default model, the two ways alternated rep by rep in o
 process; medians and the paired median of the ratios; the logits of the last
 prompt compared.
 
-    .venv/bin/python benchmarks/query_blocks.py [--dtype bfloat16] [--tokens 300,512,768] [--reps 11]
+    python -m benchmarks.torch.query_blocks [--dtype bfloat16] [--tokens 300,512,768] [--reps 11]
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, print_both_ways, time_both_ways  # noqa: E402
-
 from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention
-from prefillbench.backends.torch import attention as torch_attention  # noqa: E402
-from prefillbench.backends.torch.backend import TorchBackend  # noqa: E402
-from prefillbench.models import default_model_path  # noqa: E402
-from prefillbench.step import PrefillChunk, Step  # noqa: E402
+from prefillbench.backends.torch import attention as torch_attention
+from prefillbench.backends.torch.backend import TorchBackend
+from prefillbench.models import default_model_path
+from prefillbench.step import PrefillChunk, Step
+
+from benchmarks.lib import cli
+from benchmarks.lib.both_ways import print_both_ways
+from benchmarks.lib.timing import Clock, time_both_ways
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--tokens", default="300,512", help="prompt lengths")
     parser.add_argument("--reps", type=int, default=11)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     # This compares two ways of calling SDPA: the compiled prefill kernel, which would attend fp32 prompts here, stays out.
     cpu_prefill_attention.applies = lambda *a: False
@@ -60,4 +60,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

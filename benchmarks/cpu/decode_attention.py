@@ -6,33 +6,33 @@ alike; medians, and the cache bytes read per second. With --steps, whole
 backend steps of the default model instead (decodes at 1,024 positions, and a
 256-token chunk with and without 3 decodes), the kernel on and off alternated.
 
-    .venv/bin/python benchmarks/decode_attention.py [--dtype bfloat16] [--reps 21] [--steps]
+    python -m benchmarks.cpu.decode_attention [--dtype bfloat16] [--reps 21] [--steps]
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, kernel_switch, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention
+from prefillbench.backends.torch.attention import _matmul_attention, decode_mask
 
-from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention  # noqa: E402
-from prefillbench.backends.torch.attention import _matmul_attention, decode_mask  # noqa: E402
+from benchmarks.lib import cli
+from benchmarks.lib.both_ways import default_backend, kernel_switch, print_both_ways
+from benchmarks.lib.models import DIM, HEADS, KV_HEADS, LAYERS
+from benchmarks.lib.timing import Clock, time_both_ways, time_interleaved
 
-HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", action="store_true", help="time backend steps of the default model, kernel on and off")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     if cpu_decode_attention.status():
@@ -74,7 +74,7 @@ def main() -> None:
                   f"{read / t['kernel'] / 1e9:.1f} | {read / t['matmuls'] / 1e9:.1f} | {t['kernel'] / min(t['sdpa'], t['matmuls']):.2f} |")
 
 
-def steps(args) -> None:
+def steps(args: argparse.Namespace) -> None:
     """Backend steps with the kernel and with the matmul/SDPA path, alternated rep by rep; logits compared."""
     from prefillbench.step import DecodeToken, PrefillChunk, Step
 
@@ -101,4 +101,4 @@ def steps(args) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

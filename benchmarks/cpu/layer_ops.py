@@ -4,29 +4,30 @@ Steps of the default model through the torch backend, the two ways alternated re
 by rep in one process (sets FusedDecoder.c_layer_ops); medians and the paired
 median of the ratios; the logits of each step compared.
 
-    .venv/bin/python benchmarks/layer_ops.py [--dtype bfloat16] [--reps 9] [--context 1024]
+    python -m benchmarks.cpu.layer_ops [--dtype bfloat16] [--reps 9] [--context 1024]
 """
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
-import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run, time_both_ways  # noqa: E402
-
-from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops  # noqa: E402
-from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
 
 
-def main() -> None:
-    args = both_ways_arguments(__doc__.splitlines()[0], "positions each decode attends to; the chunk's offset")
-    if cpu_layer_ops.status():
-        sys.exit(f"the layer kernels are {cpu_layer_ops.status()}")
+from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
+from prefillbench.step import DecodeToken, PrefillChunk, Step
+
+from benchmarks.lib import cli
+from benchmarks.lib.both_ways import add_both_ways_arguments, compare_switch, switch_backend
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_both_ways_arguments(parser, "positions each decode attends to; the chunk's offset")
+
+
+def main(args: argparse.Namespace) -> None:
     # decode_plan=False: the plan runs decode-only steps through the compiled loops whatever c_layer_ops says
-    backend = default_backend(args.dtype, 16, args.context + 520, decode_plan=False)
+    backend = switch_backend(args, 16, 520, cpu_layer_ops, "layer kernels are", decode_plan=False)
     if backend.fused is None or not backend.fused.c_layer_ops:
         sys.exit("this model's layers do not take the compiled loops")
     rng = np.random.default_rng(0)
@@ -48,14 +49,8 @@ def main() -> None:
     def switch(compiled: bool) -> None:
         backend.fused.c_layer_ops = compiled
 
-    run = switched_run(backend, switch)
-
-    logits = logit_column(run, steps)
-    times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
-    print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
-          f"decodes at {args.context} positions")
-    print_both_ways(times, "step", "compiled loops", "torch ops", logits)
+    compare_switch(backend, switch, steps, args, "compiled loops", "torch ops")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

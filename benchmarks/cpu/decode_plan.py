@@ -6,27 +6,30 @@ ratios; the logits of each step compared. The eager side is what runs with
 PREFILLBENCH_DECODE_PLAN=0: the tuner's kernel per product, the fused layer's torch ops
 and C calls one by one.
 
-    .venv/bin/python benchmarks/decode_plan.py [--dtype bfloat16] [--reps 9] [--context 1024]
+    python -m benchmarks.cpu.decode_plan [--dtype bfloat16] [--reps 9] [--context 1024]
 """
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
-import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run, time_both_ways  # noqa: E402
-
-from prefillbench.backends.torch.cpu import decode_plan as cpu_decode_plan  # noqa: E402
-from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
 
 
-def main() -> None:
-    args = both_ways_arguments(__doc__.splitlines()[0], "positions each decode attends to")
+from prefillbench.backends.torch.cpu import decode_plan as cpu_decode_plan
+from prefillbench.step import DecodeToken, PrefillChunk, Step
+
+from benchmarks.lib import cli
+from benchmarks.lib.both_ways import add_both_ways_arguments, compare_switch, switch_backend
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_both_ways_arguments(parser, "positions each decode attends to")
+
+
+def main(args: argparse.Namespace) -> None:
     sizes = (1, 2, 4, cpu_decode_plan.MAX_BATCH)
-    backend = default_backend(args.dtype, max(sizes), args.context + 8)
+    backend = switch_backend(args, max(sizes), 8)
     plan = backend.decode_plan
     if plan is None:
         sys.exit(f"the decode plan is {backend.decode_plan_note}")
@@ -39,14 +42,8 @@ def main() -> None:
     def switch(planned: bool) -> None:
         backend.decode_plan = plan if planned else None
 
-    run = switched_run(backend, switch)
-
-    logits = logit_column(run, steps)
-    times = time_both_ways(run, steps, args.reps, Clock(torch.device("cpu")))
-    print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
-          f"decodes at {args.context} positions")
-    print_both_ways(times, "step", "plan", "eager", logits)
+    compare_switch(backend, switch, steps, args, "plan", "eager")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

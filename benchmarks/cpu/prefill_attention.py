@@ -5,26 +5,26 @@ by chunk offset and length, the two alternated rep by rep: medians, and GFLOP/s 
 only the causal pairs. Then whole steps of the default model through the torch backend,
 kernel on and off alternated, with the logits compared.
 
-    .venv/bin/python benchmarks/prefill_attention.py [--reps 9] [--threads 2] [--dtype bfloat16]
+    python -m benchmarks.cpu.prefill_attention [--reps 9] [--threads 2] [--dtype bfloat16]
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import Clock, default_backend, kernel_switch, logit_column, print_both_ways, time_both_ways, time_interleaved  # noqa: E402
+from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention
+from prefillbench.backends.torch.attention import chunk_query_blocks
+from prefillbench.step import PrefillChunk, Step
 
-from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention  # noqa: E402
-from prefillbench.backends.torch.attention import chunk_query_blocks  # noqa: E402
-from prefillbench.step import PrefillChunk, Step  # noqa: E402
+from benchmarks.lib import cli
+from benchmarks.lib.both_ways import default_backend, kernel_switch, logit_column, print_both_ways
+from benchmarks.lib.models import DIM, HEADS, KV_HEADS, LAYERS
+from benchmarks.lib.timing import Clock, time_both_ways, time_interleaved
 
-HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
 CASES = ((0, 128), (0, 256), (0, 512), (0, 1024), (256, 256), (768, 256), (1000, 24))
 
 
@@ -76,12 +76,13 @@ def step_table(reps: int, clock: Clock, dtype: str) -> None:
     print_both_ways(times, "step", "kernel", "SDPA", logits)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     if cpu_prefill_attention.status():
         sys.exit(f"the prefill kernel is {cpu_prefill_attention.status()}")
@@ -91,4 +92,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

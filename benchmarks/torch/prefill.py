@@ -3,14 +3,13 @@
 Both run the same model object in the same process, interleaved, so machine
 noise hits both alike. Prints a table and the ratio (backend / plain).
 
-    .venv/bin/python benchmarks/torch_prefill.py [--model PATH] [--tokens 512] [--reps 5]
+    python -m benchmarks.torch.prefill [--model PATH] [--tokens 512] [--reps 5]
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
+import numpy as np
 import torch
 
 from prefillbench.backends.torch.backend import TorchBackend
@@ -18,16 +17,18 @@ from prefillbench.models import default_model_path
 from prefillbench.step import PrefillChunk, Step
 from prefillbench.bench.workloads import random_prompt
 
-import numpy as np
+from benchmarks.lib import cli
+from benchmarks.lib.timing import Clock, time_interleaved
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
 
     backend = TorchBackend.load(args.model or default_model_path(), device="cpu", threads=args.threads)
     prompt = random_prompt(np.random.default_rng(0), args.tokens, backend.vocab_size)
@@ -55,23 +56,16 @@ def main() -> None:
         "transformers forward, no cache, last logits only": lambda: plain(1),
         "transformers forward, no cache, all logits": lambda: plain(0),
     }
-    for fn in contenders.values():  # warm-up
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.reps):
-        for name, fn in contenders.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+    times = time_interleaved(contenders, args.reps, Clock(torch.device("cpu")))
 
     print(f"pp{args.tokens}, concurrency 1, {backend.model_name}, {backend.weights}, {torch.get_num_threads()} threads, {args.reps} interleaved reps")
     print("| contender | median s | t/s | vs backend |")
     print("| --- | ---: | ---: | ---: |")
-    base = statistics.median(times["prefillbench torch backend"])
-    for name, ts in times.items():
-        med = statistics.median(ts)
+    base = times["prefillbench torch backend"].median
+    for name, timing in times.items():
+        med = timing.median
         print(f"| {name} | {med:.3f} | {args.tokens / med:.1f} | {med / base:.2f}x |")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

@@ -7,23 +7,24 @@ median of the ratios, and the logits of each step compared. A second table times
 model's 121 weights alone (every product of one decode step, nothing else) and prints
 the read speed each way against a plain read of as many bytes.
 
-    .venv/bin/python benchmarks/few_rows.py [--dtype bfloat16] [--reps 9] [--context 1024]
+    python -m benchmarks.cpu.few_rows [--dtype bfloat16] [--reps 9] [--context 1024]
 """
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from torch_steps import (Clock, both_ways_arguments, default_backend, logit_column, print_both_ways, switched_run,  # noqa: E402
-                         time_both_ways, time_interleaved)
 
 from prefillbench.backends.torch.cpu import few_rows as cpu_few_rows
-from prefillbench.backends.torch import linear as torch_linear  # noqa: E402
-from prefillbench.step import DecodeToken, PrefillChunk, Step  # noqa: E402
+from prefillbench.backends.torch import linear as torch_linear
+from prefillbench.step import DecodeToken, PrefillChunk, Step
+
+from benchmarks.lib import cli
+from benchmarks.lib.both_ways import add_both_ways_arguments, compare_switch, switch_backend
+from benchmarks.lib.timing import Clock, time_interleaved
 
 PACKED = "few_rows_packed"
 
@@ -44,12 +45,13 @@ def choices_without_packed(kernels: torch_linear.LinearKernels) -> dict:
         torch_linear._applies = applies
 
 
-def main() -> None:
-    args = both_ways_arguments(__doc__.splitlines()[0], "positions each decode attends to; the chunk's offset")
-    if cpu_few_rows.status():
-        sys.exit(f"the few-rows kernel is {cpu_few_rows.status()}")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_both_ways_arguments(parser, "positions each decode attends to; the chunk's offset")
+
+
+def main(args: argparse.Namespace) -> None:
     # decode_plan=False: the plan multiplies decode-only steps through few_rows whatever the tuner chose
-    backend = default_backend(args.dtype, 8, args.context + 260, decode_plan=False)
+    backend = switch_backend(args, 8, 260, cpu_few_rows, "few-rows kernel is", decode_plan=False)
     kernels = backend.linear_kernels
     with_packed = dict(kernels.choice)
     if PACKED not in with_packed.values():
@@ -67,16 +69,9 @@ def main() -> None:
     def switch(packed: bool) -> None:
         kernels.choice = with_packed if packed else without
 
-    run = switched_run(backend, switch)
-
-    logits = logit_column(run, steps)
+    compare_switch(backend, switch, steps, args, "packed", "torch kernels",
+                   note=f"packed kernel chosen for: {', '.join(k for k, v in kernels.summary().items() if v == PACKED)}")
     clock = Clock(torch.device("cpu"))
-    times = time_both_ways(run, steps, args.reps, clock)
-    print(f"# {backend.model_name}, {args.dtype}, {torch.get_num_threads()} threads, {args.reps} interleaved reps; "
-          f"decodes at {args.context} positions")
-    print(f"packed kernel chosen for: {', '.join(k for k, v in kernels.summary().items() if v == PACKED)}")
-    print()
-    print_both_ways(times, "step", "packed", "torch kernels", logits)
 
     weights = [w for peers in kernels.layers.values() for w in peers]
     nbytes = sum(w.weight.numel() * w.weight.element_size() for w in weights)
@@ -101,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(__name__)

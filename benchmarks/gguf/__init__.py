@@ -1,0 +1,1 @@
+"""Benchmarks of the gguf (llama.cpp) backend and of llama.cpp itself."""

@@ -1,0 +1,1 @@
+"""The check for a machine with a CUDA GPU: python -m benchmarks.gpu.check (or benchmarks/gpu/check.sh)."""

@@ -1,0 +1,1 @@
+"""Benchmarks of whole engine runs, any backend."""

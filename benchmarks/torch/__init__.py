@@ -1,0 +1,1 @@
+"""Benchmarks of the torch backend's steps (python -m benchmarks.torch.<name>)."""
