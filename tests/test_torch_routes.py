@@ -1,8 +1,9 @@
 """The CUDA attention routes' code, run on the CPU: the flex route computes what a plain forward computes,
 reads only each row's own context, and is what a CUDA device gets; graph capture runs under inference mode.
 
-The parity tests of test_torch_backend run here again, unchanged, over a backend forced onto the flex route
-(their `pair` fixture is this module's)."""
+test_torch_backend's ragged-step parity test runs here again, unchanged, over a backend forced onto the flex
+route (its `pair` fixture is this module's). Eager FlexAttention costs a CPU seconds a run, so every strategy
+runs once per architecture at one concurrency, and the linear tuner (which attention does not see) stays off."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,16 +19,14 @@ from prefillbench.backends.torch.graphs import DecodeGraphs
 from prefillbench.backends.torch.routes import choose_route
 from prefillbench.step import DecodeToken, PrefillChunk, Step, pack
 from strategies import make_strategy
-from test_torch_backend import (  # noqa: F401: collected here, over this module's `pair`
-    _requests, test_closed_loop_more_requests_than_concurrency, test_generate_api_agrees_across_strategies,
-    test_logits_match_plain_forward, test_ragged_multi_chunk_steps_match_plain_forward,
-)
+from test_torch_backend import STRATEGY_CASES, _requests
+from test_torch_backend import test_ragged_multi_chunk_steps_match_plain_forward  # noqa: F401: runs over this module's `pair`
 from tiny_models import ARCHITECTURES, TEST_DEVICE, reference_logits, tiny_model
 
 
 def flex_backend(arch: str = "llama", **overrides) -> tuple[TorchBackend, torch.nn.Module]:
     model, reference = tiny_model(arch, **overrides)
-    return TorchBackend(model, f"tiny-{arch}", TEST_DEVICE, attention="flex"), reference
+    return TorchBackend(model, f"tiny-{arch}", TEST_DEVICE, attention="flex", tune_linear=False), reference
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
@@ -39,6 +38,18 @@ def _assert_matches_plain_forward(record, requests, reference) -> None:
     for req, rec in zip(requests, record.requests):
         expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
         torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("strategy,chunk_size", STRATEGY_CASES)
+def test_every_strategy_through_the_flex_route_matches_plain_forward(pair, strategy, chunk_size):
+    backend, reference = pair
+    requests = _requests(4)
+    record = engine.run(backend, make_strategy(strategy, chunk_size), requests, 3, keep_logits=True)
+    assert len(record.requests) == len(requests)
+    _assert_matches_plain_forward(record, requests, reference)
+    for req, rec in zip(requests, record.requests):
+        expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
+        assert rec.tokens == expected.argmax(-1).tolist()
 
 
 def test_the_route_for_cuda_is_never_masked_sdpa():
@@ -160,7 +171,7 @@ def test_cuda_graph_layout_matches_plain_forward_through_the_engine():
 
 def test_the_cpu_route_cannot_make_graphs():
     model, _ = tiny_model("llama")
-    backend = TorchBackend(model, "tiny-llama", "cpu")
+    backend = TorchBackend(model, "tiny-llama", "cpu", tune_linear=False)
     backend.prepare(2, 32, 32)
     with pytest.raises(BackendError, match="flex or flash"):
         backend.make_decode_graphs(capture=False)

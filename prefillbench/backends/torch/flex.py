@@ -42,6 +42,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.attention.flex_attention as _flex_module
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from prefillbench.backends.torch.attention_meta import AttentionMeta
@@ -59,6 +60,20 @@ def _flex_chunks(q, k, v, block_mask, scale):
 
 def _flex_decodes(q, k, v, block_mask, scale):
     return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+
+
+def _eager(call):
+    """`call` run without dynamo. Eager FlexAttention traces its mask through dynamo (eager backend) and
+    traces again for every new step shape, seconds a step on a CPU; its debug switch runs the mask as plain
+    Python over vmap instead. Only for the CPU runs of this route (its tests): the GPU runs compiled."""
+    def run(*args):
+        previous = _flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+        _flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+        try:
+            return call(*args)
+        finally:
+            _flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = previous
+    return run
 
 
 def blocks_to_dense(num: torch.Tensor, indices: torch.Tensor, n_cols: int) -> torch.Tensor:
@@ -118,7 +133,7 @@ class FlexRoute:
             self._chunks = torch.compile(_flex_chunks, dynamic=True, fullgraph=True)
             self._decodes = torch.compile(_flex_decodes, dynamic=False, fullgraph=True)
         else:
-            self._chunks, self._decodes = _flex_chunks, _flex_decodes
+            self._chunks, self._decodes = _eager(_flex_chunks), _eager(_flex_decodes)
         st, length = self.state, max_len
 
         def chunk_mask(b, h, q, kv):
