@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from prefillbench.step import PackedStep, PrefillChunk, Step, StepResult, pack
+from prefillbench.step import PackedStep, Step, StepResult, pack
 
 from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_attention
 from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
@@ -29,11 +29,11 @@ from prefillbench.backends.distributed import TensorParallel, check_heads_divide
 from prefillbench.backends.torch.attention import DecodeRun, QueryBlock, chunk_query_blocks, decode_runs, write_and_attend_decodes
 from prefillbench.backends.torch import flash, flex
 from prefillbench.backends.torch.attention_meta import AttentionMeta
-from prefillbench.backends.torch.routes import choose_route, requested_route
+from prefillbench.backends.torch.routes import Route, RouteLayout, choose_route, make_route, requested_route, route_note, warm_route
 from prefillbench.backends.torch.cpu.decode_plan import CpuDecodePlan
 from prefillbench.backends.torch.compiled import CompiledDecode
 from prefillbench.backends.torch.fused import FusedDecoder
-from prefillbench.backends.torch.graphs import DecodeGraphs, graph_batch_sizes
+from prefillbench.backends.torch.graphs import DecodeGraphs
 from prefillbench.backends.torch.linear import LinearKernels
 
 ATTENTION_NAME = "prefillbench"
@@ -108,16 +108,6 @@ class KVCache:
 
     def fits(self, n_slots: int, max_len: int) -> bool:
         return self.n_slots >= n_slots and self.max_len >= max_len
-
-
-@dataclass
-class RouteLayout:
-    """A step on the flex or flash route: its attention contract, built once, and the route reading it."""
-
-    route: "flex.FlexRoute | flash.FlashRoute"
-    meta: AttentionMeta
-    cache: KVCache
-    calls: int = 0
 
 
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pb_layout: "StepLayout | RouteLayout | None" = None,
@@ -270,7 +260,7 @@ class TorchBackend(Backend):
         self.context_length = getattr(text, "max_position_embeddings", 2048)
         self.vocab_size = text.vocab_size
         self.route_name = choose_route(self.torch_device.type, requested_route(attention), flash.available())
-        self.route: flex.FlexRoute | flash.FlashRoute | None = None  # made with the cache it reads
+        self.route: Route | None = None  # made with the cache it reads
         self.cache: KVCache | None = None
         self.slots = SlotTable(0)
         self.use_cuda_graphs = cuda_graphs and self.torch_device.type == "cuda" and parallel is None and self.route_name != "cpu"
@@ -354,39 +344,16 @@ class TorchBackend(Backend):
             self.decode_plan.bind(self.cache)
         self.slots = SlotTable(self.cache.n_slots)
 
-    def _make_route(self) -> "flex.FlexRoute | flash.FlashRoute":
-        if self.route_name == "flash":
-            return flash.FlashRoute()
-        return flex.FlexRoute(self.cache.max_len, self.cache.n_slots + 1, compiled=self.torch_device.type == "cuda",
-                              batch_sizes=graph_batch_sizes(self.cache.n_slots))
+    def _make_route(self) -> "Route":
+        return make_route(self.route_name, self.cache.max_len, self.cache.n_slots, self.torch_device)
 
     def route_note(self) -> str:
-        if self.route_name == "flash":
-            return "flash (flash-attn varlen and kv-cache kernels)"
-        compiled = "compiled" if self.torch_device.type == "cuda" else "eager, the CUDA route's code on a CPU"
-        return f"flex (FlexAttention, one block mask per step, {compiled})"
+        return route_note(self.route_name, self.torch_device.type)
 
     def route_warm(self, max_step_tokens: int) -> None:
         """Compile the flex route's kernels for every shape class a step can bring, before any step is timed."""
-        if not isinstance(self.route, flex.FlexRoute) or not self.route.compiled:
-            return
-        scratch = self.cache.scratch_slot
-        rows = sorted({1, 2, min(flex.Q_BLOCK, self.cache.max_len), min(max_step_tokens, self.cache.max_len)})
-        with torch.inference_mode():
-            for n in rows:
-                step = Step(prefills=(PrefillChunk(-1, (0,) * n, 0, False),))
-                self._warm_attention(AttentionMeta.for_step(step, pack(step), [scratch], self.torch_device))
-            for m in self.route.batch_sizes:
-                slots = torch.full((m,), scratch, dtype=torch.long, device=self.torch_device)
-                self._warm_attention(AttentionMeta.for_decodes(torch.zeros_like(slots), slots))
-
-    def _warm_attention(self, meta: AttentionMeta) -> None:
-        t = meta.row_slots.shape[0]
         heads = self.model.config.get_text_config().num_attention_heads // (self.parallel.tp if self.parallel else 1)
-        q = torch.zeros((heads, t, self.head_dim), dtype=self.dtype, device=self.torch_device)
-        kv = torch.zeros((self.kv_heads, t, self.head_dim), dtype=self.dtype, device=self.torch_device)
-        self.route.begin_step(meta)
-        self.route.attend(q, kv, kv, self.cache.keys[0], self.cache.values[0], meta, 1.0)
+        warm_route(self.route, self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, heads, max_step_tokens)
 
     def make_decode_graphs(self, capture: bool) -> DecodeGraphs | None:
         """Graphs for decode-only steps of up to the cache's slots; None (eager) if capture fails."""
@@ -507,7 +474,7 @@ class TorchBackend(Backend):
             meta["cuda_graphs"] = self.graphs_note
         if self.graph_pool_bytes is not None:
             meta["cuda_graph_pool"] = f"{self.graph_pool_bytes / 2**20:.1f} MiB"
-        meta["attention_route"] = "cpu (SDPA and the C kernels)" if self.route_name == "cpu" else self.route_note()
+        meta["attention_route"] = self.route_note()
         meta["tune_linear"] = "on" if self.linear_kernels.tune else "off"
         if self.torch_device.type == "cpu":
             meta["decode_plan"] = self.decode_plan_note or "off (not prepared)"
