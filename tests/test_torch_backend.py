@@ -152,25 +152,6 @@ def test_ragged_multi_chunk_steps_match_plain_forward(pair):
         backend.release(seq)
 
 
-def test_static_decode_layout_of_cuda_graphs_matches_plain_forward(pair):
-    """The graphs' layout (every slot, every position, padded batch sizes), run eagerly: same logits.
-
-    On a CUDA machine the backend captures it (benchmarks/gpu/check.sh runs this file there); here it runs uncaptured.
-    """
-    backend, reference = pair
-    backend.prepare(4, 64, 64)
-    backend.decode_graphs = backend.make_decode_graphs(capture=TEST_DEVICE == "cuda")
-    assert backend.decode_graphs is not None, backend.graphs_note
-    assert backend.decode_graphs.sizes == [1, 2, 4]
-    requests = _requests(4, seed=9)
-    record = engine.run(backend, make_strategy("chunked", 5), requests, 3, keep_logits=True)  # 3 decodes replay size 4
-    backend.decode_graphs = None
-    assert any(s.decode_contexts and not s.prefill_chunks for s in record.steps)
-    for req, rec in zip(requests, record.requests):
-        expected = reference_logits(reference, list(req.prompt) + rec.tokens[:-1])[len(req.prompt) - 1 :]
-        torch.testing.assert_close(torch.tensor(np.stack(rec.logits)), expected, atol=2e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize("arch, fused", [("llama", True), ("qwen2", True), ("mistral", True), ("phi3", False),
                                          ("qwen3", False), ("gemma", False)])
 def test_projections_are_fused_only_for_plain_llama_family_layers(arch, fused):

@@ -6,7 +6,8 @@ the K/V actually read. On the CPU with a float32 or bfloat16 cache, all of a
 step's decodes go instead through one call of the compiled kernel
 (cpu_decode_attention), 1.2-3.6x faster than the better of these calls.
 Shared by the eager packed step (torch_backend) and the compiled decode step
-(torch_compiled).
+(torch_compiled). This is the CPU route's attention (routes.py): on CUDA, steps
+attend through flex.py or flash.py, never through these masked SDPA calls.
 """
 from __future__ import annotations
 
@@ -22,16 +23,14 @@ from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_atten
 class DecodeRun:
     """Decodes whose sequences sit in consecutive cache slots, attended in one call.
 
-    The slots' K/V are read through a slice of the cache, in place. Queries go to
-    the run's slots in order (`scatter` None), or, in the static layout of a CUDA
-    graph, to the slot positions that `scatter` names.
+    The slots' K/V are read through a slice of the cache, in place; queries go to
+    the run's slots in order.
     """
 
     rows: slice | torch.Tensor  # decode indices (0 .. m-1) in this run
     slots: slice  # cache slots read
     kv_len: int
     mask: torch.Tensor  # additive [n_slots_in_run, 1, 1, kv_len]: 0 where attended, -inf elsewhere
-    scatter: torch.Tensor | None = None
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -62,7 +61,8 @@ class QueryBlock:
 #: rows, each attending only up to its last position, it costs about 5/8 of it at 512 tokens. Measured
 #: on this project's 2-core CPU, whole prompt steps of SmolLM2-135M, fp32 (benchmarks/torch/query_blocks.py,
 #: 9 alternated reps, paired medians): 0.97x the single call's time at 300 and 512 tokens, 1.01x at 256,
-#: 1.03x at 768 and 1,024 (which already span two tiles), so only 257-512 tokens are cut.
+#: 1.03x at 768 and 1,024 (which already span two tiles), so only 257-512 tokens are cut. Measured on
+#: that CPU only: a prompt on any other device attends in one call.
 QUERY_BLOCK = 128
 QUERY_BLOCKS_FOR = range(257, 513)
 
@@ -72,7 +72,7 @@ def chunk_query_blocks(start: int, length: int, dtype: torch.dtype, device) -> l
     257-512 tokens) one call per block of QUERY_BLOCK queries."""
     if start > 0:
         return [QueryBlock(0, length, start + length, causal_offset_mask(start, length, dtype, device))]
-    if length not in QUERY_BLOCKS_FOR:
+    if length not in QUERY_BLOCKS_FOR or torch.device(device).type != "cpu":
         return [QueryBlock(0, length, length, None)]
     blocks = [QueryBlock(0, QUERY_BLOCK, QUERY_BLOCK, None)]
     for first in range(QUERY_BLOCK, length, QUERY_BLOCK):
@@ -120,15 +120,9 @@ MATMUL_ATTENTION_FROM = 1024
 def attend_decodes(q: torch.Tensor, run: DecodeRun, k_cache, v_cache, scaling) -> torch.Tensor:
     """Attention of one run's decode queries [n, heads, D] over their own slots' caches, read in place."""
     k, v = k_cache[run.slots, :, : run.kv_len], v_cache[run.slots, :, : run.kv_len]
-    if run.scatter is None and q.device.type == "cpu" and run.kv_len >= MATMUL_ATTENTION_FROM:
+    if q.device.type == "cpu" and run.kv_len >= MATMUL_ATTENTION_FROM:
         return _matmul_attention(q, k, v, run.mask, scaling)
-    if run.scatter is None:
-        queries = q.unsqueeze(2)
-    else:
-        queries = q.new_zeros((k.shape[0], q.shape[1], 1, q.shape[2]))
-        queries[run.scatter] = q.unsqueeze(2)
-    o = F.scaled_dot_product_attention(queries, k, v, attn_mask=run.mask, scale=scaling, enable_gqa=True).squeeze(2)
-    return o if run.scatter is None else o[run.scatter]
+    return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=run.mask, scale=scaling, enable_gqa=True).squeeze(2)
 
 
 def write_and_attend_decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slots: torch.Tensor,
@@ -137,7 +131,7 @@ def write_and_attend_decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     q [m, heads, D] run by run into out [m, heads, D]: one layer's decode attention, eager or compiled."""
     k_cache[slots, :, positions] = k
     v_cache[slots, :, positions] = v
-    if runs and runs[0].scatter is None and cpu_decode_attention.applies(q, k_cache):
+    if runs and cpu_decode_attention.applies(q, k_cache):
         out[:] = cpu_decode_attention.decode_attention(q, k_cache, v_cache, slots, positions, scaling)
         return
     for run in runs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,10 @@ from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_att
 from prefillbench.backends.torch.cpu import huge_pages
 from prefillbench.backends.base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
 from prefillbench.backends.distributed import TensorParallel, check_heads_divide
-from prefillbench.backends.torch.attention import DecodeRun, QueryBlock, chunk_query_blocks, decode_mask, decode_runs, write_and_attend_decodes
+from prefillbench.backends.torch.attention import DecodeRun, QueryBlock, chunk_query_blocks, decode_runs, write_and_attend_decodes
+from prefillbench.backends.torch import flash, flex
+from prefillbench.backends.torch.attention_meta import AttentionMeta
+from prefillbench.backends.torch.routes import Route, RouteLayout, choose_route, make_route, requested_route, route_note, warm_route
 from prefillbench.backends.torch.cpu.decode_plan import CpuDecodePlan
 from prefillbench.backends.torch.compiled import CompiledDecode
 from prefillbench.backends.torch.fused import FusedDecoder
@@ -79,11 +83,17 @@ class KVCache:
     """One K and one V tensor per layer: [slots + 1, kv_heads, max_len, head_dim].
 
     The last slot is scratch: the padding rows of a CUDA-graph decode write there.
+    `heads_first` (the CUDA routes'): stored [kv_heads, slots + 1, max_len, head_dim] and
+    handed out as the same view, so that flex.flat_cache can lay every slot end to end.
     """
 
-    def __init__(self, n_layers: int, n_slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device) -> None:
+    def __init__(self, n_layers: int, n_slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device,
+                 heads_first: bool = False) -> None:
         shape = (n_slots + 1, kv_heads, max_len, head_dim)
-        if torch.device(device).type == "cpu":
+        if heads_first:
+            def zeros() -> torch.Tensor:
+                return torch.zeros((kv_heads, n_slots + 1, max_len, head_dim), dtype=dtype, device=device).transpose(0, 1)
+        elif torch.device(device).type == "cpu":
             # Decode attention streams through the cache: 2 MB pages read faster. A buffer each: --compile's
             # graphs take every layer's K and V as inputs that mutate, and inputs sharing one storage gave wrong logits.
             def zeros() -> torch.Tensor:
@@ -100,21 +110,7 @@ class KVCache:
         return self.n_slots >= n_slots and self.max_len >= max_len
 
 
-def static_decode_layout(cache: KVCache, positions: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> StepLayout:
-    """A decode-only layout of fixed shapes, built from tensors alone (no host sync), for a CUDA graph.
-
-    One run over every slot and every cache position: each decode's query goes
-    to its own slot, which attends up to its position; other slots attend to
-    position 0 only, so that no row is all -inf, and their outputs are dropped.
-    """
-    n_rows = cache.n_slots + 1
-    slot_positions = torch.zeros(n_rows, dtype=torch.long, device=positions.device)
-    slot_positions[slots] = positions
-    run = DecodeRun(slice(0, len(slots)), slice(0, n_rows), cache.max_len, decode_mask(slot_positions, cache.max_len, dtype), scatter=slots)
-    return StepLayout(chunks=[], decode_from=0, decode_slots=slots, decode_positions=positions, decode_runs=[run], cache=cache)
-
-
-def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pb_layout: StepLayout | None = None,
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pb_layout: "StepLayout | RouteLayout | None" = None,
                      pb_qkv: torch.Tensor | None = None, **kwargs):
     """Attention over a packed step; registered with transformers' AttentionInterface.
 
@@ -131,6 +127,8 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     k_cache = layout.cache.keys[module.layer_idx]
     v_cache = layout.cache.values[module.layer_idx]
     q, k, v = query[0], key[0], value[0]  # [heads, T, D]
+    if isinstance(layout, RouteLayout):
+        return layout.route.attend(q, k, v, k_cache, v_cache, layout.meta, scaling).unsqueeze(0), None
     for c in layout.chunks:
         k_cache[c.slot, :, c.start : c.start + c.length] = k[:, c.row : c.row + c.length]
         v_cache[c.slot, :, c.start : c.start + c.length] = v[:, c.row : c.row + c.length]
@@ -228,11 +226,13 @@ class TorchBackend(Backend):
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
                  parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True,
-                 compile_decode: bool = False, decode_plan: bool = True) -> None:
+                 compile_decode: bool = False, decode_plan: bool = True, attention: str | None = None) -> None:
         """`tune_linear`: time the linear-layer kernels per row count (torch_linear); `cuda_graphs`:
         replay decode-only steps from CUDA graphs on a CUDA device (torch_graphs); `compile_decode`: run
         decode-only steps on the CPU through inductor-compiled graphs (torch_compiled); `decode_plan`: run
-        them on the CPU as one list of C calls where it applies (cpu_decode_plan)."""
+        them on the CPU as one list of C calls where it applies (cpu_decode_plan); `attention`: auto, flex
+        or flash (default: PREFILLBENCH_ATTENTION, else auto: the CPU route on a CPU, flash or flex on
+        CUDA; flex on a CPU runs the CUDA route's code eagerly, for tests; see routes.py)."""
         _register_attention()
         config = model.config
         if getattr(config, "is_encoder_decoder", False):
@@ -260,33 +260,44 @@ class TorchBackend(Backend):
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         self.context_length = getattr(text, "max_position_embeddings", 2048)
         self.vocab_size = text.vocab_size
+        self.route_name = choose_route(self.torch_device.type, requested_route(attention), flash.available())
+        self.route: Route | None = None  # made with the cache it reads
         self.cache: KVCache | None = None
         self.slots = SlotTable(0)
-        self.use_cuda_graphs = cuda_graphs and self.torch_device.type == "cuda" and parallel is None
+        self.use_cuda_graphs = cuda_graphs and self.torch_device.type == "cuda" and parallel is None and self.route_name != "cpu"
         self.decode_graphs: DecodeGraphs | None = None
         self.graphs_note = "on" if self.use_cuda_graphs else "off"
         # Sharded layers keep transformers' own forward (its hooks do the all-reduces).
         self.fused = FusedDecoder.build(model, packed_attention) if parallel is None else None
         self.linear_kernels = LinearKernels(tune=tune_linear and parallel is None)
         if self.linear_kernels.tune:
-            self.linear_kernels.install(model, transposed_for={self.lm_head}, skip=self.fused.replaced if self.fused else set())
+            # The LM head's transposed copy (its size again) won its place on CPUs; on CUDA nothing measured it.
+            transposed = {self.lm_head} if self.torch_device.type == "cpu" else set()
+            self.linear_kernels.install(model, transposed_for=transposed, skip=self.fused.replaced if self.fused else set())
             if self.fused is not None:
                 self.fused.register(self.linear_kernels)
         self.compiled: CompiledDecode | None = None
         if compile_decode:
             if self.torch_device.type != "cpu":
                 raise BackendError("--compile is for the CPU; on CUDA, decode-only steps replay CUDA graphs")
+            if self.route_name != "cpu":
+                raise BackendError(f"--compile runs the CPU route's attention, not attention={self.route_name}")
             if self.fused is None:
                 raise BackendError(f"--compile needs a Llama-family decoder (llama, mistral, qwen2), not {config.model_type!r}")
             self.compiled = CompiledDecode(self.fused, self.lm_head)
         self.decode_plan: CpuDecodePlan | None = None
         # Decided at the first prepare(): the plan needs the tuner's packed weights.
         self.decode_plan_note: str | None = None if decode_plan else "off (decode_plan=False)"
+        if self.route_name != "cpu" and decode_plan:
+            self.decode_plan_note = f"off (the {self.route_name} route attends)"
+        self.graph_pool_bytes: int | None = None
+        if self.route_name != "cpu":
+            print(f"prefillbench: torch attention through the {self.route_note()} route", file=sys.stderr)
 
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
              tp: int = 1, **options: Any) -> "TorchBackend":
-        """`options`: `tune_linear`, `cuda_graphs`, `decode_plan` (default True), `compile_decode`, see TorchBackend.__init__."""
+        """`options`: `tune_linear`, `cuda_graphs`, `decode_plan` (default True), `compile_decode`, `attention`, see TorchBackend.__init__."""
         if dtype not in DTYPES:
             raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
         if threads is not None:
@@ -309,7 +320,14 @@ class TorchBackend(Backend):
         if self.cache is None or not self.cache.fits(max_sequences, max_seq_len):
             self.cache = None  # free the old one before allocating
             self.decode_graphs = None  # captured over the old cache's addresses
-            self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, max_seq_len, self.head_dim, self.dtype, self.torch_device)
+            on_route = self.route_name != "cpu"
+            # The routes' tiles are KV_BLOCK positions and must not straddle two slots.
+            length = -(-max_seq_len // flex.KV_BLOCK) * flex.KV_BLOCK if on_route else max_seq_len
+            self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, length, self.head_dim, self.dtype,
+                                 self.torch_device, heads_first=on_route)
+            if on_route:
+                self.route = self._make_route()
+                self.route_warm(max_step_tokens)
             if self.use_cuda_graphs:
                 self.decode_graphs = self.make_decode_graphs(capture=True)
             if self.compiled is not None:
@@ -327,21 +345,37 @@ class TorchBackend(Backend):
             self.decode_plan.bind(self.cache)
         self.slots = SlotTable(self.cache.n_slots)
 
+    def _make_route(self) -> "Route":
+        return make_route(self.route_name, self.cache.max_len, self.cache.n_slots, self.torch_device)
+
+    def route_note(self) -> str:
+        return route_note(self.route_name, self.torch_device.type)
+
+    def route_warm(self, max_step_tokens: int) -> None:
+        """Compile the flex route's kernels for every shape class a step can bring, before any step is timed."""
+        heads = self.model.config.get_text_config().num_attention_heads // (self.parallel.tp if self.parallel else 1)
+        warm_route(self.route, self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, heads, max_step_tokens)
+
     def make_decode_graphs(self, capture: bool) -> DecodeGraphs | None:
         """Graphs for decode-only steps of up to the cache's slots; None (eager) if capture fails."""
+        if self.route is None:
+            raise BackendError("CUDA-graph decodes attend through the flex or flash route, not the CPU route")
         try:
             graphs = DecodeGraphs(self._static_decode, self.cache.n_slots, self.cache.scratch_slot, self.torch_device, capture)
         except Exception as e:  # noqa: BLE001: any capture failure leaves the eager path, which is always right
             self.graphs_note = f"off: capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
             return None
         self.graphs_note = f"on, batch sizes {','.join(map(str, graphs.sizes))}"
+        self.graph_pool_bytes = graphs.pool_bytes
         return graphs
 
     def _static_decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        layout = static_decode_layout(self.cache, positions, slots, self.dtype)
-        return self.lm_head(self._hidden(tokens[None], positions[None], layout)[0])
+        """A decode step from tensors alone: its contract (context lengths = positions + 1) is built inside the graph."""
+        meta = AttentionMeta.for_decodes(positions, slots)
+        self.route.begin_step(meta)
+        return self.lm_head(self._hidden(tokens[None], positions[None], RouteLayout(self.route, meta, self.cache))[0])
 
-    def _hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: StepLayout) -> torch.Tensor:
+    def _hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: "StepLayout | RouteLayout") -> torch.Tensor:
         """The decoder's last hidden state for a packed step: fused projections where the model allows."""
         if self.fused is not None:
             return self.fused.forward(input_ids, position_ids, layout, self.linear_kernels)
@@ -361,9 +395,14 @@ class TorchBackend(Backend):
         self.synchronize()
         return self.parallel.clock()
 
-    def _layout(self, step: Step, packed: PackedStep) -> StepLayout:
+    def _layout(self, step: Step, packed: PackedStep) -> "StepLayout | RouteLayout":
         dev, dtype = self.torch_device, self.dtype
         check_cache_room(step, self.cache.max_len)
+        if self.route is not None:
+            slots = [self.slots.slot(c.seq_id) for c in step.prefills] + [self.slots.slot(d.seq_id) for d in step.decodes]
+            meta = AttentionMeta.for_step(step, packed, slots, dev)
+            self.route.begin_step(meta)
+            return RouteLayout(self.route, meta, self.cache)
         # Decided once a step, so SDPA's masks are built only for the chunks SDPA attends.
         prefill_kernel = bool(step.prefills) and cpu_prefill_attention.applies(dev, dtype, self.head_dim)
         chunks = []
@@ -434,6 +473,9 @@ class TorchBackend(Backend):
         if self.torch_device.type == "cuda":
             meta["gpu"] = torch.cuda.get_device_name(self.torch_device)
             meta["cuda_graphs"] = self.graphs_note
+        if self.graph_pool_bytes is not None:
+            meta["cuda_graph_pool"] = f"{self.graph_pool_bytes / 2**20:.1f} MiB"
+        meta["attention_route"] = self.route_note()
         meta["tune_linear"] = "on" if self.linear_kernels.tune else "off"
         if self.torch_device.type == "cpu":
             meta["decode_plan"] = self.decode_plan_note or "off (not prepared)"
@@ -450,8 +492,8 @@ class TorchBackend(Backend):
         return meta
 
     def _decode_attention_note(self) -> str:
-        if self.torch_device.type != "cpu":
-            return "SDPA"
+        if self.route_name != "cpu":
+            return f"{self.route_name} route: each decode reads its own context"
         if self.dtype not in cpu_decode_attention.DTYPES:
             return f"matmuls/SDPA (the compiled kernel reads {', '.join(str(d).removeprefix('torch.') for d in cpu_decode_attention.DTYPES)} caches)"
         why_not = cpu_decode_attention.status()
@@ -459,6 +501,8 @@ class TorchBackend(Backend):
 
     def _prefill_attention_note(self) -> str:
         """How prompt chunks attend: the compiled kernel or SDPA, and why not the kernel."""
+        if self.route_name != "cpu":
+            return f"{self.route_name} route: one call for the step's chunks" if self.route_name == "flex" else "flash route"
         if self.torch_device.type != "cpu" or self.dtype not in cpu_prefill_attention.DTYPES:
             return "SDPA"
         if self.head_dim not in cpu_prefill_attention.HEAD_DIMS:

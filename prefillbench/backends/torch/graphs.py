@@ -3,18 +3,24 @@
 A decode step launches a few hundred small kernels; on a GPU their launch cost,
 not the weight read, sets the step's time. A CUDA graph records the launches
 once and replays them in one call. A graph needs fixed shapes and addresses, so
-each captured batch size reads its inputs from static buffers, and attention
-uses the static layout: every cache slot, every position up to the cache's
-length, masked per slot (`static_decode_layout`). A step of m decodes replays
-the smallest captured size >= m; the extra rows write to the cache's scratch
-slot and their outputs are dropped.
+each captured batch size reads its inputs (tokens, positions, slots) from
+static buffers; the forward builds the step's attention contract from them
+inside the graph (context lengths = positions + 1, AttentionMeta.for_decodes),
+so a replayed decode reads only its own context, whatever the cache's length.
+A step of m decodes replays the smallest captured size >= m; the extra rows
+write to the cache's scratch slot and their outputs are dropped.
 
-The static layout runs eagerly too (`capture=False`), which is how the CPU
+Capture runs under `torch.inference_mode()`: with autograd on, the warm-up's
+logits required grad and the cache gained a grad_fn. The memory the graphs'
+pool holds is measured (`pool_bytes`) and reported in the metadata.
+
+The same forward runs eagerly too (`capture=False`), which is how the CPU
 tests check that it computes what the eager layout computes.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -29,11 +35,44 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return [s for s in sizes if s < max_batch] + [next(s for s in sizes if s >= max_batch)]
 
 
+class Capturer(Protocol):
+    """What capture needs of a device: CUDA's (CudaCapturer), or a stand-in in tests."""
+
+    def warm_and_capture(self, sizes: list[int], run: Callable[[int], torch.Tensor]) -> dict[int, tuple[object, torch.Tensor]]:
+        """For each size (largest first): run it twice uncaptured, then capture it; -> size: (graph, its output)."""
+
+    def reserved_bytes(self) -> int: ...
+
+
+class CudaCapturer:
+    def warm_and_capture(self, sizes, run):
+        captured, pool = {}, None
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for n in sizes:  # largest first, so the smaller graphs reuse its memory pool
+                for _ in range(2):  # warm-up outside the capture: allocations, kernel choices, compiles
+                    run(n)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    out = run(n)
+                pool = graph.pool()
+                captured[n] = (graph, out)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        return captured
+
+    def reserved_bytes(self) -> int:
+        return torch.cuda.memory_reserved()
+
+
 class DecodeGraphs:
     """Static buffers, and a graph per batch size over them once captured."""
 
     def __init__(self, forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-                 max_batch: int, scratch_slot: int, device: torch.device, capture: bool) -> None:
+                 max_batch: int, scratch_slot: int, device: torch.device, capture: bool,
+                 capturer: Capturer | None = None) -> None:
         """`forward(tokens, positions, slots)` runs the model's decode step on [n] tensors and returns logits [n, vocab]."""
         self.forward = forward
         self.sizes = graph_batch_sizes(max_batch)
@@ -43,29 +82,21 @@ class DecodeGraphs:
         self.positions = torch.zeros(largest, dtype=torch.long, device=device)
         self.slots = torch.full((largest,), scratch_slot, dtype=torch.long, device=device)
         self.logits: dict[int, torch.Tensor] = {}
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, object] = {}
+        self.pool_bytes: int | None = None
         if capture:
-            self._capture()
+            self._capture(capturer or CudaCapturer())
 
     def _inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.tokens[:n], self.positions[:n], self.slots[:n]
 
-    def _capture(self) -> None:
-        pool = None
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for n in reversed(self.sizes):  # largest first, so the smaller graphs reuse its memory pool
-                for _ in range(2):  # warm-up outside the capture: allocations, kernel choices
-                    self.forward(*self._inputs(n))
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self.logits[n] = self.forward(*self._inputs(n))
-                pool = graph.pool()
-                self.graphs[n] = graph
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
+    def _capture(self, capturer: Capturer) -> None:
+        before = capturer.reserved_bytes()
+        with torch.inference_mode():
+            captured = capturer.warm_and_capture(list(reversed(self.sizes)), lambda n: self.forward(*self._inputs(n)))
+        for n, (graph, logits) in captured.items():
+            self.graphs[n], self.logits[n] = graph, logits
+        self.pool_bytes = capturer.reserved_bytes() - before
 
     def fits(self, step: Step) -> bool:
         return not step.prefills and 0 < len(step.decodes) <= self.sizes[-1]

@@ -1,0 +1,101 @@
+"""Which attention code a torch backend runs: decided once, from the device, recorded in the metadata.
+
+- "cpu": the CPU route (backend.StepLayout, attention.py and the C kernels),
+  tuned on CPUs; its chunks at an offset and its decode runs call SDPA with an
+  additive mask, which is fine on a CPU and the slow math kernel on CUDA, so it
+  never runs on CUDA.
+- "flash": flash-attn's varlen and kv-cache kernels (flash.py), where the
+  package is importable.
+- "flex": FlexAttention with one block mask per step (flex.py), torch only.
+
+`attention="flex"` (or PREFILLBENCH_ATTENTION=flex) runs the CUDA route's
+attention code on a CPU, eagerly: how the tests check it here.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from prefillbench.backends.base import BackendError
+from prefillbench.backends.torch import flash, flex
+from prefillbench.backends.torch.attention_meta import AttentionMeta
+from prefillbench.backends.torch.graphs import graph_batch_sizes
+from prefillbench.step import PrefillChunk, Step, pack
+
+Route = flex.FlexRoute | flash.FlashRoute
+
+ROUTES = ("auto", "flex", "flash")
+ENV = "PREFILLBENCH_ATTENTION"
+
+
+def choose_route(device_type: str, requested: str = "auto", flash_available: bool = False) -> str:
+    """"cpu", "flex" or "flash" for a device ("cpu" or "cuda"); `requested` is auto, flex or flash."""
+    if requested not in ROUTES:
+        raise BackendError(f"unknown attention route {requested!r}; use {', '.join(ROUTES)}")
+    if requested == "flash":
+        if device_type != "cuda" or not flash_available:
+            raise BackendError("attention=flash needs a CUDA device and the flash-attn package (pip install prefillbench[cuda])")
+        return "flash"
+    if requested == "flex":
+        return "flex"
+    if device_type == "cuda":
+        return "flash" if flash_available else "flex"
+    return "cpu"
+
+
+def requested_route(option: str | None) -> str:
+    """The backend option if given, else PREFILLBENCH_ATTENTION, else auto."""
+    return option or os.environ.get(ENV, "").strip() or "auto"
+
+
+@dataclass
+class RouteLayout:
+    """A step on the flex or flash route: its attention contract, built once, and the route reading it."""
+
+    route: Route
+    meta: AttentionMeta
+    cache: Any  # backend.KVCache
+    calls: int = 0
+
+
+def make_route(name: str, max_len: int, n_slots: int, device: torch.device) -> Route:
+    """The route over a cache of n_slots (+ scratch) x max_len positions; flex compiles on CUDA only."""
+    if name == "flash":
+        return flash.FlashRoute()
+    return flex.FlexRoute(max_len, n_slots + 1, compiled=device.type == "cuda", batch_sizes=graph_batch_sizes(n_slots))
+
+
+def route_note(name: str, device_type: str) -> str:
+    """How the metadata and stderr name the route."""
+    if name == "cpu":
+        return "cpu (SDPA and the C kernels)"
+    if name == "flash":
+        return "flash (flash-attn varlen and kv-cache kernels)"
+    compiled = "compiled" if device_type == "cuda" else "eager, the CUDA route's code on a CPU"
+    return f"flex (FlexAttention, one block mask per step, {compiled})"
+
+
+def warm_route(route: Route, k_cache: torch.Tensor, v_cache: torch.Tensor, scratch_slot: int, heads: int,
+               max_step_tokens: int) -> None:
+    """Compile a compiled flex route for every shape class a step can bring (chunk lengths 1, 2-127, 128+; each
+    decode batch size), on the scratch slot, so that no timed step pays for a compile."""
+    if not isinstance(route, flex.FlexRoute) or not route.compiled:
+        return
+    device, max_len = k_cache.device, k_cache.shape[2]
+    metas = []
+    for n in sorted({1, 2, min(flex.Q_BLOCK, max_len), min(max_step_tokens, max_len)}):
+        step = Step(prefills=(PrefillChunk(-1, (0,) * n, 0, False),))
+        metas.append(AttentionMeta.for_step(step, pack(step), [scratch_slot], device))
+    for m in route.batch_sizes:
+        slots = torch.full((m,), scratch_slot, dtype=torch.long, device=device)
+        metas.append(AttentionMeta.for_decodes(torch.zeros_like(slots), slots))
+    with torch.inference_mode():
+        for meta in metas:
+            t = meta.row_slots.shape[0]
+            q = k_cache.new_zeros((heads, t, k_cache.shape[3]))
+            kv = k_cache.new_zeros((k_cache.shape[1], t, k_cache.shape[3]))
+            route.begin_step(meta)
+            route.attend(q, kv, kv, k_cache, v_cache, meta, 1.0)
