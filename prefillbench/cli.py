@@ -163,6 +163,9 @@ NoTuneLinear = Annotated[bool, _flag(
 CompileDecode = Annotated[bool, _flag(
     "--compile", MODEL_PANEL,
     help="torch on CPU: run decode-only steps through inductor-compiled graphs (about 2 minutes to compile, before timing)")]
+Kernels = Annotated[Literal["auto", "torch"], _option(
+    "--kernels", panel=MODEL_PANEL,
+    help="torch on CPU: auto, this package's C kernels where they build and beat torch when timed; torch, plain torch only")]
 FlashAttn = Annotated[Optional[Literal["on", "off", "auto"]], _option(
     "-fa", "--flash-attn", panel=MODEL_PANEL,
     help="gguf: llama.cpp flash attention, llama-bench's values (default: auto, llama.cpp's choice: on on a CPU)")]
@@ -315,6 +318,7 @@ def run(
     no_cuda_graphs: NoCudaGraphs = False,
     no_tune_linear: NoTuneLinear = False,
     compile_decode: CompileDecode = False,
+    kernels: Kernels = "auto",
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
     tp: TensorParallel = 1,
@@ -394,6 +398,7 @@ def capacity_command(
     no_cuda_graphs: NoCudaGraphs = False,
     no_tune_linear: NoTuneLinear = False,
     compile_decode: CompileDecode = False,
+    kernels: Kernels = "auto",
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
     tp: TensorParallel = 1,
@@ -734,6 +739,8 @@ def _load_backend(args: Any) -> Backend:
         options["tune_linear"] = False
     if args.compile_decode:
         options["compile_decode"] = True
+    if args.kernels != "auto":
+        options["kernels"] = args.kernels
     options.update(tp=args.tp, pp=args.pp)
     options.update(sim_options(args))
     backend = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, threads=args.threads, **options)

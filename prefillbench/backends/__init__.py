@@ -8,7 +8,7 @@ from prefillbench.backends.base import Backend, BackendError, SlotTable
 
 BACKEND_CHOICES = ("auto", "torch", "gguf", "sim")
 #: Options the torch backend takes (see TorchBackend.__init__); others belong to other backends.
-TORCH_OPTIONS = ("tune_linear", "cuda_graphs", "compile_decode", "decode_plan")
+TORCH_OPTIONS = ("tune_linear", "cuda_graphs", "compile_decode", "decode_plan", "kernels")
 
 
 def cuda_available() -> bool:
@@ -63,6 +63,8 @@ def load_backend(name: str, model: str | None, *, device: str = "auto", dtype: s
     check_launch(tp, name)
     if options.get("compile_decode") and name != "torch":
         raise BackendError(f"--compile applies to --backend torch, not {name}")
+    if options.get("kernels", "auto") != "auto" and name != "torch":
+        raise BackendError(f"--kernels {options['kernels']} applies to --backend torch, not {name}")
     if pp > 1 and name != "sim":
         raise BackendError(f"--pp {pp} runs on the sim only (--backend sim); see the README's \"Past one machine\"")
     if name == "sim":

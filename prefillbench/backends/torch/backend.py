@@ -30,6 +30,7 @@ from prefillbench.backends.torch.cpu.decode_plan import CpuDecodePlan
 from prefillbench.backends.torch.compiled import CompiledDecode
 from prefillbench.backends.torch.fused import FusedDecoder
 from prefillbench.backends.torch.graphs import DecodeGraphs
+from prefillbench.backends.torch.kernel_choice import TIMED_CONTEXT, KernelChoice, Shapes, decide, decide_attention, decide_layer_ops
 from prefillbench.backends.torch.linear import LinearKernels
 
 ATTENTION_NAME = "prefillbench"
@@ -81,9 +82,10 @@ class KVCache:
     The last slot is scratch: the padding rows of a CUDA-graph decode write there.
     """
 
-    def __init__(self, n_layers: int, n_slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device) -> None:
+    def __init__(self, n_layers: int, n_slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device,
+                 huge: bool = True) -> None:
         shape = (n_slots + 1, kv_heads, max_len, head_dim)
-        if torch.device(device).type == "cpu":
+        if torch.device(device).type == "cpu" and huge:
             # Decode attention streams through the cache: 2 MB pages read faster. A buffer each: --compile's
             # graphs take every layer's K and V as inputs that mutate, and inputs sharing one storage gave wrong logits.
             def zeros() -> torch.Tensor:
@@ -227,11 +229,18 @@ class TorchBackend(Backend):
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
                  parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True,
-                 compile_decode: bool = False, decode_plan: bool = True) -> None:
+                 compile_decode: bool = False, decode_plan: bool = True, kernels: str = "auto") -> None:
         """`tune_linear`: time the linear-layer kernels per row count (torch_linear); `cuda_graphs`:
         replay decode-only steps from CUDA graphs on a CUDA device (torch_graphs); `compile_decode`: run
         decode-only steps on the CPU through inductor-compiled graphs (torch_compiled); `decode_plan`: run
-        them on the CPU as one list of C calls where it applies (cpu_decode_plan)."""
+        them on the CPU as one list of C calls where it applies (cpu_decode_plan); `kernels`: "auto", the C
+        kernels where they build and win when timed at prepare(), or "torch", plain torch only (kernel_choice)."""
+        try:
+            self.kernel_choice = KernelChoice(kernels)
+        except ValueError as e:
+            raise BackendError(str(e)) from None
+        if self.kernel_choice.plain_torch:
+            tune_linear = decode_plan = False
         _register_attention()
         config = model.config
         if getattr(config, "is_encoder_decoder", False):
@@ -256,6 +265,7 @@ class TorchBackend(Backend):
         check_heads_divide(text, tp)
         # The config keeps the global head counts; this rank's attention sees only its own share.
         self.kv_heads = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads) // tp
+        self.heads = text.num_attention_heads // tp
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         self.context_length = getattr(text, "max_position_embeddings", 2048)
         self.vocab_size = text.vocab_size
@@ -281,11 +291,14 @@ class TorchBackend(Backend):
         self.decode_plan: CpuDecodePlan | None = None
         # Decided at the first prepare(): the plan needs the tuner's packed weights.
         self.decode_plan_note: str | None = None if decode_plan else "off (decode_plan=False)"
+        if self.kernel_choice.plain_torch:
+            self.decode_plan_note = "off (--kernels torch)"
 
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
              tp: int = 1, **options: Any) -> "TorchBackend":
-        """`options`: `tune_linear`, `cuda_graphs`, `decode_plan` (default True), `compile_decode`, see TorchBackend.__init__."""
+        """`options`: `tune_linear`, `cuda_graphs`, `decode_plan` (default True), `compile_decode`, `kernels` ("auto"),
+        see TorchBackend.__init__."""
         if dtype not in DTYPES:
             raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
         if threads is not None:
@@ -305,10 +318,15 @@ class TorchBackend(Backend):
         return cls(lm, name, dev, weights, parallel, **options)
 
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
+        with self.kernel_choice.active():
+            self._prepare(max_sequences, max_seq_len, max_step_tokens)
+
+    def _prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
         if self.cache is None or not self.cache.fits(max_sequences, max_seq_len):
             self.cache = None  # free the old one before allocating
             self.decode_graphs = None  # captured over the old cache's addresses
-            self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, max_seq_len, self.head_dim, self.dtype, self.torch_device)
+            self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, max_seq_len, self.head_dim, self.dtype, self.torch_device,
+                                 huge=not self.kernel_choice.plain_torch)
             if self.use_cuda_graphs:
                 self.decode_graphs = self.make_decode_graphs(capture=True)
             if self.compiled is not None:
@@ -317,14 +335,51 @@ class TorchBackend(Backend):
             self.compiled.warm(range(1, self.cache.n_slots + 1), self.cache.scratch_slot, self.cache.keys, self.cache.values)
         with torch.inference_mode():
             self.linear_kernels.tune_ahead(max_step_tokens, max_sequences)
+            if self.torch_device.type == "cpu" and not self.kernel_choice.plain_torch and not self.kernel_choice.decided:
+                self._decide_kernels(max_step_tokens)
             if self.decode_plan_note is None and self.compiled is not None:
                 self.decode_plan_note = "off (--compile runs decode-only steps)"
             elif self.decode_plan_note is None:
-                self.decode_plan, self.decode_plan_note = CpuDecodePlan.build(
-                    self.fused, self.lm_head, self.linear_kernels, self.torch_device, self.dtype)
+                with self.kernel_choice.active():
+                    self._build_decode_plan(max_seq_len)
         if self.decode_plan is not None:
             self.decode_plan.bind(self.cache)
         self.slots = SlotTable(self.cache.n_slots)
+
+    def _decide_kernels(self, max_step_tokens: int) -> None:
+        """Time each C kernel against its torch equivalent on this model's shapes (kernel_choice): it runs only where it won."""
+        first = next(iter(getattr(self.decoder, "layers", [])), None)
+        scaling = getattr(getattr(first, "self_attn", None), "scaling", self.head_dim**-0.5)
+        shapes = Shapes(self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, self.heads, scaling, self.fused, max_step_tokens)
+        decisions = decide_attention(shapes)
+        layer_ops = decide_layer_ops(shapes)
+        if layer_ops is not None:
+            decisions[cpu_layer_ops.KERNELS.name] = layer_ops
+        self.kernel_choice.decisions, self.kernel_choice.decided = decisions, True
+
+    def _build_decode_plan(self, max_seq_len: int) -> None:
+        """The decode plan where it applies and, timed against the eager step of one decode it replaces, wins."""
+        refused = self.kernel_choice.refused() & {cpu_layer_ops.KERNELS.name, cpu_decode_attention.KERNEL.name}
+        if refused:
+            self.decode_plan_note = f"off (the {', '.join(sorted(refused))} kernel lost to torch when timed)"
+            return
+        plan, self.decode_plan_note = CpuDecodePlan.build(self.fused, self.lm_head, self.linear_kernels, self.torch_device, self.dtype)
+        if plan is None:
+            return
+        plan.bind(self.cache)
+        slot, position = self.cache.scratch_slot, min(max_seq_len, TIMED_CONTEXT) - 1
+        dev = self.torch_device
+        tokens, positions, slots = torch.zeros(1, dtype=torch.long), torch.tensor([position]), torch.tensor([slot])
+        layout = StepLayout(chunks=[], decode_from=0, decode_slots=slots, decode_positions=positions,
+                            decode_runs=decode_runs([slot], positions, self.dtype), cache=self.cache)
+        eager = lambda: self.lm_head(self._hidden(tokens.to(dev)[None], positions.to(dev)[None], layout)[0])  # noqa: E731
+        d = decide(lambda: plan.run([0], [position], [slot]), eager, "the eager step")
+        self.kernel_choice.decisions["decode_plan"] = d
+        if d.on:
+            self.decode_plan = plan
+            self.decode_plan_note += self.kernel_choice.note("decode_plan")
+        else:
+            self.decode_plan_note = f"off ({d.note})"
 
     def make_decode_graphs(self, capture: bool) -> DecodeGraphs | None:
         """Graphs for decode-only steps of up to the cache's slots; None (eager) if capture fails."""
@@ -382,8 +437,12 @@ class TorchBackend(Backend):
             prefill_kernel=prefill_kernel,
         )
 
-    @torch.inference_mode()
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
+        with self.kernel_choice.active():
+            return self._execute(step, return_logits)
+
+    @torch.inference_mode()
+    def _execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if self.cache is None:
             raise BackendError("prepare() must be called before execute()")
         if self.decode_graphs is not None and self.decode_graphs.fits(step):
@@ -433,6 +492,9 @@ class TorchBackend(Backend):
         if self.torch_device.type == "cuda":
             meta["gpu"] = torch.cuda.get_device_name(self.torch_device)
             meta["cuda_graphs"] = self.graphs_note
+        meta["kernels"] = self.kernel_choice.mode
+        if self.torch_device.type == "cpu" and not self.kernel_choice.plain_torch:
+            meta["kernel_build"] = cpu_prefill_attention.KERNEL.describe()
         meta["tune_linear"] = "on" if self.linear_kernels.tune else "off"
         if self.torch_device.type == "cpu":
             meta["decode_plan"] = self.decode_plan_note or "off (not prepared)"
@@ -451,10 +513,21 @@ class TorchBackend(Backend):
     def _decode_attention_note(self) -> str:
         if self.torch_device.type != "cpu":
             return "SDPA"
+        if self.kernel_choice.plain_torch:
+            return "matmuls/SDPA (--kernels torch)"
         if self.dtype not in cpu_decode_attention.DTYPES:
             return f"matmuls/SDPA (the compiled kernel reads {', '.join(str(d).removeprefix('torch.') for d in cpu_decode_attention.DTYPES)} caches)"
-        why_not = cpu_decode_attention.status()
-        return "compiled C kernel" if not why_not else f"matmuls/SDPA; kernel {why_not}"
+        return self._kernel_note(cpu_decode_attention.KERNEL, "matmuls/SDPA")
+
+    def _kernel_note(self, kernel, torch_path: str, kernel_path: str = "compiled C kernel") -> str:
+        """A C kernel's path for the metadata: the kernel, or the torch path and why (not built, lost when timed)."""
+        why_not = kernel.status()
+        if why_not:
+            return f"{torch_path}; kernel {why_not}"
+        decision = self.kernel_choice.decisions.get(kernel.name)
+        if decision is not None and not decision.on:
+            return f"{torch_path} (kernel {decision.note})"
+        return f"{kernel_path}{self.kernel_choice.note(kernel.name)}"
 
     def _prefill_attention_note(self) -> str:
         """How prompt chunks attend: the compiled kernel or SDPA, and why not the kernel."""
@@ -462,8 +535,9 @@ class TorchBackend(Backend):
             return "SDPA"
         if self.head_dim not in cpu_prefill_attention.HEAD_DIMS:
             return f"SDPA (the compiled kernel takes heads of {' or '.join(map(str, cpu_prefill_attention.HEAD_DIMS))})"
-        why_not = cpu_prefill_attention.status()
-        return "compiled C kernel" if not why_not else f"SDPA; kernel {why_not}"
+        if self.kernel_choice.plain_torch:
+            return "SDPA (--kernels torch)"
+        return self._kernel_note(cpu_prefill_attention.KERNEL, "SDPA")
 
     def _layer_ops_note(self) -> str:
         """Which path a layer's norms, rotary and SiLU gate take."""
@@ -473,8 +547,9 @@ class TorchBackend(Backend):
             return "torch ops (this model's norms or heads are not the compiled loops' kind)"
         if self.torch_device.type != "cpu" or self.dtype not in cpu_layer_ops.DTYPES:
             return "torch ops"
-        why_not = cpu_layer_ops.status()
-        return "compiled C loops" if not why_not else f"torch ops; compiled loops {why_not}"
+        if self.kernel_choice.plain_torch:
+            return "torch ops (--kernels torch)"
+        return self._kernel_note(cpu_layer_ops.KERNELS, "torch ops", "compiled C loops").replace("; kernel off", "; compiled loops off")
 
     def logit_tolerance(self) -> LogitTolerance:
         return LOGIT_TOLERANCE[self.dtype]
