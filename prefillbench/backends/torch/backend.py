@@ -32,6 +32,7 @@ from prefillbench.backends.torch.fused import FusedDecoder
 from prefillbench.backends.torch.graphs import DecodeGraphs
 from prefillbench.backends.torch.kernel_choice import TIMED_CONTEXT, KernelChoice, Shapes, decide, decide_attention, decide_layer_ops
 from prefillbench.backends.torch.linear import LinearKernels
+from prefillbench.backends.torch import memory
 
 ATTENTION_NAME = "prefillbench"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -269,6 +270,12 @@ class TorchBackend(Backend):
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         self.context_length = getattr(text, "max_position_embeddings", 2048)
         self.vocab_size = text.vocab_size
+        self.sizes = memory.ModelSizes(self.n_layers, self.heads, self.kv_heads, self.head_dim, text.hidden_size,
+                                       getattr(text, "intermediate_size", None) or 4 * text.hidden_size, self.vocab_size,
+                                       self.dtype.itemsize)
+        self.free_memory: memory.FreeMemoryReader = memory.free_memory  # tests inject a smaller figure
+        self.memory_plan: memory.MemoryPlan | None = None  # the last one the engine asked for
+        self.clamped: list[tuple[int, int]] = []
         self.cache: KVCache | None = None
         self.slots = SlotTable(0)
         self.use_cuda_graphs = cuda_graphs and self.torch_device.type == "cuda" and parallel is None
@@ -321,12 +328,35 @@ class TorchBackend(Backend):
         with self.kernel_choice.active():
             self._prepare(max_sequences, max_seq_len, max_step_tokens)
 
+    def max_concurrency(self, max_seq_len: int, max_step_tokens: int) -> int:
+        """Sequences of `max_seq_len` whose KV cache fits in what the device has free (memory.plan); the engine clamps to it."""
+        huge = self.torch_device.type == "cpu" and not self.kernel_choice.plain_torch
+        tuner_copies = 0
+        if self.torch_device.type == "cpu" and self.linear_kernels.tune and not self.linear_kernels.choice:
+            # while timing, a kind's oneDNN and packed copies are all made before the unchosen go
+            tuner_copies = 2 * sum(t.weight.numel() * t.weight.element_size() for peers in self.linear_kernels.layers.values() for t in peers)
+        reusable = 0 if self.cache is None else sum(t.numel() * t.element_size() for t in self.cache.keys + self.cache.values)
+        self.memory_plan = memory.plan(self.sizes, max_seq_len, max_step_tokens, self.free_memory(self.torch_device), tuner_copies,
+                                       reusable, 2 * self.n_layers * huge_pages.HUGE_PAGE if huge else 0)
+        return self.memory_plan.sequences
+
+    def room(self) -> str:
+        return self.memory_plan.describe() if self.memory_plan is not None else super().room()
+
     def _prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
         if self.cache is None or not self.cache.fits(max_sequences, max_seq_len):
             self.cache = None  # free the old one before allocating
             self.decode_graphs = None  # captured over the old cache's addresses
-            self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, max_seq_len, self.head_dim, self.dtype, self.torch_device,
-                                 huge=not self.kernel_choice.plain_torch)
+            if self.decode_plan is not None:
+                self.decode_plan.bind(None)  # its programs hold the old cache's tensors
+            try:
+                self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, max_seq_len, self.head_dim, self.dtype,
+                                     self.torch_device, huge=not self.kernel_choice.plain_torch)
+            except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError; the host's is "can't allocate memory"
+                need = memory.kv_bytes(self.sizes, max_sequences + 1, max_seq_len) / memory.GiB
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise BackendError(f"cannot allocate the KV cache of {max_sequences} sequences of {max_seq_len} tokens "
+                                   f"({need:.2f} GiB; {self.free_memory(self.torch_device).describe()}): {first}") from None
             if self.use_cuda_graphs:
                 self.decode_graphs = self.make_decode_graphs(capture=True)
             if self.compiled is not None:
@@ -506,6 +536,10 @@ class TorchBackend(Backend):
         meta["layer_ops"] = self._layer_ops_note()
         if self.linear_kernels.choice:
             meta["linear_kernels"] = ", ".join(f"{k} {v}" for k, v in self.linear_kernels.summary().items())
+        if self.memory_plan is not None:
+            meta["memory"] = f"{self.memory_plan.sequences} sequences fit in {self.memory_plan.describe()}"
+        if self.clamped:
+            meta["concurrency_clamped"] = self.clamp_note()
         if self.parallel:
             meta.update(self.parallel.metadata())
         return meta
