@@ -30,7 +30,7 @@ from prefillbench.backends.torch.cpu.decode_plan import CpuDecodePlan
 from prefillbench.backends.torch.compiled import CompiledDecode
 from prefillbench.backends.torch.fused import FusedDecoder
 from prefillbench.backends.torch.graphs import DecodeGraphs
-from prefillbench.backends.torch.kernel_choice import TIMED_CONTEXT, KernelChoice, Shapes, decide, decide_attention, decide_layer_ops
+from prefillbench.backends.torch.kernel_choice import TIMED_CONTEXT, KernelChoice, Shapes, decide
 from prefillbench.backends.torch.linear import LinearKernels
 from prefillbench.backends.torch import memory
 
@@ -331,12 +331,11 @@ class TorchBackend(Backend):
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int) -> int:
         """Sequences of `max_seq_len` whose KV cache fits in what the device has free (memory.plan); the engine clamps to it."""
         huge = self.torch_device.type == "cpu" and not self.kernel_choice.plain_torch
-        tuner_copies = 0
-        if self.torch_device.type == "cpu" and self.linear_kernels.tune and not self.linear_kernels.choice:
-            # while timing, a kind's oneDNN and packed copies are all made before the unchosen go
-            tuner_copies = 2 * sum(t.weight.numel() * t.weight.element_size() for peers in self.linear_kernels.layers.values() for t in peers)
-        reusable = 0 if self.cache is None else sum(t.numel() * t.element_size() for t in self.cache.keys + self.cache.values)
-        self.memory_plan = memory.plan(self.sizes, max_seq_len, max_step_tokens, self.free_memory(self.torch_device), tuner_copies,
+        # while timing, the tuner makes a kind's oneDNN and packed copies before it drops the unchosen
+        timing = self.torch_device.type == "cpu" and self.linear_kernels.tune and not self.linear_kernels.choice
+        copies = 2 * sum(memory.nbytes(t.weight) for peers in self.linear_kernels.layers.values() for t in peers) if timing else 0
+        reusable = 0 if self.cache is None else sum(map(memory.nbytes, self.cache.keys + self.cache.values))
+        self.memory_plan = memory.plan(self.sizes, max_seq_len, max_step_tokens, self.free_memory(self.torch_device), copies,
                                        reusable, 2 * self.n_layers * huge_pages.HUGE_PAGE if huge else 0)
         return self.memory_plan.sequences
 
@@ -380,12 +379,8 @@ class TorchBackend(Backend):
         """Time each C kernel against its torch equivalent on this model's shapes (kernel_choice): it runs only where it won."""
         first = next(iter(getattr(self.decoder, "layers", [])), None)
         scaling = getattr(getattr(first, "self_attn", None), "scaling", self.head_dim**-0.5)
-        shapes = Shapes(self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, self.heads, scaling, self.fused, max_step_tokens)
-        decisions = decide_attention(shapes)
-        layer_ops = decide_layer_ops(shapes)
-        if layer_ops is not None:
-            decisions[cpu_layer_ops.KERNELS.name] = layer_ops
-        self.kernel_choice.decisions, self.kernel_choice.decided = decisions, True
+        self.kernel_choice.decide(Shapes(self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, self.heads, scaling,
+                                         self.fused, max_step_tokens))
 
     def _build_decode_plan(self, max_seq_len: int) -> None:
         """The decode plan where it applies and, timed against the eager step of one decode it replaces, wins."""
@@ -530,10 +525,8 @@ class TorchBackend(Backend):
             meta["decode_plan"] = self.decode_plan_note or "off (not prepared)"
         if self.compiled is not None:
             meta["compile"] = f"decode-only steps, batch sizes 1-{max(self.compiled.batch_sizes, default=0)}, compiled in {self.compiled.compile_s:.0f} s"
-        meta["decode_attention"] = self._decode_attention_note()
-        meta["prefill_attention"] = self._prefill_attention_note()
+        meta.update(self.kernel_choice.paths(self.torch_device, self.dtype, self.head_dim, self.fused))
         meta["fused_projections"] = "qkv, gate_up" if self.fused is not None else "off (transformers' forward)"
-        meta["layer_ops"] = self._layer_ops_note()
         if self.linear_kernels.choice:
             meta["linear_kernels"] = ", ".join(f"{k} {v}" for k, v in self.linear_kernels.summary().items())
         if self.memory_plan is not None:
@@ -543,47 +536,6 @@ class TorchBackend(Backend):
         if self.parallel:
             meta.update(self.parallel.metadata())
         return meta
-
-    def _decode_attention_note(self) -> str:
-        if self.torch_device.type != "cpu":
-            return "SDPA"
-        if self.kernel_choice.plain_torch:
-            return "matmuls/SDPA (--kernels torch)"
-        if self.dtype not in cpu_decode_attention.DTYPES:
-            return f"matmuls/SDPA (the compiled kernel reads {', '.join(str(d).removeprefix('torch.') for d in cpu_decode_attention.DTYPES)} caches)"
-        return self._kernel_note(cpu_decode_attention.KERNEL, "matmuls/SDPA")
-
-    def _kernel_note(self, kernel, torch_path: str, kernel_path: str = "compiled C kernel") -> str:
-        """A C kernel's path for the metadata: the kernel, or the torch path and why (not built, lost when timed)."""
-        why_not = kernel.status()
-        if why_not:
-            return f"{torch_path}; kernel {why_not}"
-        decision = self.kernel_choice.decisions.get(kernel.name)
-        if decision is not None and not decision.on:
-            return f"{torch_path} (kernel {decision.note})"
-        return f"{kernel_path}{self.kernel_choice.note(kernel.name)}"
-
-    def _prefill_attention_note(self) -> str:
-        """How prompt chunks attend: the compiled kernel or SDPA, and why not the kernel."""
-        if self.torch_device.type != "cpu" or self.dtype not in cpu_prefill_attention.DTYPES:
-            return "SDPA"
-        if self.head_dim not in cpu_prefill_attention.HEAD_DIMS:
-            return f"SDPA (the compiled kernel takes heads of {' or '.join(map(str, cpu_prefill_attention.HEAD_DIMS))})"
-        if self.kernel_choice.plain_torch:
-            return "SDPA (--kernels torch)"
-        return self._kernel_note(cpu_prefill_attention.KERNEL, "SDPA")
-
-    def _layer_ops_note(self) -> str:
-        """Which path a layer's norms, rotary and SiLU gate take."""
-        if self.fused is None:
-            return "transformers' modules"
-        if not self.fused.c_layer_ops:
-            return "torch ops (this model's norms or heads are not the compiled loops' kind)"
-        if self.torch_device.type != "cpu" or self.dtype not in cpu_layer_ops.DTYPES:
-            return "torch ops"
-        if self.kernel_choice.plain_torch:
-            return "torch ops (--kernels torch)"
-        return self._kernel_note(cpu_layer_ops.KERNELS, "torch ops", "compiled C loops").replace("; kernel off", "; compiled loops off")
 
     def logit_tolerance(self) -> LogitTolerance:
         return LOGIT_TOLERANCE[self.dtype]

@@ -26,7 +26,7 @@ from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_atten
 from prefillbench.backends.torch.cpu import few_rows as cpu_few_rows
 from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
 from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention
-from prefillbench.backends.torch.cpu.build import refusing
+from prefillbench.backends.torch.cpu.build import CKernels, refusing
 from prefillbench.backends.torch.fused import CLayerOps, FusedDecoder, TorchLayerOps
 
 #: `--kernels`: auto, the C kernels where they build and win; torch, plain torch only (no C kernel,
@@ -75,6 +75,50 @@ class KernelChoice:
         """The backend's calls: the kernels it refused are off inside."""
         with refusing(self.refused()):
             yield
+
+    def decide(self, shapes: "Shapes") -> None:
+        """Time every kernel that applies against its torch equivalent (decide_attention, decide_layer_ops)."""
+        self.decisions = decide_attention(shapes)
+        layer_ops = decide_layer_ops(shapes)
+        if layer_ops is not None:
+            self.decisions[cpu_layer_ops.KERNELS.name] = layer_ops
+        self.decided = True
+
+    def paths(self, device: torch.device, dtype: torch.dtype, head_dim: int, fused: FusedDecoder | None) -> dict[str, str]:
+        """The metadata's decode_attention, prefill_attention and layer_ops: which path each takes, and why not the kernel."""
+        cpu, torch_only = device.type == "cpu", " (--kernels torch)" if self.plain_torch else ""
+        if not cpu:
+            decode = "SDPA"
+        elif torch_only or dtype not in cpu_decode_attention.DTYPES:
+            reads = ", ".join(str(d).removeprefix("torch.") for d in cpu_decode_attention.DTYPES)
+            decode = f"matmuls/SDPA{torch_only or f' (the compiled kernel reads {reads} caches)'}"
+        else:
+            decode = self._path(cpu_decode_attention.KERNEL, "matmuls/SDPA")
+        if not cpu or dtype not in cpu_prefill_attention.DTYPES:
+            prefill = "SDPA"
+        elif head_dim not in cpu_prefill_attention.HEAD_DIMS:
+            prefill = f"SDPA (the compiled kernel takes heads of {' or '.join(map(str, cpu_prefill_attention.HEAD_DIMS))})"
+        else:
+            prefill = f"SDPA{torch_only}" if torch_only else self._path(cpu_prefill_attention.KERNEL, "SDPA")
+        if fused is None:
+            layer_ops = "transformers' modules"
+        elif not fused.c_layer_ops:
+            layer_ops = "torch ops (this model's norms or heads are not the compiled loops' kind)"
+        elif not cpu or dtype not in cpu_layer_ops.DTYPES:
+            layer_ops = "torch ops"
+        else:
+            layer_ops = f"torch ops{torch_only}" if torch_only else self._path(cpu_layer_ops.KERNELS, "torch ops", "compiled C loops")
+        return {"decode_attention": decode, "prefill_attention": prefill, "layer_ops": layer_ops}
+
+    def _path(self, kernel: CKernels, torch_path: str, kernel_path: str = "compiled C kernel") -> str:
+        """A C kernel's path: the kernel, or the torch path and why (not built, lost when timed)."""
+        why_not = kernel.status()
+        if why_not:
+            return f"{torch_path}; {'compiled loops' if kernel_path == 'compiled C loops' else 'kernel'} {why_not}"
+        decision = self.decisions.get(kernel.name)
+        if decision is not None and not decision.on:
+            return f"{torch_path} (kernel {decision.note})"
+        return f"{kernel_path}{self.note(kernel.name)}"
 
     def note(self, name: str) -> str:
         """" (timed: 0.66x SDPA's time)" or "" for the metadata beside a kernel's path."""

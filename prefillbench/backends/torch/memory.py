@@ -100,6 +100,10 @@ class ModelSizes:
     itemsize: int
 
 
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def kv_bytes(sizes: ModelSizes, slots: int, max_len: int) -> int:
     """K and V of every layer for `slots` cache slots of `max_len` positions."""
     return 2 * sizes.n_layers * slots * sizes.kv_heads * max_len * sizes.head_dim * sizes.itemsize
