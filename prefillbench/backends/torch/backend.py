@@ -337,7 +337,7 @@ class TorchBackend(Backend):
         reusable = 0 if self.cache is None else sum(map(memory.nbytes, self.cache.keys + self.cache.values))
         self.memory_plan = memory.plan(self.sizes, max_seq_len, max_step_tokens, self.free_memory(self.torch_device), copies,
                                        reusable, 2 * self.n_layers * huge_pages.HUGE_PAGE if huge else 0)
-        return self.memory_plan.sequences
+        return self.parallel.fewest(self.memory_plan.sequences) if self.parallel else self.memory_plan.sequences
 
     def room(self) -> str:
         return self.memory_plan.describe() if self.memory_plan is not None else super().room()
