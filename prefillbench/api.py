@@ -22,16 +22,19 @@ def generate(
     max_new_tokens: int = 16,
     device: str = "auto",
     dtype: str = "float32",
+    kernels: str = "auto",
 ) -> list[list[int]]:
     """Greedy tokens for each prompt (a list of token ids), run through `strategy` on `backend`.
 
-    `model` may also be an already loaded Backend, which is reused as it is.
+    `model` may also be an already loaded Backend, which is reused as it is. `kernels` (torch): "auto",
+    the C kernels where they win; "torch", plain torch only.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    runner = model if isinstance(model, Backend) else load_backend(backend, model, device=device, dtype=dtype)
+    runner = model if isinstance(model, Backend) else load_backend(backend, model, device=device, dtype=dtype,
+                                                                       **({} if kernels == "auto" else {"kernels": kernels}))
     requests = [Request(tuple(int(t) for t in p), max_new_tokens) for p in prompts]
     record = engine.run(runner, make_strategy(strategy, chunk_size), requests, concurrency or len(requests))
     return [r.tokens for r in record.requests]

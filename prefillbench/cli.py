@@ -78,6 +78,9 @@ NoTuneLinear = Annotated[bool, _flag(
 CompileDecode = Annotated[bool, _flag(
     "--compile", MODEL_PANEL,
     help="torch on CPU: run decode-only steps through inductor-compiled graphs (about 2 minutes to compile, before timing)")]
+Kernels = Annotated[str, _option(
+    "--kernels", panel=MODEL_PANEL, callback=choice("auto", "torch"), metavar="auto|torch",
+    help="torch on CPU: auto, this package's C kernels where they build and beat torch when timed; torch, plain torch only")]
 FlashAttn = Annotated[Optional[str], _option(
     "-fa", "--flash-attn", panel=MODEL_PANEL, callback=choice("on", "off", "auto"), metavar="on|off|auto",
     help="gguf: llama.cpp flash attention, llama-bench's values (default: auto, llama.cpp's choice: on on a CPU)")]
@@ -272,6 +275,7 @@ def run_command(
     no_cuda_graphs: NoCudaGraphs = False,
     no_tune_linear: NoTuneLinear = False,
     compile_decode: CompileDecode = False,
+    kernels: Kernels = "auto",
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
     tp: TensorParallel = B.tp,
@@ -350,6 +354,7 @@ def capacity_command(
     no_cuda_graphs: NoCudaGraphs = False,
     no_tune_linear: NoTuneLinear = False,
     compile_decode: CompileDecode = False,
+    kernels: Kernels = "auto",
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
     tp: TensorParallel = B.tp,

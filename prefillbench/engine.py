@@ -132,7 +132,7 @@ def run(
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         if lo < 1:
-            raise BackendError(f"not one sequence of {max_seq_len} tokens fits in {backend.label}'s KV cache")
+            raise BackendError(f"not one sequence of {max_seq_len} tokens fits in {backend.room()}")
         backend.note_clamp(cap, lo)
         cap = lo
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap))

@@ -371,6 +371,9 @@ def test_backend_switches_reach_the_backend(argv, monkeypatch, capsys):
     assert "cuda_graphs" not in seen and "tune_linear" not in seen and "flash_attn" not in seen
     assert cli.main([*argv, "--no-cuda-graphs", "--no-tune-linear", "-fa", "off"]) == 2
     assert seen["cuda_graphs"] is False and seen["tune_linear"] is False and seen["flash_attn"] == "off"
+    assert "kernels" not in seen
+    assert cli.main([*argv, "--kernels", "torch"]) == 2
+    assert seen["kernels"] == "torch"
 
 
 def test_tune_linear_setting_is_recorded_in_the_export(tiny_folder, capsys, tmp_path):

@@ -59,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--no-tune-linear", action="store_true")
     parser.add_argument("--compile", action="store_true", help="CPU: decode-only steps through inductor graphs (~2 min to compile)")
+    parser.add_argument("--kernels", default="auto", choices=("auto", "torch"), help="torch: plain torch only (as prefillbench run's)")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -67,7 +68,7 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
     dtype = DTYPES[args.dtype]
-    options = dict(tune_linear=not args.no_tune_linear)
+    options = dict(tune_linear=not args.no_tune_linear, kernels=args.kernels)
     if device == "cuda":
         options["cuda_graphs"] = not args.no_cuda_graphs
     if args.compile:
@@ -134,6 +135,9 @@ def main(args: argparse.Namespace) -> None:
     compiled = f", decode-only steps compiled ({backend.metadata()['compile']})" if args.compile else ""
     print(f"# {backend.model_name}, {args.dtype} on {backend.label}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"{args.reps} interleaved reps{compiled}")
+    meta = backend.metadata()
+    print("# kernels " + "; ".join(f"{k}: {meta[k]}" for k in ("kernels", "kernel_build", "prefill_attention", "decode_attention",
+                                                              "layer_ops", "decode_plan", "tune_linear") if k in meta))
     # A limit measured low is the machine's noise, not its capability: a ratio against it would flatter the step.
     low_peak, low_bandwidth = min(peak, peak_after), min(bandwidth, bandwidth_after)
     peak, bandwidth = max(peak, peak_after), max(bandwidth, bandwidth_after)

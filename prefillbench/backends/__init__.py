@@ -73,6 +73,8 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, str]:
     if options.get("compile_decode") and name != "torch":
         raise BackendError(f"--compile applies to --backend torch, not {name}")
     pp = options.get("pp") or 1
+    if options.get("kernels", "auto") != "auto" and name != "torch":
+        raise BackendError(f"--kernels {options['kernels']} applies to --backend torch, not {name}")
     if pp > 1 and name != "sim":
         raise BackendError(f"--pp {pp} runs on the sim only (--backend sim); see the README's \"Past one machine\"")
     cls = backend_class(name)

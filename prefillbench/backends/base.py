@@ -1,6 +1,7 @@
 """The backend interface: execute one step, own the KV cache, keep the clock."""
 from __future__ import annotations
 
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -81,7 +82,21 @@ class Backend(ABC):
         return None
 
     def note_clamp(self, asked: int, allowed: int) -> None:
-        """Told when the engine runs fewer sequences at once than asked, because of `max_concurrency`."""
+        """Told when the engine runs fewer sequences at once than asked, because of `max_concurrency`:
+        said once per (asked, allowed) on stderr, and kept in `clamped` for the metadata."""
+        clamped = self.__dict__.setdefault("clamped", [])
+        if (asked, allowed) not in clamped:
+            clamped.append((asked, allowed))
+            print(f"prefillbench: {self.name}: only {allowed} of {asked} sequences fit in {self.room()}; "
+                  f"running {allowed} at a time", file=sys.stderr)
+
+    def room(self) -> str:
+        """Where the sequences in flight must fit, for `note_clamp`'s line and the engine's refusal."""
+        return f"{self.label}'s KV cache"
+
+    def clamp_note(self) -> str:
+        """The clamps so far, for the metadata: "asked->allowed;..."."""
+        return ";".join(f"{a}->{b}" for a, b in self.__dict__.get("clamped", []))
 
     #: How many steps may be in flight at once (pipeline stages); the engine never puts a sequence in two.
     max_steps_in_flight: int = 1

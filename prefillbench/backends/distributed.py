@@ -112,6 +112,15 @@ class TensorParallel:
         dist.broadcast(reading, src=0)
         return float(reading.item())
 
+    def fewest(self, n: int) -> int:
+        """The least of every rank's `n`: ranks that plan their memory apart must still run the same sequences."""
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([n], dtype=torch.int64, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return int(value.item())
+
     def metadata(self) -> dict[str, Any]:
         return {
             "world_size": self.world_size,

@@ -94,6 +94,7 @@ class BackendOptions:
     no_cuda_graphs: bool = _backend_option(False, "--no-cuda-graphs", "cuda_graphs", negated=True)
     no_tune_linear: bool = _backend_option(False, "--no-tune-linear", "tune_linear", negated=True)
     compile_decode: bool = _backend_option(False, "--compile", "compile_decode")
+    kernels: str = _backend_option("auto", "--kernels", "kernels")
     sim_model: str | None = _backend_option(None, "--sim-model", "sim_model")
     sim_gpu: str | None = _backend_option(None, "--sim-gpu", "sim_gpu")
     tp: int = _backend_option(1, "--tp", "tp")

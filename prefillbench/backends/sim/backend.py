@@ -78,11 +78,8 @@ class SimBackend(Backend):
         """Sequences of `max_seq_len` whose KV cache fits beside the weights; the engine clamps to it."""
         return self.cost.max_sequences(max_seq_len, max_step_tokens)
 
-    def note_clamp(self, asked: int, allowed: int) -> None:
-        if (asked, allowed) not in self.clamped:
-            self.clamped.append((asked, allowed))
-            print(f"prefillbench: sim: only {allowed} of {asked} sequences fit in {self.gpu.name}'s KV cache "
-                  f"beside {self.model.name}'s weights; running {allowed} at a time", file=sys.stderr)
+    def room(self) -> str:
+        return f"{self.gpu.name}'s KV cache beside {self.model.name}'s weights"
 
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
         fits = self.max_concurrency(max_seq_len, max_step_tokens)
@@ -209,7 +206,7 @@ class SimBackend(Backend):
             "sim_kv_capacity_tokens": self.cost.kv_capacity_tokens(),
         }
         if self.clamped:
-            meta["sim_concurrency_clamped"] = ";".join(f"{a}->{b}" for a, b in self.clamped)
+            meta["sim_concurrency_clamped"] = self.clamp_note()
         if self.pipeline_stats:
             meta["sim_median_bubble_ms"] = self.pipeline_stats["median_bubble_per_request_s"] * 1e3
             meta["sim_stage_busy"] = ",".join(f"{b:.3f}" for b in self.pipeline_stats["stage_busy_fraction"])

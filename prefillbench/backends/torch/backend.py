@@ -34,7 +34,9 @@ from prefillbench.backends.torch.cpu.decode_plan import CpuDecodePlan
 from prefillbench.backends.torch.compiled import CompiledDecode
 from prefillbench.backends.torch.fused import FusedDecoder
 from prefillbench.backends.torch.graphs import DecodeGraphs
+from prefillbench.backends.torch.kernel_choice import TIMED_CONTEXT, KernelChoice, Shapes, decide
 from prefillbench.backends.torch.linear import LinearKernels
+from prefillbench.backends.torch import memory
 
 ATTENTION_NAME = "prefillbench"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -88,12 +90,12 @@ class KVCache:
     """
 
     def __init__(self, n_layers: int, n_slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device,
-                 heads_first: bool = False) -> None:
+                 heads_first: bool = False, huge: bool = True) -> None:
         shape = (n_slots + 1, kv_heads, max_len, head_dim)
         if heads_first:
             def zeros() -> torch.Tensor:
                 return torch.zeros((kv_heads, n_slots + 1, max_len, head_dim), dtype=dtype, device=device).transpose(0, 1)
-        elif torch.device(device).type == "cpu":
+        elif torch.device(device).type == "cpu" and huge:
             # Decode attention streams through the cache: 2 MB pages read faster. A buffer each: --compile's
             # graphs take every layer's K and V as inputs that mutate, and inputs sharing one storage gave wrong logits.
             def zeros() -> torch.Tensor:
@@ -222,17 +224,26 @@ def load_model(model: str, dtype: torch.dtype, device: str, tp: int = 1):
 
 class TorchBackend(Backend):
     name = "torch"
-    options = frozenset({"device", "dtype", "threads", "tp", "tune_linear", "cuda_graphs", "compile_decode", "decode_plan"})
+    options = frozenset({"device", "dtype", "threads", "tp", "tune_linear", "cuda_graphs", "compile_decode", "decode_plan",
+                         "attention", "kernels"})
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
                  parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True,
-                 compile_decode: bool = False, decode_plan: bool = True, attention: str | None = None) -> None:
+                 compile_decode: bool = False, decode_plan: bool = True, attention: str | None = None,
+                 kernels: str = "auto") -> None:
         """`tune_linear`: time the linear-layer kernels per row count (torch_linear); `cuda_graphs`:
         replay decode-only steps from CUDA graphs on a CUDA device (torch_graphs); `compile_decode`: run
         decode-only steps on the CPU through inductor-compiled graphs (torch_compiled); `decode_plan`: run
         them on the CPU as one list of C calls where it applies (cpu_decode_plan); `attention`: auto, flex
         or flash (default: PREFILLBENCH_ATTENTION, else auto: the CPU route on a CPU, flash or flex on
-        CUDA; flex on a CPU runs the CUDA route's code eagerly, for tests; see routes.py)."""
+        CUDA; flex on a CPU runs the CUDA route's code eagerly, for tests; see routes.py); `kernels`: "auto",
+        the C kernels where they build and win when timed at prepare(), or "torch", plain torch only (kernel_choice)."""
+        try:
+            self.kernel_choice = KernelChoice(kernels)
+        except ValueError as e:
+            raise BackendError(str(e)) from None
+        if self.kernel_choice.plain_torch:
+            tune_linear = decode_plan = False
         _register_attention()
         config = model.config
         if getattr(config, "is_encoder_decoder", False):
@@ -257,11 +268,18 @@ class TorchBackend(Backend):
         check_heads_divide(text, tp)
         # The config keeps the global head counts; this rank's attention sees only its own share.
         self.kv_heads = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads) // tp
+        self.heads = text.num_attention_heads // tp
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         self.context_length = getattr(text, "max_position_embeddings", 2048)
         self.vocab_size = text.vocab_size
         self.route_name = choose_route(self.torch_device.type, requested_route(attention), flash.available())
         self.route: Route | None = None  # made with the cache it reads
+        self.sizes = memory.ModelSizes(self.n_layers, self.heads, self.kv_heads, self.head_dim, text.hidden_size,
+                                       getattr(text, "intermediate_size", None) or 4 * text.hidden_size, self.vocab_size,
+                                       self.dtype.itemsize)
+        self.free_memory: memory.FreeMemoryReader = memory.free_memory  # tests inject a smaller figure
+        self.memory_plan: memory.MemoryPlan | None = None  # the last one the engine asked for
+        self.clamped: list[tuple[int, int]] = []
         self.cache: KVCache | None = None
         self.slots = SlotTable(0)
         self.use_cuda_graphs = cuda_graphs and self.torch_device.type == "cuda" and parallel is None and self.route_name != "cpu"
@@ -293,11 +311,14 @@ class TorchBackend(Backend):
         self.graph_pool_bytes: int | None = None
         if self.route_name != "cpu":
             print(f"prefillbench: torch attention through the {self.route_note()} route", file=sys.stderr)
+        if self.kernel_choice.plain_torch:
+            self.decode_plan_note = "off (--kernels torch)"
 
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
              tp: int = 1, **options: Any) -> "TorchBackend":
-        """`options`: `tune_linear`, `cuda_graphs`, `decode_plan` (default True), `compile_decode`, `attention`, see TorchBackend.__init__."""
+        """`options`: `tune_linear`, `cuda_graphs`, `decode_plan` (default True), `compile_decode`, `attention`,
+        `kernels` ("auto"), see TorchBackend.__init__."""
         if dtype not in DTYPES:
             raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
         if threads is not None:
@@ -317,14 +338,40 @@ class TorchBackend(Backend):
         return cls(lm, name, dev, weights, parallel, **options)
 
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
+        with self.kernel_choice.active():
+            self._prepare(max_sequences, max_seq_len, max_step_tokens)
+
+    def max_concurrency(self, max_seq_len: int, max_step_tokens: int) -> int:
+        """Sequences of `max_seq_len` whose KV cache fits in what the device has free (memory.plan); the engine clamps to it."""
+        huge = self.torch_device.type == "cpu" and not self.kernel_choice.plain_torch
+        # while timing, the tuner makes a kind's oneDNN and packed copies before it drops the unchosen
+        timing = self.torch_device.type == "cpu" and self.linear_kernels.tune and not self.linear_kernels.choice
+        copies = 2 * sum(memory.nbytes(t.weight) for peers in self.linear_kernels.layers.values() for t in peers) if timing else 0
+        reusable = 0 if self.cache is None else sum(map(memory.nbytes, self.cache.keys + self.cache.values))
+        self.memory_plan = memory.plan(self.sizes, max_seq_len, max_step_tokens, self.free_memory(self.torch_device), copies,
+                                       reusable, 2 * self.n_layers * huge_pages.HUGE_PAGE if huge else 0)
+        return self.parallel.fewest(self.memory_plan.sequences) if self.parallel else self.memory_plan.sequences
+
+    def room(self) -> str:
+        return self.memory_plan.describe() if self.memory_plan is not None else super().room()
+
+    def _prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
         if self.cache is None or not self.cache.fits(max_sequences, max_seq_len):
             self.cache = None  # free the old one before allocating
             self.decode_graphs = None  # captured over the old cache's addresses
+            if self.decode_plan is not None:
+                self.decode_plan.bind(None)  # its programs hold the old cache's tensors
             on_route = self.route_name != "cpu"
             # The routes' tiles are KV_BLOCK positions and must not straddle two slots.
             length = -(-max_seq_len // flex.KV_BLOCK) * flex.KV_BLOCK if on_route else max_seq_len
-            self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, length, self.head_dim, self.dtype,
-                                 self.torch_device, heads_first=on_route)
+            try:
+                self.cache = KVCache(self.n_layers, max_sequences, self.kv_heads, length, self.head_dim, self.dtype,
+                                     self.torch_device, heads_first=on_route, huge=not self.kernel_choice.plain_torch)
+            except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError; the host's is "can't allocate memory"
+                need = memory.kv_bytes(self.sizes, max_sequences + 1, max_seq_len) / memory.GiB
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise BackendError(f"cannot allocate the KV cache of {max_sequences} sequences of {max_seq_len} tokens "
+                                   f"({need:.2f} GiB; {self.free_memory(self.torch_device).describe()}): {first}") from None
             if on_route:
                 self.route = self._make_route()
                 self.route_warm(max_step_tokens)
@@ -336,11 +383,13 @@ class TorchBackend(Backend):
             self.compiled.warm(range(1, self.cache.n_slots + 1), self.cache.scratch_slot, self.cache.keys, self.cache.values)
         with torch.inference_mode():
             self.linear_kernels.tune_ahead(max_step_tokens, max_sequences)
+            if self.torch_device.type == "cpu" and not self.kernel_choice.plain_torch and not self.kernel_choice.decided:
+                self._decide_kernels(max_step_tokens)
             if self.decode_plan_note is None and self.compiled is not None:
                 self.decode_plan_note = "off (--compile runs decode-only steps)"
             elif self.decode_plan_note is None:
-                self.decode_plan, self.decode_plan_note = CpuDecodePlan.build(
-                    self.fused, self.lm_head, self.linear_kernels, self.torch_device, self.dtype)
+                with self.kernel_choice.active():
+                    self._build_decode_plan(max_seq_len)
         if self.decode_plan is not None:
             self.decode_plan.bind(self.cache)
         self.slots = SlotTable(self.cache.n_slots)
@@ -355,6 +404,37 @@ class TorchBackend(Backend):
         """Compile the flex route's kernels for every shape class a step can bring, before any step is timed."""
         heads = self.model.config.get_text_config().num_attention_heads // (self.parallel.tp if self.parallel else 1)
         warm_route(self.route, self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, heads, max_step_tokens)
+
+    def _decide_kernels(self, max_step_tokens: int) -> None:
+        """Time each C kernel against its torch equivalent on this model's shapes (kernel_choice): it runs only where it won."""
+        first = next(iter(getattr(self.decoder, "layers", [])), None)
+        scaling = getattr(getattr(first, "self_attn", None), "scaling", self.head_dim**-0.5)
+        self.kernel_choice.decide(Shapes(self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, self.heads, scaling,
+                                         self.fused, max_step_tokens))
+
+    def _build_decode_plan(self, max_seq_len: int) -> None:
+        """The decode plan where it applies and, timed against the eager step of one decode it replaces, wins."""
+        refused = self.kernel_choice.refused() & {cpu_layer_ops.KERNELS.name, cpu_decode_attention.KERNEL.name}
+        if refused:
+            self.decode_plan_note = f"off (the {', '.join(sorted(refused))} kernel lost to torch when timed)"
+            return
+        plan, self.decode_plan_note = CpuDecodePlan.build(self.fused, self.lm_head, self.linear_kernels, self.torch_device, self.dtype)
+        if plan is None:
+            return
+        plan.bind(self.cache)
+        slot, position = self.cache.scratch_slot, min(max_seq_len, TIMED_CONTEXT) - 1
+        dev = self.torch_device
+        tokens, positions, slots = torch.zeros(1, dtype=torch.long), torch.tensor([position]), torch.tensor([slot])
+        layout = StepLayout(chunks=[], decode_from=0, decode_slots=slots, decode_positions=positions,
+                            decode_runs=decode_runs([slot], positions, self.dtype), cache=self.cache)
+        eager = lambda: self.lm_head(self._hidden(tokens.to(dev)[None], positions.to(dev)[None], layout)[0])  # noqa: E731
+        d = decide(lambda: plan.run([0], [position], [slot]), eager, "the eager step")
+        self.kernel_choice.decisions["decode_plan"] = d
+        if d.on:
+            self.decode_plan = plan
+            self.decode_plan_note += self.kernel_choice.note("decode_plan")
+        else:
+            self.decode_plan_note = f"off ({d.note})"
 
     def make_decode_graphs(self, capture: bool) -> DecodeGraphs | None:
         """Graphs for decode-only steps of up to the cache's slots; None (eager) if capture fails."""
@@ -422,8 +502,12 @@ class TorchBackend(Backend):
             prefill_kernel=prefill_kernel,
         )
 
-    @torch.inference_mode()
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
+        with self.kernel_choice.active():
+            return self._execute(step, return_logits)
+
+    @torch.inference_mode()
+    def _execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if self.cache is None:
             raise BackendError("prepare() must be called before execute()")
         if self.decode_graphs is not None and self.decode_graphs.fits(step):
@@ -476,50 +560,28 @@ class TorchBackend(Backend):
         if self.graph_pool_bytes is not None:
             meta["cuda_graph_pool"] = f"{self.graph_pool_bytes / 2**20:.1f} MiB"
         meta["attention_route"] = self.route_note()
+        meta["kernels"] = self.kernel_choice.mode
+        if self.torch_device.type == "cpu" and not self.kernel_choice.plain_torch:
+            meta["kernel_build"] = cpu_prefill_attention.KERNEL.describe()
         meta["tune_linear"] = "on" if self.linear_kernels.tune else "off"
         if self.torch_device.type == "cpu":
             meta["decode_plan"] = self.decode_plan_note or "off (not prepared)"
         if self.compiled is not None:
             meta["compile"] = f"decode-only steps, batch sizes 1-{max(self.compiled.batch_sizes, default=0)}, compiled in {self.compiled.compile_s:.0f} s"
-        meta["decode_attention"] = self._decode_attention_note()
-        meta["prefill_attention"] = self._prefill_attention_note()
+        meta.update(self.kernel_choice.paths(self.torch_device, self.dtype, self.head_dim, self.fused))
+        if self.route_name != "cpu":  # the route attends: the CPU kernels' notes do not apply
+            meta["decode_attention"] = f"{self.route_name} route: each decode reads its own context"
+            meta["prefill_attention"] = "flex route: one call for the step's chunks" if self.route_name == "flex" else "flash route"
         meta["fused_projections"] = "qkv, gate_up" if self.fused is not None else "off (transformers' forward)"
-        meta["layer_ops"] = self._layer_ops_note()
         if self.linear_kernels.choice:
             meta["linear_kernels"] = ", ".join(f"{k} {v}" for k, v in self.linear_kernels.summary().items())
+        if self.memory_plan is not None:
+            meta["memory"] = f"{self.memory_plan.sequences} sequences fit in {self.memory_plan.describe()}"
+        if self.clamped:
+            meta["concurrency_clamped"] = self.clamp_note()
         if self.parallel:
             meta.update(self.parallel.metadata())
         return meta
-
-    def _decode_attention_note(self) -> str:
-        if self.route_name != "cpu":
-            return f"{self.route_name} route: each decode reads its own context"
-        if self.dtype not in cpu_decode_attention.DTYPES:
-            return f"matmuls/SDPA (the compiled kernel reads {', '.join(str(d).removeprefix('torch.') for d in cpu_decode_attention.DTYPES)} caches)"
-        why_not = cpu_decode_attention.status()
-        return "compiled C kernel" if not why_not else f"matmuls/SDPA; kernel {why_not}"
-
-    def _prefill_attention_note(self) -> str:
-        """How prompt chunks attend: the compiled kernel or SDPA, and why not the kernel."""
-        if self.route_name != "cpu":
-            return f"{self.route_name} route: one call for the step's chunks" if self.route_name == "flex" else "flash route"
-        if self.torch_device.type != "cpu" or self.dtype not in cpu_prefill_attention.DTYPES:
-            return "SDPA"
-        if self.head_dim not in cpu_prefill_attention.HEAD_DIMS:
-            return f"SDPA (the compiled kernel takes heads of {' or '.join(map(str, cpu_prefill_attention.HEAD_DIMS))})"
-        why_not = cpu_prefill_attention.status()
-        return "compiled C kernel" if not why_not else f"SDPA; kernel {why_not}"
-
-    def _layer_ops_note(self) -> str:
-        """Which path a layer's norms, rotary and SiLU gate take."""
-        if self.fused is None:
-            return "transformers' modules"
-        if not self.fused.c_layer_ops:
-            return "torch ops (this model's norms or heads are not the compiled loops' kind)"
-        if self.torch_device.type != "cpu" or self.dtype not in cpu_layer_ops.DTYPES:
-            return "torch ops"
-        why_not = cpu_layer_ops.status()
-        return "compiled C loops" if not why_not else f"torch ops; compiled loops {why_not}"
 
     def logit_tolerance(self) -> LogitTolerance:
         return LOGIT_TOLERANCE[self.dtype]

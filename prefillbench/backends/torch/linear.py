@@ -21,6 +21,7 @@ row count and the tuner decides.
 """
 from __future__ import annotations
 
+import functools
 import time
 import types
 from collections.abc import Callable
@@ -103,8 +104,24 @@ LARGE_ROW_KERNELS = ("linear", "onednn_packed")
 
 
 def onednn_applies(weight: torch.Tensor) -> bool:
-    """Whether oneDNN's reordered product can multiply by `weight` here (CPU, fp32 or bf16)."""
-    return weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
+    """Whether oneDNN's reordered product can multiply by `weight` here (CPU, fp32 or bf16, and a CPU that runs it)."""
+    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
+            and onednn_runs(weight.dtype))
+
+
+@functools.cache
+def onednn_runs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's reorder and product run in `dtype` on this CPU, found by trying them on a tiny weight.
+
+    Its bf16 path needs AVX-512 (bw, vl, dq) or AVX-NE-CONVERT and raises elsewhere (an AVX2 laptop, or
+    ONEDNN_MAX_CPU_ISA=AVX2): asked in advance, torch's own check reads the CPU's flags, not oneDNN's cap."""
+    try:
+        weight = torch.ones(16, 32, dtype=dtype)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 32, dtype=dtype), torch.ops.mkldnn._reorder_linear_weight(weight),
+                                                 None, "none", [], "")
+        return bool((out == 32).all())
+    except RuntimeError:
+        return False
 
 
 def _applies(name: str, layer: "TunedWeight", rows: int) -> bool:

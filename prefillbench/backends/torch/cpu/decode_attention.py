@@ -39,7 +39,7 @@ def _declare(library: ctypes.CDLL) -> None:
     library.stage_decode_qkv.restype = None
 
 
-KERNEL = CKernels(Path(__file__).with_name("decode_attention.c"), "PREFILLBENCH_DECODE_KERNEL", _declare)
+KERNEL = CKernels(Path(__file__).with_name("decode_attention.c"), "PREFILLBENCH_DECODE_KERNEL", _declare, fast_path="avx512f")
 
 
 def status() -> str:
@@ -52,8 +52,8 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 
 def applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """float32 and bfloat16 caches on the CPU, once the kernel is built."""
-    return q.device.type == "cpu" and k_cache.dtype in DTYPES and status() == ""
+    """float32 and bfloat16 caches on the CPU, once the kernel is built, unless the running backend refused it."""
+    return q.device.type == "cpu" and k_cache.dtype in DTYPES and KERNEL.usable()
 
 
 def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

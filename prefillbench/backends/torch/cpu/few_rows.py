@@ -45,7 +45,7 @@ def _declare(library: ctypes.CDLL) -> None:
         raise RuntimeError("few_rows.c and cpu_few_rows.py disagree on the packed layout")
 
 
-KERNEL = CKernels(Path(__file__).with_name("few_rows.c"), "PREFILLBENCH_FEW_ROWS_KERNEL", _declare)
+KERNEL = CKernels(Path(__file__).with_name("few_rows.c"), "PREFILLBENCH_FEW_ROWS_KERNEL", _declare, fast_path="avx512f")
 
 
 def status() -> str:
@@ -57,7 +57,7 @@ def applies(weight: torch.Tensor) -> bool:
     """A float32 or bfloat16 CPU weight whose shape the packed layout takes, once the kernel is built."""
     n, k = weight.shape
     return (weight.device.type == "cpu" and weight.dtype in DTYPES and n % BLOCK_ROWS == 0
-            and (k * weight.element_size()) % UNIT_BYTES == 0 and status() == "")
+            and (k * weight.element_size()) % UNIT_BYTES == 0 and KERNEL.usable())
 
 
 def pack(weights: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -48,8 +48,8 @@ def status() -> str:
 
 
 def applies(x: torch.Tensor) -> bool:
-    """float32 and bfloat16 tensors on the CPU, once the kernels are built."""
-    return x.device.type == "cpu" and x.dtype in DTYPES and status() == ""
+    """float32 and bfloat16 tensors on the CPU, once the kernels are built, unless the running backend refused them."""
+    return x.device.type == "cpu" and x.dtype in DTYPES and KERNELS.usable()
 
 
 def _check(*tensors: torch.Tensor) -> int:

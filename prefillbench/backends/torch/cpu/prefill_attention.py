@@ -34,7 +34,7 @@ def _declare(library: ctypes.CDLL) -> None:
     library.prefill_attention.restype = ctypes.c_int
 
 
-KERNEL = CKernels(Path(__file__).with_name("prefill_attention.c"), "PREFILLBENCH_PREFILL_KERNEL", _declare)
+KERNEL = CKernels(Path(__file__).with_name("prefill_attention.c"), "PREFILLBENCH_PREFILL_KERNEL", _declare, fast_path="avx512f")
 
 
 def status() -> str:
@@ -44,7 +44,7 @@ def status() -> str:
 
 def applies(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """A float32 or bfloat16 model (queries and cache) on the CPU with heads of 64 or 128, once the kernel is built."""
-    return torch.device(device).type == "cpu" and dtype in DTYPES and head_dim in HEAD_DIMS and status() == ""
+    return torch.device(device).type == "cpu" and dtype in DTYPES and head_dim in HEAD_DIMS and KERNEL.usable()
 
 
 def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float | None) -> torch.Tensor:
