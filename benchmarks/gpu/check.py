@@ -11,7 +11,7 @@ table, each row with its target and pass/fail:
 - 64 decodes at context 512 against the same at 4,096, in a cache of 8,192 positions a slot;
 - the piggyback ratio: ((chunk + 8 decodes) - chunk) / (8 decodes alone);
 - chunked against sequential on 64 x pp1024+tg128 at c=16: throughput and TBT p99;
-- the logit-parity tests on the device (PREFILLBENCH_TEST_DEVICE=cuda pytest tests/test_torch_backend.py ...).
+- the logit-parity tests on the device (PREFILLBENCH_TEST_DEVICE=cuda pytest tests/test_torch_backend.py tests/test_torch_routes.py ...).
 On a GPU it fits --max-seconds (480 by default): each section has its share, the timed ones take as many reps
 as fit. The table is also written as markdown to $OUT/gpu_check.md when OUT is set. Exit 0 if every target
 holds, 1 if one does not, 2 on bad input.
@@ -52,7 +52,7 @@ GPU_SIZES = Sizes(pp=512, decodes=(1, 16, 64), context=1024, chunk=512, k=8, lon
 TINY_SIZES = Sizes(pp=64, decodes=(1, 2, 4), context=64, chunk=32, k=2, long_batch=4, short_context=32, long_context=128,
                    cache_len=256, requests=6, prompt=48, gen=8, len_spread=0.5, concurrency=3, chunk_size=16, gemm=256,
                    copy_mb=16, reps=3)
-PARITY_TESTS = ("tests/test_torch_backend.py", "tests/test_torch_linear.py")
+PARITY_TESTS = ("tests/test_torch_backend.py", "tests/test_torch_routes.py", "tests/test_torch_linear.py")
 
 #: Each section's share of --max-seconds, in the order they run; a tenth is left over for what overruns.
 #: The parity tests run beside the model's build, before anything is timed; the workload comes first among the
