@@ -29,6 +29,7 @@ from prefillbench.bench import interleave
 from prefillbench.report import plots
 from prefillbench.report import tables as reports
 from prefillbench.report import traces
+from prefillbench.report import verdict
 from prefillbench.backends import BACKEND_CHOICES, backend_class, choose_backend, load_backend
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.backends.distributed import is_rank_zero, process_rank
@@ -242,6 +243,9 @@ Verify = Annotated[bool, _flag(
     help="after the benchmark, feed every strategy the first strategy's tokens and compare their logits "
     "(max |Δlogit|, top-1 agreement) within the backend's tolerance; exit 1 on a disagreement")]
 NoProgress = Annotated[bool, _flag("--no-progress", OUTPUT_PANEL, help="no progress bar on stderr")]
+NoVerdict = Annotated[bool, _flag(
+    "--no-verdict", OUTPUT_PANEL,
+    help="no verdict under the table (each strategy against --relative-to or sequential, in sentences)")]
 
 
 def _version(value: bool) -> None:
@@ -347,6 +351,7 @@ def run(
     no_results_file: NoResultsFile = False,
     verify: Verify = False,
     no_progress: NoProgress = False,
+    no_verdict: NoVerdict = False,
 ) -> int:
     # Every option reaches cmd_run under its parameter name.
     return cmd_run(SimpleNamespace(**locals()))
@@ -605,6 +610,8 @@ def cmd_run(args: Any) -> int:
         else:
             sys.stdout.write(reports.render(args.output, rows, meta, args.noisy_cv / 100))
         sys.stdout.flush()
+        if not args.no_verdict:
+            verdict.write_verdict(rows, args.relative_to, args.output)
         write_failure = write_outputs(args.export, trace_path, results_path, results, meta)
     if write_failure is not None:
         print(f"prefillbench: error: {write_failure} (the {len(rows)} measured row(s) are on stdout)", file=sys.stderr)

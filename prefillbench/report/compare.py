@@ -29,6 +29,7 @@ import pandas as pd
 
 from prefillbench.bench.metrics import OPTIONAL_NUMBERS, ResultRow, noisy_rows, results_frame
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
+from prefillbench.report.relative import ratio, relative_frame, render_relative  # noqa: F401 (compare.render_relative)
 
 HIGHER, LOWER = "higher", "lower"
 # metric -> which way is better
@@ -53,8 +54,6 @@ METRICS: dict[str, str] = {
 }
 DEFAULT_METRICS = ["throughput"]
 DEFAULT_THRESHOLD = 10.0  # percent
-# The ratios `run --relative-to` shows.
-RUN_RATIO_METRICS = ["ts_mean", "throughput", "ttft_p99_ms", "tbt_p99_ms"]
 METRIC_LABELS = {
     "throughput": "throughput/s",
     "ts_mean": "t/s",
@@ -242,10 +241,6 @@ def load_results(path: str) -> Results:
 
 # ---------------------------------------------------------------- ratios
 
-# A row's reference is the row of the reference strategy under the same model, backend, test, concurrency and load.
-_LOAD_KEY = ["model", "backend", "test", "concurrency", "arrival", "rate"]
-
-
 def _py(name: str, value: Any) -> Any:
     """A key cell as a plain value: int chunk sizes, None where a figure does not apply."""
     if name not in OPTIONAL_NUMBERS and name not in _INT_FIELDS:
@@ -259,29 +254,6 @@ def row_key(row: ResultRow | dict[str, Any]) -> tuple:
     get = row.get if isinstance(row, dict) else lambda f: getattr(row, f)
     return tuple(_py(f, get(f)) for f in KEY_FIELDS)
 
-
-def ratio(value: Any, ref: Any) -> Any:
-    """value/ref, NaN where ref is 0 or unknown; on numbers or on columns."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return value / np.where(ref == 0, np.nan, ref)
-
-
-def relative_frame(frame: pd.DataFrame, strategy: str, metrics: list[str], noisy_cv: float = DEFAULT_NOISY_CV) -> pd.DataFrame:
-    """Every row's metrics divided by its reference row's (NaN where it has none), whether it has
-    one (has_ref) and whether that one is noisy (ref_noisy), on the frame's index.
-
-    Where the reference strategy ran at several chunk sizes, a row is matched
-    to the one with its own chunk size, and has none if it has no chunk size.
-    """
-    refs = frame[frame["strategy"] == strategy]
-    refs = refs[[*_LOAD_KEY, "chunk_size", *metrics]].assign(has_ref=1.0, ref_noisy=noisy_rows(refs, noisy_cv).astype(float))
-    swept = refs.groupby(_LOAD_KEY, dropna=False)["has_ref"].transform("size") > 1
-    by_chunk = _LOAD_KEY + ["chunk_size"]
-    one = frame[_LOAD_KEY].merge(refs[~swept].drop(columns="chunk_size"), on=_LOAD_KEY, how="left")
-    per_size = frame[by_chunk].merge(refs[swept].drop_duplicates(by_chunk, keep=False), on=by_chunk, how="left")
-    ref = one.combine_first(per_size).set_index(frame.index)
-    out = pd.DataFrame({m: ratio(frame[m], ref[m]) for m in metrics}, index=frame.index)
-    return out.assign(has_ref=ref["has_ref"].notna(), ref_noisy=ref["ref_noisy"] == 1.0)
 
 
 # ---------------------------------------------------------------- comparing
@@ -414,7 +386,7 @@ def compare(
 
 
 def _num(value: float, digits: int = 3) -> str:
-    return "nan" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
 def _digits(metric: str, relative: bool) -> int:
@@ -471,25 +443,6 @@ def render_comparison(cmp: Comparison, fmt: str = "md") -> str:
         ]
     columns.append(("status", _status, False))
     return md_table(columns, cmp.entries, fmt)
-
-
-def render_relative(fmt: str, rows: list[ResultRow], meta: dict[str, Any], strategy: str, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
-    """`run --relative-to`: every row with its ratios to the reference strategy's row."""
-    from prefillbench.report.tables import MD_COLUMNS, TABLE_FORMATS, fmt_number, cv_cell, frame_text, md_table
-
-    frame = results_frame(rows)
-    ratios = relative_frame(frame, strategy, RUN_RATIO_METRICS)
-    if fmt not in TABLE_FORMATS:
-        return frame_text(fmt, frame.join(ratios[RUN_RATIO_METRICS].add_suffix(f"_vs_{strategy}")), meta, relative_to=strategy)
-    head = {h: (h, cell, right) for h, cell, right in MD_COLUMNS}
-    columns = [head[h] for h in ("model", "backend", "strategy", "test", "concurrency")]
-    columns = [(h, (lambda item, cell=cell: cell(item[0])), right) for h, cell, right in columns]
-    for m in RUN_RATIO_METRICS:
-        d = 2 if m in ("throughput", "ts_mean") else 1
-        columns.append((METRIC_LABELS[m], lambda item, m=m, d=d: fmt_number(getattr(item[0], m), d), True))
-        columns.append((f"/{strategy}", lambda item, m=m: _num(item[1][m], 3), True))
-    columns.append(("CV", lambda item: cv_cell(item[0], noisy_cv), True))
-    return md_table(columns, list(zip(rows, ratios.to_dict("records"))), fmt)
 
 
 # ---------------------------------------------------------------- command line

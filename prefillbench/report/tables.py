@@ -99,13 +99,17 @@ def md_table(columns: list[tuple[str, Callable[[Any], str], bool]], items: list[
     ) + "\n"
 
 
-def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV, fmt: str = "md") -> str:
+def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> list[tuple[str, Callable[[ResultRow], str], bool]]:
+    """The table's columns for these rows: the open loop's where any row has one, goodput where an SLO was given."""
     columns = OPEN_LOOP_MD_COLUMNS if any(r.arrival not in ("closed", "") for r in rows) else MD_COLUMNS
     slos = sorted({r.slo for r in rows if r.slo})
     if slos:
         columns = columns + [(f"goodput req/s (met {' | '.join(slos)})", goodput_cell, True)]
-    columns = columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
-    return md_table(columns, rows, fmt)
+    return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
+
+
+def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV, fmt: str = "md") -> str:
+    return md_table(table_columns(rows, noisy_cv), rows, fmt)
 
 
 def _flat(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:

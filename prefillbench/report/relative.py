@@ -1,0 +1,79 @@
+"""Each row against its reference strategy's row: the matching, the ratios, and `run --relative-to`'s table.
+
+A row's reference is the row of the reference strategy under the same model,
+backend, test, concurrency and load (arrival and rate). Where the reference
+strategy ran at several chunk sizes, a row is matched to the one with its own
+chunk size, and has none if it has no chunk size.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from prefillbench.bench.metrics import ResultRow, noisy_rows, results_frame
+from prefillbench.bench.stats import DEFAULT_NOISY_CV
+
+LOAD_KEY = ["model", "backend", "test", "concurrency", "arrival", "rate"]
+
+
+def ratio(value: Any, ref: Any) -> Any:
+    """value/ref, NaN where ref is 0 or unknown; on numbers or on columns."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return value / np.where(ref == 0, np.nan, ref)
+
+
+def reference_values(frame: pd.DataFrame, strategy: str, columns: list[str], noisy_cv: float = DEFAULT_NOISY_CV) -> pd.DataFrame:
+    """For every row of the frame, its reference row's `columns` (NaN where it has none), whether it has
+    one (has_ref) and whether that one is noisy (ref_noisy), on the frame's index."""
+    refs = frame[frame["strategy"] == strategy]
+    refs = refs[[*LOAD_KEY, "chunk_size", *columns]].assign(has_ref=1.0, ref_noisy=noisy_rows(refs, noisy_cv).astype(float))
+    swept = refs.groupby(LOAD_KEY, dropna=False)["has_ref"].transform("size") > 1
+    by_chunk = LOAD_KEY + ["chunk_size"]
+    one = frame[LOAD_KEY].merge(refs[~swept].drop(columns="chunk_size"), on=LOAD_KEY, how="left")
+    per_size = frame[by_chunk].merge(refs[swept].drop_duplicates(by_chunk, keep=False), on=by_chunk, how="left")
+    ref = one.combine_first(per_size).set_index(frame.index)
+    return ref[columns].assign(has_ref=ref["has_ref"].notna(), ref_noisy=ref["ref_noisy"] == 1.0)
+
+
+def relative_frame(frame: pd.DataFrame, strategy: str, metrics: list[str], noisy_cv: float = DEFAULT_NOISY_CV) -> pd.DataFrame:
+    """Every row's metrics divided by its reference row's (NaN where it has none), with has_ref and ref_noisy."""
+    ref = reference_values(frame, strategy, metrics, noisy_cv)
+    out = pd.DataFrame({m: ratio(frame[m], ref[m]) for m in metrics}, index=frame.index)
+    return out.assign(has_ref=ref["has_ref"], ref_noisy=ref["ref_noisy"])
+
+
+# The ratios `run --relative-to` shows, by the table column whose figures they divide.
+RATIO_COLUMNS: dict[str, list[str]] = {
+    "t/s": ["ts_mean"],
+    "throughput/s": ["throughput"],
+    "TTFT p50/p99 ms": ["ttft_p50_ms", "ttft_p99_ms"],
+    "TBT p50/p99 ms": ["tbt_p50_ms", "tbt_p99_ms"],
+    "TPOT p50 ms": ["tpot_p50_ms"],
+    "E2E p50/p99 ms": ["e2e_p50_ms", "e2e_p99_ms"],
+    "goodput": ["goodput_rps"],  # its header names the SLO: matched by prefix
+}
+RUN_RATIO_METRICS = list(dict.fromkeys(m for ms in RATIO_COLUMNS.values() for m in ms))
+
+
+def _ratio_metrics(header: str) -> list[str] | None:
+    return next((ms for h, ms in RATIO_COLUMNS.items() if header == h or (h == "goodput" and header.startswith(h))), None)
+
+
+def render_relative(fmt: str, rows: list[ResultRow], meta: dict[str, Any], strategy: str, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
+    """`run --relative-to`: the run's own table (every key column it has: rate, arrival, SLO, goodput),
+    each figure followed by its ratio to the reference strategy's row; a dash where a ratio does not apply."""
+    from prefillbench.report.tables import TABLE_FORMATS, fmt_number, frame_text, md_table, table_columns
+
+    frame = results_frame(rows)
+    ratios = relative_frame(frame, strategy, RUN_RATIO_METRICS, noisy_cv)
+    if fmt not in TABLE_FORMATS:
+        return frame_text(fmt, frame.join(ratios[RUN_RATIO_METRICS].add_suffix(f"_vs_{strategy}")), meta, relative_to=strategy)
+    columns = []
+    for header, cell, right in table_columns(rows, noisy_cv):
+        columns.append((header, lambda item, cell=cell: cell(item[0]), right))
+        metrics = _ratio_metrics(header)
+        if metrics:
+            columns.append((f"/{strategy}", lambda item, ms=metrics: "/".join(fmt_number(item[1][m], 3) for m in ms), True))
+    return md_table(columns, list(zip(rows, ratios.to_dict("records"))), fmt)
