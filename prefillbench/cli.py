@@ -25,7 +25,7 @@ from prefillbench.commands import ab as abtest
 from prefillbench.bench import capacity
 from prefillbench.report import capacity as capacity_report
 from prefillbench.report import compare
-from prefillbench.bench import interleave
+from prefillbench.bench import interleave, serving_checks
 from prefillbench.report import plots
 from prefillbench.report import tables as reports
 from prefillbench.report import traces
@@ -551,6 +551,8 @@ def _progress(enabled: bool):
 
 def cmd_run(args: Any) -> int:
     config = config_from_args(args)
+    for note in serving_checks.before_run(config):  # raises ServingError where the run could mean nothing
+        print(f"prefillbench: warning: {note}", file=sys.stderr)
     if args.export:
         try:
             reports.format_for_path(args.export)
@@ -610,6 +612,8 @@ def cmd_run(args: Any) -> int:
         else:
             sys.stdout.write(reports.render(args.output, rows, meta, args.noisy_cv / 100))
         sys.stdout.flush()
+        for note in serving_checks.after_run(rows):
+            print(f"prefillbench: warning: {note}", file=sys.stderr)
         if not args.no_verdict:
             verdict.write_verdict(rows, args.relative_to, args.output)
         write_failure = write_outputs(args.export, trace_path, results_path, results, meta)

@@ -22,6 +22,7 @@ this project ("padded parallel prefill only pays below ~128 tokens"): e.g.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass
 
@@ -130,15 +131,20 @@ def _span(values: list[float]) -> str:
     return _x(lo) if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
 
 
+def _loads(loads: list[str]) -> str:
+    """'c=2', 'c=4' -> 'c=2,4'; 'poisson 2/s', 'poisson 4/s' -> 'poisson 2,4/s'; else as they are."""
+    parts = [re.fullmatch(r"(c=|\w+ )([^ /]+)(/s)?", load) for load in loads]
+    if all(parts) and len({(p.group(1), p.group(3)) for p in parts}) == 1:
+        return parts[0].group(1) + ",".join(p.group(2) for p in parts) + (parts[0].group(3) or "")
+    return ", ".join(loads)
+
+
 def _places(cases: list[CaseRatios]) -> str:
     """Where a claim holds, by test: 'pp64 c=2,4; pp128 c=4' (at most MAX_PLACES tests, the rest counted)."""
     by_test: dict[str, list[str]] = {}
     for c in cases:
         by_test.setdefault(c.test, []).append(c.load)
-    names = []
-    for test, loads in list(by_test.items())[:MAX_PLACES]:
-        closed = all(load.startswith("c=") for load in loads)
-        names.append(f"{test} c={','.join(load[2:] for load in loads)}" if closed else f"{test} {', '.join(loads)}")
+    names = [f"{test} {_loads(loads)}" for test, loads in list(by_test.items())[:MAX_PLACES]]
     more = len(by_test) - len(names)
     return "; ".join(names) + (f"; {more} more test(s)" if more else "")
 
