@@ -371,6 +371,7 @@ def compare_command(
     noisy_cv: Annotated[float, typer.Option(
         parser=percent, metavar="PCT", help="mark rows whose CV across repetitions exceeds this")] = 100 * compare.DEFAULT_NOISY_CV,
     output: Annotated[Literal[reports.OUTPUT_FORMATS], typer.Option("-o", "--output", help="format on stdout")] = "md",
+    no_verdict: Annotated[bool, _flag("--no-verdict", help="no sentence per metric on stderr, only the exit's summary")] = False,
 ) -> int:
     return compare.cmd_compare(SimpleNamespace(**locals()))
 

@@ -281,6 +281,7 @@ class Comparison:
     entries: list[Entry]
     only_base: list[tuple]
     only_current: list[tuple]
+    cross_backend: str = ""  # 'gguf CPU vs torch CPU': each file ran one backend, joined on the rest of the key
 
     @property
     def regressions(self) -> list[Entry]:
@@ -362,6 +363,13 @@ def compare(
     vb = _values(base, metrics, relative_to, noisy_cv)
     vc = _values(current, metrics, relative_to, noisy_cv)
     joined = vb.merge(vc, on=list(KEY_FIELDS), suffixes=("_base", "_current"))
+    backends = (set(vb["backend"]), set(vc["backend"]))
+    cross = ""
+    if joined.empty and all(len(b) == 1 for b in backends) and backends[0] != backends[1]:
+        # "llama.cpp or torch for this model?": the same model and tests on two backends, compared as such.
+        cross = f"{min(backends[0])} vs {min(backends[1])}"
+        vb, vc = vb.assign(backend=cross), vc.assign(backend=cross)
+        joined = vb.merge(vc, on=list(KEY_FIELDS), suffixes=("_base", "_current"))
     if joined.empty:
         why = _why_disjoint(base.frame, current.frame)
         raise InputError(f"no rows in common between {base.path} and {current.path}" + (f" ({why})" if why else ""))
@@ -379,7 +387,7 @@ def compare(
         )
         for r in joined.to_dict("records")
     ]
-    return Comparison(metrics, threshold, relative_to, entries, _only(vb, vc), _only(vc, vb))
+    return Comparison(metrics, threshold, relative_to, entries, _only(vb, vc), _only(vc, vb), cross)
 
 
 # ---------------------------------------------------------------- printing
@@ -459,10 +467,21 @@ def cmd_compare(args: Any) -> int:
         if keys:
             print(f"prefillbench: {len(keys)} row(s) only in {name}, not compared: {key_label(keys[0])}{' ...' if len(keys) > 1 else ''}",
                   file=sys.stderr)
+    if cmp.cross_backend:
+        print(f"prefillbench: cross-backend comparison, {cmp.cross_backend} on the {len(cmp.entries)} row(s) both ran "
+              "(same model, test and load)", file=sys.stderr)
+    from prefillbench.report.compare_verdict import comparison_lines, setup_differences  # it imports this module's types
+
+    differ = setup_differences(base.meta, current.meta)
+    if differ:
+        print(f"prefillbench: the runs differ in {', '.join(differ)}: the numbers measure different setups", file=sys.stderr)
+    if not getattr(args, "no_verdict", False):
+        for line in comparison_lines(cmp):
+            print(f"prefillbench: {line}", file=sys.stderr)
     n = len(cmp.regressions)
     what = f"{'/'.join(metrics)}{' relative to ' + args.relative_to if args.relative_to else ''}"
     if n:
         print(f"prefillbench: {n} of {len(cmp.entries)} row(s) regressed beyond {args.threshold:g}% ({what})", file=sys.stderr)
         return 1
-    print(f"prefillbench: {len(cmp.entries)} row(s) within {args.threshold:g}% ({what})", file=sys.stderr)
+    print(f"prefillbench: {len(cmp.entries)} row(s) with no regression beyond {args.threshold:g}% ({what})", file=sys.stderr)
     return 0
