@@ -173,8 +173,8 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write via a temporary file renamed into place, so no reader sees half a file.
+def write_atomic(path: str | Path, text: str | bytes) -> None:
+    """Write text (or bytes: a PNG) via a temporary file renamed into place, so no reader sees half a file.
 
     An OSError names `path`, not the temporary file.
     """
@@ -185,7 +185,7 @@ def write_atomic(path: str | Path, text: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         # mkstemp makes the file private (0600); the result gets the mode any new file would.
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", newline="") as f:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", newline="")) as f:
             f.write(text)
         os.replace(tmp, path)
     except OSError as e:
