@@ -99,3 +99,18 @@ def test_relative_to_shows_a_dash_where_a_ratio_does_not_apply():
     out = relative.render_relative("md", rows, {}, "sequential")
     padded = next(line for line in out.splitlines() if "padded" in line)
     assert "-/-" in padded and "1.200" in padded and "nan" not in out
+
+
+def test_compare_shows_a_dash_for_a_metric_that_does_not_apply(tmp_path, capsys):
+    # `compare --metric throughput,tbt_p99_ms` on prompt-only rows printed 'nan' cells.
+    from prefillbench.report import tables
+
+    rows = [row(), row(strategy="padded", throughput=120.0)]
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    tables.export(a, rows, {})
+    tables.export(b, rows, {})
+    assert cli.main(["compare", str(a), str(b), "--metric", "throughput,tbt_p99_ms"]) == 0
+    out, err = capsys.readouterr()
+    assert "nan" not in out, out[out.find("nan") - 80:out.find("nan") + 20]
+    assert "| - |" in " ".join(out.split())
+    assert "TBT p99: does not apply to these rows" in err
