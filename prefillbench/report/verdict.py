@@ -219,7 +219,7 @@ def render_verdict(rows: list[ResultRow], reference: str | None = None) -> str:
     head = (f"Verdict against {reference}{at} (each ratio strategy/{reference} on the same test and load; a tie where "
             f"its 95% interval includes 1 or it is within {100 * MIN_EFFECT:g}% of 1)")
     if not all(r.replicated for c in cases for r in c.ratios.values()):
-        head += "; one repetition, so the ratios are unreplicated and only a change beyond 5% counts (-r 3 gives intervals)"
+        head += f"; one repetition, so the ratios are unreplicated and only a change beyond {100 * MIN_EFFECT:g}% counts (-r 3 gives intervals)"
     return "\n" + head + ":\n" + "".join(f"- {line}\n" for line in verdict_lines(rows, reference))
 
 
