@@ -24,7 +24,6 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from prefillbench.bench.metrics import OPTIONAL_NUMBERS, ResultRow, noisy_rows, results_frame
@@ -253,7 +252,6 @@ def _py(name: str, value: Any) -> Any:
 def row_key(row: ResultRow | dict[str, Any]) -> tuple:
     get = row.get if isinstance(row, dict) else lambda f: getattr(row, f)
     return tuple(_py(f, get(f)) for f in KEY_FIELDS)
-
 
 
 # ---------------------------------------------------------------- comparing
