@@ -179,6 +179,9 @@ Verify = Annotated[bool, _flag(
     help="after the benchmark, feed every strategy the first strategy's tokens and compare their logits "
     "(max |Δlogit|, top-1 agreement) within the backend's tolerance; exit 1 on a disagreement")]
 NoProgress = Annotated[bool, _flag("--no-progress", OUTPUT_PANEL, help="no progress bar on stderr")]
+NoVerdict = Annotated[bool, _flag(
+    "--no-verdict", OUTPUT_PANEL,
+    help="no verdict under the table (each strategy against --relative-to or sequential, in sentences)")]
 
 
 # ---------------------------------------------------------------- the app
@@ -308,6 +311,7 @@ def run_command(
     no_results_file: NoResultsFile = False,
     verify: Verify = False,
     no_progress: NoProgress = False,
+    no_verdict: NoVerdict = False,
 ) -> int:
     return run.cmd_run(RunOptions.from_flags(**locals()))
 
@@ -326,6 +330,7 @@ def compare_command(
     noisy_cv: Annotated[float, typer.Option(
         parser=percent, metavar="PCT", help="mark rows whose CV across repetitions exceeds this")] = CompareOptions.noisy_cv,
     output: Output = CompareOptions.output,
+    no_verdict: Annotated[bool, _flag("--no-verdict", help="no sentence per metric on stderr, only the exit's summary")] = False,
 ) -> int:
     return compare.cmd_compare(CompareOptions.from_flags(**locals()))
 

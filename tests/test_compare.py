@@ -50,7 +50,7 @@ def test_same_results_pass(tmp_path, capsys, fmt):
     lines = out.splitlines()
     assert "speedup" in lines[0] and len(lines) == 2 + 3
     assert all("1.00" in line and "| ok" in line for line in lines[2:])
-    assert "3 row(s) within 10%" in err
+    assert "throughput over 3 rows: 3 within 10% (1.00-1.00x)" in err and "3 row(s) with no regression beyond 10%" in err
 
 
 def test_throughput_drop_beyond_threshold_fails(tmp_path, capsys):
@@ -254,9 +254,9 @@ def test_some_reasons_are_specific(tmp_path):
 
 def test_no_rows_in_common_exit_2(tmp_path, capsys):
     a = write(tmp_path, "a.csv", three())
-    b = write(tmp_path, "b.csv", three(backend="torch cuda"))
+    b = write(tmp_path, "b.csv", three(test="tg16", concurrency=1))
     code, _, err = run_cli(capsys, a, b)
-    assert code == 2 and "no rows in common" in err and "backend gguf CPU vs torch cuda" in err
+    assert code == 2 and "no rows in common" in err and "test pp256+tg16 vs tg16" in err
     assert err.count("\n") == 1
 
 
@@ -293,6 +293,51 @@ def test_a_csv_written_by_the_previous_version_still_loads_and_compares(tmp_path
     assert all(r.arrival == "closed" and r.rate is None and math.isnan(r.goodput_rps) for r in old.rows)
     assert old.meta["backend_name"] == "gguf"
     code, out, err = run_cli(capsys, str(FIXTURE), str(FIXTURE), "--relative-to", "sequential")
-    assert code == 0 and "row(s) within 10%" in err
+    assert code == 0 and "row(s) with no regression beyond 10%" in err
     current = write(tmp_path, "now.json", old.rows)  # the current writer, read back beside the old file
     assert run_cli(capsys, str(FIXTURE), current)[0] == 0
+
+
+# ---------------------------------------------------------------- words, setups, backends (issue 28, finding 9)
+
+
+def test_words_match_the_numbers(tmp_path, capsys):
+    # A 1.68x change was reported as "1 row(s) within 10%".
+    a = write(tmp_path, "a.csv", [row(throughput=100.0)])
+    b = write(tmp_path, "b.csv", [row(throughput=168.0)])
+    code, _, err = run_cli(capsys, a, b)
+    assert code == 0
+    assert "throughput 1.68x faster: improvement beyond the 10% threshold" in err and "within 10%" not in err
+    code, _, err = run_cli(capsys, b, a)
+    assert code == 1 and "throughput 1.68x slower: regression beyond the 10% threshold" in err
+    code, _, err = run_cli(capsys, a, b, "--metric", "ttft_p99_ms", "--no-verdict")
+    assert code == 0 and "TTFT p99" not in err
+
+
+def test_many_rows_are_counted_by_what_they_did(tmp_path, capsys):
+    a = write(tmp_path, "a.csv", three())
+    b = write(tmp_path, "b.csv", three(seq=100.0, pad=240.0, chunk=120.0))  # padded 2x, chunked 0.8x
+    code, _, err = run_cli(capsys, a, b)
+    assert code == 1
+    assert ("throughput over 3 rows: 1 improved beyond 10% (most: 2.00x faster, m gguf CPU padded pp256+tg16 c=4), "
+            "1 regressed beyond 10% (most: 1.25x slower, m gguf CPU chunked(128) pp256+tg16 c=4), 1 within 10% (1.00-1.00x)") in err
+
+
+def test_a_difference_in_dtype_or_threads_is_named(tmp_path, capsys):
+    a = write(tmp_path, "a.json", three(backend="torch CPU"), {"dtype": "float32", "threads": 2})
+    b = write(tmp_path, "b.json", three(backend="torch CPU"), {"dtype": "bfloat16", "threads": 2})
+    _, _, err = run_cli(capsys, a, b)
+    assert "the runs differ in dtype float32 vs bfloat16" in err and "threads" not in err
+    c = write(tmp_path, "c.csv", three(backend="torch CPU"), {"dtype": "float32", "threads": 1})
+    assert "threads 2 vs 1" in run_cli(capsys, a, c)[2]
+
+
+def test_two_backends_on_the_same_model_and_tests_are_compared_as_such(tmp_path, capsys):
+    # gguf against torch was refused with "no rows in common".
+    a = write(tmp_path, "a.csv", three())
+    b = write(tmp_path, "b.csv", three(backend="torch CPU", seq=50.0, pad=60.0, chunk=75.0)
+              + [row(strategy="sequential", test="tg16", backend="torch CPU")])
+    code, out, err = run_cli(capsys, a, b, "--relative-to", "sequential")
+    assert code == 0, err
+    assert "cross-backend comparison, gguf CPU vs torch CPU on the 2 row(s) both ran" in err
+    assert sum("gguf CPU vs torch CPU" in line for line in out.splitlines()) == 2

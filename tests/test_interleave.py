@@ -68,4 +68,6 @@ def test_cli_flag(capsys, monkeypatch):
                      "--no-results-file", "--relative-to", "sequential"])
     out = capsys.readouterr().out
     assert code == 0
-    assert len(out.strip().splitlines()) == 2 + len(STRATEGIES)  # every strategy by default
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(STRATEGIES)  # every strategy by default
+    assert "Verdict against sequential" in out  # and the verdict under the table

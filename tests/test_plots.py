@@ -82,6 +82,7 @@ def test_writes_one_png_per_chart_with_telling_names(tmp_path):
         "throughput_vs_concurrency_pp512", "throughput_vs_concurrency_pp512+tg32",
         *(f"chunk_sweep_{t}_c{c}" for t in ("pp512", "pp512+tg32") for c in (1, 2, 4)),
         "ttft_cdf_pp512+tg32_c2", "tbt_cdf_pp512+tg32_c2", "ttft_cdf_pp512_c1",  # pp: one token, no TBT
+        "ttft_vs_concurrency_pp512",  # a prompt-only test: the latency side of batching prompts
     }
     for chart in charts:
         assert chart.path == tmp_path / "out" / f"{chart.name}.png"
@@ -176,7 +177,7 @@ def test_cli_plot_prints_paths(tmp_path, capsys):
     path = write_inputs(tmp_path, with_trace=False)
     assert cli.main(["plot", str(path), "--out", str(tmp_path / "o")]) == 0
     out, err = capsys.readouterr()
-    assert len(out.splitlines()) == 2 + 6 and all(line.endswith(".png") for line in out.splitlines())
+    assert len(out.splitlines()) == 2 + 6 + 1 and all(line.endswith(".png") for line in out.splitlines())
     assert "--export-requests" in err
 
 
@@ -252,12 +253,69 @@ def test_trace_beside_a_csv_export_is_found(tmp_path):
     assert len(ttft.get("sequential").x) == 2
 
 
-def test_cdf_uses_a_log_axis_for_latencies_spanning_decades(tmp_path):
+def test_latency_distributions_have_one_scale_whatever_they_span(tmp_path):
+    # Finding 7: a linear axis for gguf (a narrow span) and a log one for the sim made the same chart incomparable.
     trace = tmp_path / "t.jsonl"
     lines = [trace_line("sequential", None, "pp512+tg32", 1, 0.0, [0.001 * (i + 1), 0.001 * (i + 1) + g])
              for i, g in enumerate((0.001, 0.5))]
     trace.write_text("\n".join(lines) + "\n")
     charts = charts_of(trace)
     assert charts["tbt_cdf_pp512+tg32_c1"].panels[0].xlog  # 1 ms .. 500 ms
-    assert not charts["ttft_cdf_pp512+tg32_c1"].panels[0].xlog  # 1 ms .. 2 ms
+    assert charts["ttft_cdf_pp512+tg32_c1"].panels[0].xlog  # 1 ms .. 2 ms: the same scale
     assert plots.draw(charts["tbt_cdf_pp512+tg32_c1"]).axes[0].get_xscale() == "log"
+    assert plots.draw(charts["ttft_cdf_pp512+tg32_c1"]).axes[0].get_xscale() == "log"
+
+
+# ---------------------------------------------------------------- how charts are drawn (issue 28, finding 7)
+
+
+def test_throughput_axes_start_at_zero(tmp_path):
+    # 157-173 t/s drawn from 157 looks like a collapse.
+    charts = charts_of(write_inputs(tmp_path))
+    for name in ("throughput_vs_concurrency_pp512", "chunk_sweep_pp512+tg32_c2"):
+        ax = plots.draw(charts[name]).axes[0]
+        top = max(y for s in charts[name].panels[0].series for y in s.y)
+        assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= top > 100
+
+
+def test_error_bars_say_their_n(tmp_path):
+    charts = charts_of(write_inputs(tmp_path))
+    panel = charts["throughput_vs_concurrency_pp512"].panels[0]
+    assert panel.get("sequential").n == [3, 3, 3]
+    ax = plots.draw(charts["throughput_vs_concurrency_pp512"]).axes[0]
+    assert any("95% CI, n=3 repetitions" in t.get_text() for t in ax.texts)
+
+
+def test_a_strategy_is_one_hue_and_its_chunk_sizes_shades_of_it(tmp_path):
+    from matplotlib.colors import rgb_to_hsv
+
+    chart = charts_of(write_inputs(tmp_path))["throughput_vs_concurrency_pp512"]
+    ax = plots.draw(chart).axes[0]
+    colours = {line.get_label(): rgb_to_hsv(line.get_color()[:3]) for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+    def apart(a: float, b: float) -> float:  # hue is an angle: red sits at both 0 and 1
+        return min(abs(a - b), 1 - abs(a - b))
+
+    chunked = [colours[f"chunked ({n})"] for n in SIZES]
+    assert all(apart(c[0], chunked[0][0]) < 0.05 for c in chunked)  # one family
+    assert len({round(c[2], 2) for c in chunked}) == 3  # three shades of it
+    assert all(apart(colours[s][0], chunked[0][0]) > 0.05 for s in ("sequential", "padded"))  # other families
+
+
+def test_pngs_are_readable_by_others(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        charts = plots.plot_files([str(write_inputs(tmp_path, with_trace=False))], tmp_path / "out")
+    finally:
+        os.umask(old)
+    assert charts and all(c.path.stat().st_mode & 0o777 == 0o644 for c in charts)
+
+
+def test_a_prompt_only_run_gets_its_ttft_vs_concurrency_chart(tmp_path):
+    chart = charts_of(write_inputs(tmp_path))["ttft_vs_concurrency_pp512"]
+    p50, p99 = chart.panels
+    assert p50.ylabel == "TTFT p50 (ms)" and p99.ylabel == "TTFT p99 (ms)"
+    assert p50.get("sequential").x == [1, 2, 4] and p99.get("chunked (64)").y == [2.0, 2.0, 2.0]
+    assert "ttft_vs_concurrency_pp512+tg32" not in charts_of(write_inputs(tmp_path))

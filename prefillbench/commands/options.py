@@ -225,6 +225,7 @@ class RunOptions(Measuring):
     no_results_file: bool = False
     verify: bool = False
     no_progress: bool = False
+    no_verdict: bool = False
     config: BenchConfig = field(init=False, repr=False)
 
     def validate(self) -> None:
@@ -337,6 +338,7 @@ class CompareOptions:
     relative_to: str | None = None
     noisy_cv: float = 100 * stats.DEFAULT_NOISY_CV  # percent
     output: str = "md"
+    no_verdict: bool = False
 
     @classmethod
     def from_flags(cls, **flags: Any) -> CompareOptions:

@@ -8,17 +8,19 @@ from typing import Any
 
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.backends.distributed import is_rank_zero
-from prefillbench.bench import interleave
+from prefillbench.bench import interleave, serving_checks
 from prefillbench.bench.cases import BenchConfig, CaseResult, run_case, verify_logits
 from prefillbench.commands.options import RunOptions
 from prefillbench.commands.runner import error_prefix, measuring, open_backend, progress_bar
 from prefillbench.errors import UsageError
 from prefillbench.meta import run_metadata
-from prefillbench.report import compare_tables, tables, traces
+from prefillbench.report import compare_tables, tables, traces, verdict
 
 
 def cmd_run(options: RunOptions) -> int:
     config = options.config
+    for note in serving_checks.before_run(config):  # raises ServingError where the run could mean nothing
+        print(f"prefillbench: warning: {note}", file=sys.stderr)
     trace_path = options.export_requests or (traces.trace_path_for(options.export) if options.export else None)
     # Under torchrun every rank runs the same cases; rank 0 alone prints, writes and shows progress.
     rank_zero = is_rank_zero()
@@ -59,6 +61,10 @@ def cmd_run(options: RunOptions) -> int:
         else:
             sys.stdout.write(tables.render(options.output, rows, meta, noisy_cv))
         sys.stdout.flush()
+        for note in serving_checks.after_run(rows):
+            print(f"prefillbench: warning: {note}", file=sys.stderr)
+        if not options.no_verdict:
+            verdict.write_verdict(rows, options.relative_to, options.output)
         write_failure = write_outputs(export, trace_path, results_path, results, meta)
     if write_failure is not None:
         print(f"prefillbench: error: {write_failure} (the {len(rows)} measured row(s) are on stdout)", file=sys.stderr)

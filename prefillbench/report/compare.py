@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from prefillbench.bench.metrics import noisy_rows
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
 from prefillbench.report.exports import KEY_FIELDS, InputError, Results, py_value, row_key
+from prefillbench.report.relative import ratio, relative_frame
 
 HIGHER, LOWER = "higher", "lower"
 # metric -> which way is better
@@ -46,8 +46,6 @@ METRICS: dict[str, str] = {
 }
 DEFAULT_METRICS = ["throughput"]
 DEFAULT_THRESHOLD = 10.0  # percent
-# The ratios `run --relative-to` shows.
-RUN_RATIO_METRICS = ["ts_mean", "throughput", "ttft_p99_ms", "tbt_p99_ms"]
 METRIC_LABELS = {
     "throughput": "throughput/s",
     "ts_mean": "t/s",
@@ -68,36 +66,6 @@ METRIC_LABELS = {
     "capacity_rps": "capacity req/s",
 }
 METRIC_SHORT = {m: label.removesuffix(" ms").removesuffix("/s") for m, label in METRIC_LABELS.items()}
-
-
-# ---------------------------------------------------------------- ratios
-
-# A row's reference is the row of the reference strategy under the same model, backend, test, concurrency and load.
-_LOAD_KEY = ["model", "backend", "test", "concurrency", "arrival", "rate"]
-
-
-def ratio(value: Any, ref: Any) -> Any:
-    """value/ref, NaN where ref is 0 or unknown; on numbers or on columns."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return value / np.where(ref == 0, np.nan, ref)
-
-
-def relative_frame(frame: pd.DataFrame, strategy: str, metrics: list[str], noisy_cv: float = DEFAULT_NOISY_CV) -> pd.DataFrame:
-    """Every row's metrics divided by its reference row's (NaN where it has none), whether it has
-    one (has_ref) and whether that one is noisy (ref_noisy), on the frame's index.
-
-    Where the reference strategy ran at several chunk sizes, a row is matched
-    to the one with its own chunk size, and has none if it has no chunk size.
-    """
-    refs = frame[frame["strategy"] == strategy]
-    refs = refs[[*_LOAD_KEY, "chunk_size", *metrics]].assign(has_ref=1.0, ref_noisy=noisy_rows(refs, noisy_cv).astype(float))
-    swept = refs.groupby(_LOAD_KEY, dropna=False)["has_ref"].transform("size") > 1
-    by_chunk = _LOAD_KEY + ["chunk_size"]
-    one = frame[_LOAD_KEY].merge(refs[~swept].drop(columns="chunk_size"), on=_LOAD_KEY, how="left")
-    per_size = frame[by_chunk].merge(refs[swept].drop_duplicates(by_chunk, keep=False), on=by_chunk, how="left")
-    ref = one.combine_first(per_size).set_index(frame.index)
-    out = pd.DataFrame({m: ratio(frame[m], ref[m]) for m in metrics}, index=frame.index)
-    return out.assign(has_ref=ref["has_ref"].notna(), ref_noisy=ref["ref_noisy"] == 1.0)
 
 
 # ---------------------------------------------------------------- comparing
@@ -125,6 +93,7 @@ class Comparison:
     entries: list[Entry]
     only_base: list[tuple]
     only_current: list[tuple]
+    cross_backend: str = ""  # 'gguf CPU vs torch CPU': each file ran one backend, joined on the rest of the key
 
     @property
     def regressions(self) -> list[Entry]:
@@ -206,6 +175,13 @@ def compare(
     vb = _values(base, metrics, relative_to, noisy_cv)
     vc = _values(current, metrics, relative_to, noisy_cv)
     joined = vb.merge(vc, on=list(KEY_FIELDS), suffixes=("_base", "_current"))
+    backends = (set(vb["backend"]), set(vc["backend"]))
+    cross = ""
+    if joined.empty and all(len(b) == 1 for b in backends) and backends[0] != backends[1]:
+        # "llama.cpp or torch for this model?": the same model and tests on two backends, compared as such.
+        cross = f"{min(backends[0])} vs {min(backends[1])}"
+        vb, vc = vb.assign(backend=cross), vc.assign(backend=cross)
+        joined = vb.merge(vc, on=list(KEY_FIELDS), suffixes=("_base", "_current"))
     if joined.empty:
         why = _why_disjoint(base.frame, current.frame)
         raise InputError(f"no rows in common between {base.path} and {current.path}" + (f" ({why})" if why else ""))
@@ -223,5 +199,5 @@ def compare(
         )
         for r in joined.to_dict("records")
     ]
-    return Comparison(metrics, threshold, relative_to, entries, _only(vb, vc), _only(vc, vb))
+    return Comparison(metrics, threshold, relative_to, entries, _only(vb, vc), _only(vc, vb), cross)
 

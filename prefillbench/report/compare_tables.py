@@ -9,13 +9,13 @@ import pandas as pd
 
 from prefillbench.bench.metrics import ResultRow, results_frame
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
-from prefillbench.report.compare import METRIC_LABELS, METRIC_SHORT, RUN_RATIO_METRICS, Comparison, Entry, relative_frame
-from prefillbench.report.tables import MD_COLUMNS, TABLE_FORMATS, cv_cell, fmt_number, frame_text, md_table
-
+from prefillbench.report.compare import METRIC_LABELS, METRIC_SHORT, Comparison, Entry
+from prefillbench.report.relative import relative_frame
+from prefillbench.report.tables import TABLE_FORMATS, fmt_number, frame_text, md_table, table_columns
 
 
 def _num(value: float, digits: int = 3) -> str:
-    return "nan" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
 def _digits(metric: str, relative: bool) -> int:
@@ -72,18 +72,33 @@ def render_comparison(cmp: Comparison, fmt: str = "md") -> str:
     return md_table(columns, cmp.entries, fmt)
 
 
+# The ratios `run --relative-to` shows, by the table column whose figures they divide (TPOT and E2E follow
+# from TBT and TTFT, and would make the table too wide to read).
+RATIO_COLUMNS: dict[str, list[str]] = {
+    "t/s": ["ts_mean"],
+    "throughput/s": ["throughput"],
+    "TTFT p50/p99 ms": ["ttft_p50_ms", "ttft_p99_ms"],
+    "TBT p50/p99 ms": ["tbt_p50_ms", "tbt_p99_ms"],
+    "goodput": ["goodput_rps"],  # its header names the SLO: matched by prefix
+}
+RUN_RATIO_METRICS = list(dict.fromkeys(m for ms in RATIO_COLUMNS.values() for m in ms))
+
+
+def _ratio_metrics(header: str) -> list[str] | None:
+    return next((ms for h, ms in RATIO_COLUMNS.items() if header == h or (h == "goodput" and header.startswith(h))), None)
+
+
 def render_relative(fmt: str, rows: list[ResultRow], meta: dict[str, Any], strategy: str, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
-    """`run --relative-to`: every row with its ratios to the reference strategy's row."""
+    """`run --relative-to`: the run's own table (every key column it has: rate, arrival, SLO, goodput),
+    each figure followed by its ratio to the reference strategy's row; a dash where a ratio does not apply."""
     frame = results_frame(rows)
-    ratios = relative_frame(frame, strategy, RUN_RATIO_METRICS)
+    ratios = relative_frame(frame, strategy, RUN_RATIO_METRICS, noisy_cv)
     if fmt not in TABLE_FORMATS:
         return frame_text(fmt, frame.join(ratios[RUN_RATIO_METRICS].add_suffix(f"_vs_{strategy}")), meta, relative_to=strategy)
-    head = {h: (h, cell, right) for h, cell, right in MD_COLUMNS}
-    columns = [head[h] for h in ("model", "backend", "strategy", "test", "concurrency")]
-    columns = [(h, (lambda item, cell=cell: cell(item[0])), right) for h, cell, right in columns]
-    for m in RUN_RATIO_METRICS:
-        d = 2 if m in ("throughput", "ts_mean") else 1
-        columns.append((METRIC_LABELS[m], lambda item, m=m, d=d: fmt_number(getattr(item[0], m), d), True))
-        columns.append((f"/{strategy}", lambda item, m=m: _num(item[1][m], 3), True))
-    columns.append(("CV", lambda item: cv_cell(item[0], noisy_cv), True))
+    columns = []
+    for header, cell, right in table_columns(rows, noisy_cv):
+        columns.append((header, lambda item, cell=cell: cell(item[0]), right))
+        metrics = _ratio_metrics(header)
+        if metrics:
+            columns.append((f"/{strategy}", lambda item, ms=metrics: "/".join(fmt_number(item[1][m], 3) for m in ms), True))
     return md_table(columns, list(zip(rows, ratios.to_dict("records"))), fmt)

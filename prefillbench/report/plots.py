@@ -9,17 +9,25 @@ Charts, one per file, named for what they show:
   token and of time between tokens, one line per strategy, from the per-request trace;
 - latency_vs_load_<test>.png: P99 TBT and P99 TTFT against the offered request rate (a
   `run --arrival poisson --rate ...` sweep), one line per strategy, with the SLO as a dashed line;
-- capacity_<test>.png: the capacity each strategy reached (`prefillbench capacity`), as bars.
+- capacity_<test>.png: the capacity each strategy reached (`prefillbench capacity`), as bars;
+- ttft_vs_concurrency_<test>.png: TTFT p50 and p99 against requests in flight for a prompt-only
+  test: the latency side of batching prompts (the mistral.rs discussion's chart).
+
+How they are drawn, the same on every backend: throughput and capacity axes
+start at zero (a 157-173 t/s range must not look like a collapse); error bars
+are 95% intervals with their n (repetitions) written beside them; a strategy is
+one hue family (plot_style.py) and its chunk sizes are shades of it; latency
+distributions are on a log axis, always, so the same chart compares across
+backends; files get the mode any new file would (0644 under the usual umask).
 
 The functions build `Chart`s (the series, as data) first and draw them second,
 so tests check the series, and that the drawn lines carry them, not pixels.
 """
 from __future__ import annotations
 
+import io
 import math
-import os
 import re
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +36,8 @@ import pandas as pd
 
 from prefillbench.report.exports import Results, load_results, read_text
 from prefillbench.bench.metrics import SLO, strategy_label
+from prefillbench.report.plot_style import palette
+from prefillbench.report.tables import write_atomic
 from prefillbench.report.traces import Trace, is_trace_record, load_traces, parse_traces
 
 DEFAULT_OUT = "results/plots"
@@ -40,6 +50,8 @@ class Series:
     y: list[float]
     err: list[float] | None = None  # half-width of the 95% CI, where known
     style: str = "line"  # line | reference (flat) | step (CDF) | bar
+    n: list[int] | None = None  # repetitions behind each point's interval
+    hue: tuple[str, int | None] | None = None  # (strategy, chunk size): its colour family and shade
 
 
 @dataclass
@@ -49,7 +61,8 @@ class Panel:
     ylabel: str
     series: list[Series] = field(default_factory=list)
     xlog2: bool = False
-    xlog: bool = False  # latencies that span orders of magnitude
+    xlog: bool = False  # latencies: a log axis
+    ymin0: bool = False  # amounts (throughput, capacity): the axis starts at zero
 
     def get(self, label: str) -> Series:
         for s in self.series:
@@ -125,16 +138,27 @@ def _cis(rows: pd.DataFrame) -> list[float]:
     return rows["throughput_ci95"].fillna(0.0).tolist()
 
 
+def _hue(rows: pd.DataFrame) -> tuple[str, int | None]:
+    first = rows.iloc[0]
+    return first["strategy"], None if pd.isna(first["chunk_size"]) else int(first["chunk_size"])
+
+
+def _line(label: str, rows: pd.DataFrame, x: str, y: str, err: bool = False) -> Series:
+    """A series of a strategy's rows: its hue, and its intervals and their n where asked."""
+    return Series(label, rows[x].tolist(), rows[y].tolist(), _cis(rows) if err else None,
+                  n=rows["repetitions"].astype(int).tolist() if err else None, hue=_hue(rows))
+
+
 def throughput_charts(results: list[Results]) -> list[Chart]:
     """Per test: throughput against concurrency, a line per strategy (and chunk size)."""
     frame = _closed_loop(_frame(results))
     charts = []
     for test in sorted(frame["test"].unique(), key=_test_order):
         rows = frame[frame["test"] == test]
-        panel = Panel(f"{test}", "concurrency (requests in flight)", "throughput (tokens/s)")
+        panel = Panel(f"{test}", "concurrency (requests in flight)", "throughput (tokens/s)", ymin0=True)
         for (source, label), line in rows.groupby(["source", "label"], sort=False):
             line = line.sort_values("concurrency", kind="stable")
-            panel.series.append(Series(_label(source, label), line["concurrency"].tolist(), line["throughput"].tolist(), _cis(line)))
+            panel.series.append(_line(_label(source, label), line, "concurrency", "throughput", err=True))
         charts.append(Chart(f"throughput_vs_concurrency_{_slug(test)}", f"Throughput vs concurrency, {test}{_subject(_combos(rows))}", [panel]))
     return charts
 
@@ -149,18 +173,20 @@ def chunk_sweep_charts(results: list[Results]) -> list[Chart]:
         if len(sizes) < 2:
             continue
         ends = [int(sizes[0]), int(sizes[-1])]
-        tput = Panel("throughput", "chunk size (tokens)", "throughput (tokens/s)", xlog2=True)
+        tput = Panel("throughput", "chunk size (tokens)", "throughput (tokens/s)", xlog2=True, ymin0=True)
         tbt = Panel("TBT p99", "chunk size (tokens)", "TBT p99 (ms)", xlog2=True)
         for source, rows in case.groupby("source", sort=False):
             swept = rows["chunk_size"] > 0
             for strategy, line in rows[swept].groupby("strategy", sort=False):
                 line = line.sort_values("chunk_size", kind="stable")
                 xs = line["chunk_size"].astype(int).tolist()
-                tput.series.append(Series(_label(source, strategy), xs, line["throughput"].tolist(), _cis(line)))
-                tbt.series.append(Series(_label(source, strategy), xs, line["tbt_p99_ms"].tolist()))
+                tput.series.append(Series(_label(source, strategy), xs, line["throughput"].tolist(), _cis(line),
+                                          n=line["repetitions"].astype(int).tolist(), hue=(strategy, None)))
+                tbt.series.append(Series(_label(source, strategy), xs, line["tbt_p99_ms"].tolist(), hue=(strategy, None)))
             for r in rows[~swept].itertuples():
-                tput.series.append(Series(_label(source, r.strategy), ends, [r.throughput] * 2, style="reference"))
-                tbt.series.append(Series(_label(source, r.strategy), ends, [r.tbt_p99_ms] * 2, style="reference"))
+                hue = (r.strategy, None)
+                tput.series.append(Series(_label(source, r.strategy), ends, [r.throughput] * 2, style="reference", hue=hue))
+                tbt.series.append(Series(_label(source, r.strategy), ends, [r.tbt_p99_ms] * 2, style="reference", hue=hue))
         panels = [tput]
         if any(_finite(v) for s in tbt.series for v in s.y):  # pp tests emit one token: no TBT
             panels.append(tbt)
@@ -190,7 +216,7 @@ def load_charts(results: list[Results]) -> list[Chart]:
             panel = Panel(title, "offered load (requests/s)", f"{title} (ms)")
             for (source, label), line in rows.groupby(["source", "label"], sort=False):
                 line = line.sort_values("rate", kind="stable")
-                panel.series.append(Series(_label(source, label), line["rate"].tolist(), line[metric].tolist()))
+                panel.series.append(_line(_label(source, label), line, "rate", metric))
             slo = _slo_ms(rows["slo"], key)
             if slo is not None:
                 panel.series.append(Series(f"SLO {slo:g} ms", [rates[0], rates[-1]], [slo, slo], style="reference"))
@@ -207,12 +233,34 @@ def capacity_charts(results: list[Results]) -> list[Chart]:
     charts = []
     for test in sorted(found["test"].unique(), key=_test_order):
         rows = found[found["test"] == test]
-        panel = Panel("capacity", "", "capacity (requests/s)")
+        panel = Panel("capacity", "", "capacity (requests/s)", ymin0=True)
         for r in rows.itertuples():
-            panel.series.append(Series(_label(r.source, r.label), [0], [r.capacity_rps], style="bar"))
+            hue = (r.strategy, None if pd.isna(r.chunk_size) else int(r.chunk_size))
+            panel.series.append(Series(_label(r.source, r.label), [0], [r.capacity_rps], style="bar", hue=hue))
         slo = _slo_ms(rows["slo"], "tbt")
         title = f"Capacity, {test}" + (f", P99 TBT <= {slo:g} ms" if slo is not None else "")
         charts.append(Chart(f"capacity_{_slug(test)}", title + _subject(_combos(rows)), [panel]))
+    return charts
+
+
+def ttft_charts(results: list[Results]) -> list[Chart]:
+    """Per prompt-only test at two or more concurrencies: TTFT p50 and p99 against concurrency, a line per strategy.
+
+    Throughput alone says whether batching prompts pays; this says what each request waits for it."""
+    frame = _closed_loop(_frame(results))
+    prompt_only = frame[(frame["n_gen"] == 0) & (frame["n_prompt"] > 0)]
+    charts = []
+    for test in sorted(prompt_only["test"].unique(), key=_test_order):
+        rows = prompt_only[prompt_only["test"] == test]
+        if rows["concurrency"].nunique() < 2:
+            continue
+        panels = []
+        for metric, title in (("ttft_p50_ms", "TTFT p50"), ("ttft_p99_ms", "TTFT p99")):
+            panel = Panel(title, "concurrency (requests in flight)", f"{title} (ms)", ymin0=True)
+            for (source, label), line in rows.groupby(["source", "label"], sort=False):
+                panel.series.append(_line(_label(source, label), line.sort_values("concurrency", kind="stable"), "concurrency", metric))
+            panels.append(panel)
+        charts.append(Chart(f"ttft_vs_concurrency_{_slug(test)}", f"Time to first token vs concurrency, {test}{_subject(_combos(rows))}", panels))
     return charts
 
 
@@ -232,23 +280,25 @@ def cdf_charts(trace_sets: list[tuple[str, list[Trace]]]) -> list[Chart]:
     charts = []
     for test, conc, rate in cases:
         groups: dict[str, list[Trace]] = defaultdict(list)
+        hues: dict[str, tuple[str, int | None]] = {}
         for prefix, t in prefixed:
             if t.test == test and t.concurrency == conc and t.rate == rate:
                 label = strategy_label(t.strategy, t.chunk_size)
                 if len(combos) > 1:
                     label = f"{t.model} {t.backend} {label}"
                 groups[_label(prefix, label)].append(t)
+                hues[_label(prefix, label)] = (t.strategy, t.chunk_size)
         members = [t for ts in groups.values() for t in ts]
         ttft = Panel("TTFT", "time to first token (ms)", "fraction of requests")
         tbt = Panel("TBT", "time between tokens (ms)", "fraction of tokens")
         for label, ts in groups.items():
-            ttft.series.append(Series(label, *cdf([t.ttft_ms for t in ts]), style="step"))
+            ttft.series.append(Series(label, *cdf([t.ttft_ms for t in ts]), style="step", hue=hues[label]))
             gaps = [g for t in ts for g in t.tbts_ms]
             if gaps:
-                tbt.series.append(Series(label, *cdf(gaps), style="step"))
+                tbt.series.append(Series(label, *cdf(gaps), style="step", hue=hues[label]))
         for panel in (ttft, tbt):
-            xs = [x for s in panel.series for x in s.x]
-            panel.xlog = bool(xs) and min(xs) > 0 and max(xs) / min(xs) > 100
+            # One scale for a latency distribution whatever the backend: log (gguf's spans 2x, the sim's 100x).
+            panel.xlog = all(x > 0 for s in panel.series for x in s.x)
         subject = _subject({(t.model, t.backend) for t in members})
         name, where = f"{_slug(test)}_c{conc}", f"{test}, concurrency {conc}"
         if rate is not None:  # an open loop: one chart per rate
@@ -265,26 +315,40 @@ def draw(chart: Chart):
 
     fig = Figure(figsize=(6.4 * len(chart.panels), 4.8), layout="constrained")
     axes = fig.subplots(1, len(chart.panels), squeeze=False)[0]
+    hues = [s.hue for p in chart.panels for s in p.series if s.hue is not None]
+    colours = palette(hues)
+
+    def colour(s: Series, i: int) -> Any:
+        return colours[s.hue] if s.hue in colours else f"C{i}"
+
     for ax, panel in zip(axes, chart.panels):
         bars = [s for s in panel.series if s.style == "bar"]
         if bars:
             positions = range(len(bars))
-            ax.bar(positions, [s.y[0] for s in bars], color=[f"C{i}" for i in positions])
+            ax.bar(positions, [s.y[0] for s in bars], color=[colour(s, i) for i, s in zip(positions, bars)])
             ax.set_xticks(list(positions), [s.label for s in bars], rotation=20, ha="right")
             for i, s in enumerate(bars):
                 ax.annotate(f"{s.y[0]:.3g}", (i, s.y[0]), ha="center", va="bottom", fontsize="small")
             ax.set_ylabel(panel.ylabel)
+            ax.set_ylim(bottom=0)
             ax.grid(True, axis="y", alpha=0.3)
             continue
-        for s in panel.series:
+        ns: set[int] = set()
+        for i, s in enumerate(panel.series):
+            c = colour(s, i)
             if s.style == "step":
-                ax.step(s.x, s.y, where="post", label=s.label)
+                ax.step(s.x, s.y, where="post", label=s.label, color=c)
             elif s.style == "reference":
-                ax.plot(s.x, s.y, linestyle="--", linewidth=1, label=s.label)
+                ax.plot(s.x, s.y, linestyle="--", linewidth=1, label=s.label, color=c)
             else:
-                (line,) = ax.plot(s.x, s.y, marker="o", label=s.label)
+                ax.plot(s.x, s.y, marker="o", label=s.label, color=c)
                 if s.err and any(e > 0 for e in s.err):
-                    ax.errorbar(s.x, s.y, yerr=s.err, fmt="none", ecolor=line.get_color(), capsize=3)
+                    ax.errorbar(s.x, s.y, yerr=s.err, fmt="none", ecolor=c, capsize=3)
+                    ns.update(s.n or [])
+        if ns:
+            n = f"{min(ns)}" if len(ns) == 1 else f"{min(ns)}-{max(ns)}"
+            ax.annotate(f"error bars: 95% CI, n={n} repetitions", (0.99, 0.01), xycoords="axes fraction",
+                        ha="right", va="bottom", fontsize="small", color="0.35")
         if panel.xlog2:
             ax.set_xscale("log", base=2)
             ticks = sorted({x for s in panel.series if s.style != "reference" for x in s.x})
@@ -297,6 +361,8 @@ def draw(chart: Chart):
             ax.set_xticks(ticks, [str(int(t)) for t in ticks])
         if panel.series and panel.series[0].style == "step":
             ax.set_ylim(0, 1.02)
+        if panel.ymin0:
+            ax.set_ylim(bottom=0)
         ax.set_title(panel.title if len(chart.panels) > 1 else "")
         ax.set_xlabel(panel.xlabel)
         ax.set_ylabel(panel.ylabel)
@@ -308,18 +374,10 @@ def draw(chart: Chart):
 
 
 def save(chart: Chart, out_dir: str | Path) -> Path:
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{chart.name}.png"
-    fig = draw(chart)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=110)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    path = Path(out_dir) / f"{chart.name}.png"
+    png = io.BytesIO()
+    draw(chart).savefig(png, format="png", dpi=110)
+    write_atomic(path, png.getvalue())  # the mode any new file gets, not mkstemp's 0600
     chart.path = path
     return path
 
@@ -369,6 +427,7 @@ def make_charts(results: list[Results], traces: list[tuple[str, list[Trace]]]) -
         charts += chunk_sweep_charts(results)
         charts += load_charts(results)
         charts += capacity_charts(results)
+        charts += ttft_charts(results)
     if traces:
         charts += cdf_charts(traces)
     return charts

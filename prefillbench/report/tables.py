@@ -100,13 +100,17 @@ def md_table(columns: list[tuple[str, Callable[[Any], str], bool]], items: list[
     ) + "\n"
 
 
-def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV, fmt: str = "md") -> str:
+def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> list[tuple[str, Callable[[ResultRow], str], bool]]:
+    """The table's columns for these rows: the open loop's where any row has one, goodput where an SLO was given."""
     columns = OPEN_LOOP_MD_COLUMNS if any(r.arrival not in ("closed", "") for r in rows) else MD_COLUMNS
     slos = sorted({r.slo for r in rows if r.slo})
     if slos:
         columns = columns + [(f"goodput req/s (met {' | '.join(slos)})", goodput_cell, True)]
-    columns = columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
-    return md_table(columns, rows, fmt)
+    return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
+
+
+def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV, fmt: str = "md") -> str:
+    return md_table(table_columns(rows, noisy_cv), rows, fmt)
 
 
 def _flat(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
@@ -186,8 +190,8 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write via a temporary file renamed into place, so no reader sees half a file.
+def write_atomic(path: str | Path, text: str | bytes) -> None:
+    """Write text (or bytes: a PNG) via a temporary file renamed into place, so no reader sees half a file.
 
     An OSError names `path`, not the temporary file.
     """
@@ -198,7 +202,7 @@ def write_atomic(path: str | Path, text: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         # mkstemp makes the file private (0600); the result gets the mode any new file would.
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", newline="") as f:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", newline="")) as f:
             f.write(text)
         os.replace(tmp, path)
     except OSError as e:
