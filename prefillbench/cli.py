@@ -431,7 +431,8 @@ def capacity_command(
     arrival: Annotated[Literal["poisson", "gamma"], _option("--arrival", panel=CAPACITY_PANEL, help="arrival process")] = "poisson",
     burstiness: Burstiness = 1.0,
     relative_to: Annotated[Optional[str], _option(
-        "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY", help="show each capacity's ratio to this strategy's")] = None,
+        "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY",
+        help="show each capacity's ratio to this strategy's capacity")] = None,
     output: Output = "md",
     export: Export = None,
     no_progress: NoProgress = False,
@@ -662,6 +663,7 @@ def cmd_capacity(args: Any) -> int:
     strategies = list(dict.fromkeys(args.strategy or list(STRATEGIES)))
     if args.relative_to and args.relative_to not in strategies:
         raise UsageError(f"--relative-to {args.relative_to}: not among the strategies searched ({', '.join(strategies)})")
+    check_precision(args.precision)
     if args.export:
         reports.format_for_path(args.export)
     rank_zero = is_rank_zero()  # under torchrun rank 0 alone prints, writes and shows progress, as in run
@@ -698,14 +700,25 @@ def cmd_capacity(args: Any) -> int:
                 f"capacity: {strategy_label(case.strategy, case.chunk_size)} at {probe.rate:.3g} req/s: P99 TBT {r.tbt_p99_ms:.1f} ms, median "
                 f"scheduling delay {r.sched_delay_p50_ms:.0f} ms: {'within' if probe.passed else 'over'}", highlight=False, soft_wrap=True)
 
+        finished: list[capacity.Probe] = []  # the current case's probes, kept if the search stops midway
+
+        def done_and_kept(case, probe: capacity.Probe) -> None:
+            finished.append(probe)
+            done(case, probe)
+
+        case = None
         try:
             for case in config.cases():
-                results.append(capacity.find_capacity(loaded, case, config, started, done,
+                finished.clear()
+                results.append(capacity.find_capacity(loaded, case, config, started, done_and_kept,
                                                       lambda n: progress.advance(task, n)))
+                case = None
         except KeyboardInterrupt:
             interrupted = True
         except BackendError as e:
             failure = e
+        if case is not None and finished:
+            results.append(capacity.CapacityResult(case, capacity.SearchResult.partial(finished)))
     rows = [r.row for r in results]
     meta = run_metadata(loaded.metadata())
     meta.update(model_path=args.model or "default", backend_name=loaded.name, device=loaded.device,
@@ -713,6 +726,9 @@ def cmd_capacity(args: Any) -> int:
     if rows and rank_zero:
         text = capacity_report.render_md(results, args.relative_to) if args.output == "md" else reports.render(args.output, rows, meta)
         sys.stdout.write(text)
+        best = capacity_report.best_line(results, config.criteria.describe(), config.precision, args.relative_to or "sequential")
+        # After the table on stdout; on stderr when stdout carries csv or json, which must stay parseable.
+        print(best, file=sys.stdout if args.output == "md" else sys.stderr)
         sys.stdout.flush()
         if args.export:
             reports.export(args.export, rows, meta)
@@ -723,6 +739,12 @@ def cmd_capacity(args: Any) -> int:
         print(f"{error_prefix()}: {failure} (kept {len(rows)} capacity row(s))", file=sys.stderr)
         return 2
     return 0
+
+
+def check_precision(pct: float) -> None:
+    """--precision is a percentage of the capacity: 5 means bisect to within 5%."""
+    if not 0 < pct < 100:
+        raise UsageError(f"--precision is a percentage of the capacity between 0 and 100 (5 means 5%), got {pct:g}")
 
 
 def _load_backend(args: Any) -> Backend:
