@@ -34,6 +34,7 @@ from prefillbench.backends.base import Backend, BackendError
 from prefillbench.backends.distributed import is_rank_zero, process_rank
 from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS, BenchConfig, CaseResult, run_case, verify_logits
 from prefillbench.commands.calibrate import calibrate_command
+from prefillbench.commands import tune as tune_command
 from prefillbench.meta import run_metadata
 from prefillbench.bench.metrics import SLO, strategy_label
 from prefillbench.sim_options import Calibration, PipelineStages, SimGpu, SimModel, TensorParallel, Trace, sim_options
@@ -438,6 +439,99 @@ def capacity_command(
     no_progress: NoProgress = False,
 ) -> int:
     return cmd_capacity(SimpleNamespace(**locals()))
+
+
+def _budgets(texts: list[str] | None) -> list[int] | None:
+    if not texts:
+        return None
+    try:
+        return tune_command.tune.parse_budgets(texts)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+@command("tune", help="find the strategy and token budget with the most capacity within an SLO: searched on the "
+                     "calibrated sim, the best confirmed on the backend")
+def tune_cli(
+    model: Model = None,
+    backend: BackendName = "auto",
+    device: Device = "auto",
+    dtype: DType = "float32",
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = None,
+    ubatch: UBatch = None,
+    flash_attn: FlashAttn = None,
+    no_cuda_graphs: NoCudaGraphs = False,
+    no_tune_linear: NoTuneLinear = False,
+    compile_decode: CompileDecode = False,
+    sim_model: SimModel = None,
+    sim_gpu: SimGpu = None,
+    tp: TensorParallel = 1,
+    pp: PipelineStages = 1,
+    calibration: Calibration = None,
+    trace: Trace = None,
+    pg: Annotated[Optional[list[str]], _option(
+        "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
+        help="prompt and generation length of the requests (default: 512,128)")] = None,
+    len_spread: LenSpread = 0.0,
+    workload: Workload = None,
+    strategy: Strategy = None,
+    chunk_size: Annotated[Optional[list[str]], _option(
+        "--chunk-size", "--token-budget", panel=TESTS_PANEL, callback=_budgets, metavar="N[,N]|LO:HI:xF",
+        help="token budgets: a list, or a range such as 64:4096:x2 (default: 128:4096:x2)")] = None,
+    concurrency: Annotated[int, _option(
+        "-c", "--concurrency", panel=TESTS_PANEL, help="cap on requests in flight; 0: none")] = 0,
+    seed: Seed = 42,
+    no_warmup: NoWarmup = False,
+    slo: Annotated[Optional[str], _option(
+        "--slo", panel=CAPACITY_PANEL, metavar="KEY=MS[,MS...][,KEY=MS]",
+        help="latency limits (ttft, tbt, tpot, e2e) at --percentile; one key may list values (tbt=50,100,200) "
+        "for capacity against the SLO")] = None,
+    percentile: Annotated[float, _option(
+        "--percentile", panel=CAPACITY_PANEL, metavar="P", help="the percentile the SLO limits")] = 99.0,
+    max_sched_delay: Annotated[float, _option(
+        "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
+        help="bound on the median scheduling delay (Sarathi-Serve's)")] = capacity.DEFAULT_MAX_SCHED_DELAY_MS,
+    requests: Annotated[Optional[int], _option(
+        "--requests", panel=CAPACITY_PANEL,
+        help=f"requests per probe (default: {capacity.DEFAULT_REQUESTS_SIM} on the sim, {capacity.DEFAULT_REQUESTS} on real backends)")] = None,
+    repeats: Annotated[Optional[int], _option(
+        "--repeats", panel=CAPACITY_PANEL,
+        help="seeds per configuration, searched near the first one's capacity: the capacity's interval (default: 3 on the sim, 1 elsewhere)")] = None,
+    precision: Annotated[float, _option(
+        "--precision", panel=CAPACITY_PANEL, parser=percent, metavar="PCT",
+        help="bisect until the bracket is narrower than this percentage of the capacity")] = 100 * capacity.DEFAULT_PRECISION,
+    start_rate: Annotated[float, _option(
+        "--start-rate", panel=CAPACITY_PANEL, metavar="QPS", help="the first probe's rate")] = capacity.DEFAULT_START_RATE,
+    arrival: Annotated[Literal["poisson", "gamma"], _option("--arrival", panel=CAPACITY_PANEL, help="arrival process")] = "poisson",
+    burstiness: Burstiness = 1.0,
+    top_k: Annotated[int, _option("--top-k", panel=CAPACITY_PANEL, help="real backend: measure the sim's best K and sequential")] = 3,
+    no_sim: Annotated[bool, _flag("--no-sim", CAPACITY_PANEL, help="real backend: measure every configuration, no sim")] = False,
+    sim_only: Annotated[bool, _flag("--sim-only", CAPACITY_PANEL, help="real backend: stop after the calibrated sim's prediction")] = False,
+    time_budget: Annotated[Optional[float], _option(
+        "--time-budget", panel=CAPACITY_PANEL, metavar="S", help="start no real-backend probe that would end after this many seconds")] = None,
+    quick: Annotated[bool, _flag("--quick", CAPACITY_PANEL, help=f"a short preset: {' '.join(f'{k}={v}' for k, v in tune_command.QUICK.items())}")] = False,
+    jobs: Annotated[Optional[int], _option("--jobs", panel=CAPACITY_PANEL, help="processes for the sim's grid (default: 2)")] = None,
+    output: Output = "md",
+    export: Annotated[Optional[str], _option(
+        "--export", panel=OUTPUT_PANEL, metavar="FILE", help="every configuration and probe: .json, or .csv (+ .probes.csv)")] = None,
+    plot: Annotated[Optional[str], _option("--plot", panel=OUTPUT_PANEL, metavar="DIR", help="write the charts here")] = None,
+    no_progress: NoProgress = False,
+) -> int:
+    args = SimpleNamespace(**locals())
+    tests = tests_from_args(SimpleNamespace(n_prompt=None, n_gen=None, pg=pg or [(512, 128)], arrival="poisson",
+                                            len_spread=len_spread, workload=workload))
+    if len(tests) != 1:
+        raise UsageError("tune searches one test: give one --pg or a --workload")
+    options = tune_command.TuneOptions(
+        load=_load_backend, backend_args=args, pg=pg[0] if pg else None, len_spread=len_spread,
+        workload_test=tests[0] if workload else None, strategies=strategy, budgets=chunk_size,
+        concurrency=concurrency, seed=seed, warmup=not no_warmup, slo=slo, percentile=percentile,
+        max_sched_delay=max_sched_delay, requests=requests, precision=precision, start_rate=start_rate, arrival=arrival,
+        burstiness=burstiness, repeats=repeats, top_k=top_k, no_sim=no_sim, sim_only=sim_only,
+        calibration=calibration if backend != "sim" else None, time_budget=time_budget, quick=quick, jobs=jobs,
+        output=output, export=export, plot=plot, progress=not no_progress)
+    return tune_command.run_tune(options)
 
 
 def _metrics_if_given(texts: list[str] | None) -> list[str] | None:

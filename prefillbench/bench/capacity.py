@@ -113,6 +113,7 @@ class Probe:
     row: ResultRow
     limited_by: list[str] = field(default_factory=list)  # the LIMITS keys this probe exceeded
     seed: int | None = None
+    values: dict[str, float] = field(default_factory=dict)  # each criterion's figure (Criteria.values)
 
 
 @dataclass
@@ -301,8 +302,9 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
                     concurrency=case.concurrency, chunk_size=case.chunk_size,
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
                     slo=config.row_slo)
-    over = config.criteria.exceeded(config.criteria.values(run))
-    return Probe(rate, not over, row, over, seed)
+    values = config.criteria.values(run)
+    over = config.criteria.exceeded(values)
+    return Probe(rate, not over, row, over, seed, values)
 
 
 def find_capacity(backend: Backend, case: Case, config: CapacityConfig,
