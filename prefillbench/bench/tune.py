@@ -395,6 +395,18 @@ def pick_for_measurement(predicted: list[ConfigResult], top_k: int, baseline: st
     return chosen
 
 
+def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
+                  on_probe: ProbeCallback | None = None, on_config: Callable[[Config], None] | None = None,
+                  deadline: float | None = None, on_picked: Callable[[list[Config]], None] | None = None) -> GridResult:
+    """The sim-first stage's second half: the sim's top K (and sequential) under each criteria, measured on the
+    real backend, each search starting at the sim's prediction for the first criteria."""
+    picks = list(dict.fromkeys(c for k in settings.criteria for c in pick_for_measurement(by_criteria(predicted, k), top_k)))
+    if on_picked is not None:
+        on_picked(picks)
+    hints = {r.config: r.capacity for r in by_criteria(predicted, settings.criteria[0]) if r.capacity}
+    return run_grid(real, picks, settings, on_probe, on_config, hints, deadline, "measured")
+
+
 @dataclass
 class Comparison:
     """A configuration measured on the real backend beside the sim's prediction of the same probes."""

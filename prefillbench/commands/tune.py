@@ -163,10 +163,10 @@ def run_tune(o: TuneOptions) -> int:
     bar = ProbeProgress(o.progress, len(configs) * len(criteria), settings.expected_probes)
     deadline = time.monotonic() + o.time_budget if o.time_budget else None
 
-    def stage(b: Backend, chosen: list[tune.Config], name: str, hints=None) -> tune.GridResult:
-        bar.stage(name, len(chosen) * len(criteria), settings.expected_probes if hints is None else tune.EXPECTED_NEAR_PROBES)
+    def stage(b: Backend, chosen: list[tune.Config], name: str) -> tune.GridResult:
+        bar.stage(name, len(chosen) * len(criteria), settings.expected_probes)
         pool = jobs if b.name == "sim" and settings.requests * len(chosen) >= POOL_MIN_REQUESTS else 1
-        return tune.run_grid(b, chosen, settings, bar.probe, lambda c: bar.config_done(len(criteria)), hints,
+        return tune.run_grid(b, chosen, settings, bar.probe, lambda c: bar.config_done(len(criteria)), None,
                              deadline if b.name != "sim" else None, "sim" if b.name == "sim" else "measured", pool)
 
     predicted: tune.GridResult | None = None
@@ -179,13 +179,11 @@ def run_tune(o: TuneOptions) -> int:
                 sim = _calibrated_sim(o, backend, err)
                 predicted = stage(sim, configs, "sim")
                 if not o.sim_only and not predicted.stopped:
-                    picks = list(dict.fromkeys(c for k in criteria for c in tune.pick_for_measurement(
-                        tune.by_criteria(predicted.results, k), o.top_k)))
-                    hints = {c: r.capacity for r in predicted.results if r.criteria == criteria[0] for c in [r.config]
-                             if r.capacity}
-                    print(f"prefillbench: measuring the sim's top {o.top_k} and sequential on {backend.label}: "
-                          f"{', '.join(c.label for c in picks)}", file=err)
-                    measured = stage(backend, picks, "measuring", hints)
+                    bar.stage("measuring", o.top_k + 1, tune.EXPECTED_NEAR_PROBES * settings.repeats)
+                    measured = tune.measure_picks(
+                        backend, predicted.results, settings, o.top_k, bar.probe, lambda c: bar.config_done(len(criteria)),
+                        deadline, lambda picks: print(f"prefillbench: measuring the sim's top {o.top_k} and sequential on "
+                                                      f"{backend.label}: {', '.join(c.label for c in picks)}", file=err))
     except BackendError as e:
         raise TuneError(str(e)) from None
     return _report(o, out, err, settings, criteria, predicted, measured, backend)
