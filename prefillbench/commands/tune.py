@@ -92,9 +92,10 @@ def _settings(o: TuneOptions, on_sim: bool) -> tuple[TestSpec, list[Criteria], t
     if not 0 < o.precision < 100:
         raise TuneError(f"--precision is a percentage of the capacity between 0 and 100 (5 means 5%), got {o.precision:g}")
     test = o.workload_test or TestSpec(*(o.pg or (512, 128)), spread=o.len_spread)
-    requests = o.requests or (DEFAULT_REQUESTS_SIM if on_sim else DEFAULT_REQUESTS)
+    requests = o.requests if o.requests is not None else (DEFAULT_REQUESTS_SIM if on_sim else DEFAULT_REQUESTS)
+    repeats = o.repeats if o.repeats is not None else (3 if on_sim else 1)
     settings = tune.TuneSettings(test, criteria, requests, o.concurrency, o.arrival, o.burstiness, o.seed,
-                                 o.repeats or (3 if on_sim else 1), o.start_rate, o.precision / 100, o.warmup)
+                                 repeats, o.start_rate, o.precision / 100, o.warmup)
     settings.capacity_config(criteria[0])  # validates requests, arrival, precision
     return test, criteria, settings
 
@@ -102,7 +103,7 @@ def _settings(o: TuneOptions, on_sim: bool) -> tuple[TestSpec, list[Criteria], t
 def _apply_quick(o: TuneOptions) -> None:
     o.pg = o.pg or QUICK["pg"]
     o.slo = o.slo or QUICK["slo"]
-    o.requests = o.requests or QUICK["requests"]
+    o.requests = QUICK["requests"] if o.requests is None else o.requests
     o.precision = QUICK["precision"] if o.precision == 5.0 else o.precision
     o.budgets = o.budgets or QUICK["budgets"]
     o.strategies = o.strategies or QUICK["strategies"]

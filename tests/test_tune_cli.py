@@ -1,0 +1,114 @@
+"""tune and capacity end to end on the sim: the ranked table, the verdict, exports and plots; capacity's bound,
+limit column, best line and Ctrl-C; bad input in one line with exit 2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prefillbench import cli
+from prefillbench.bench import capacity
+
+SIM = ["--backend", "sim", "--sim-model", "mistral-7b", "--sim-gpu", "a100", "--no-progress"]
+SMALL = ["--pg", "1024,64", "--len-spread", "0.9", "--requests", "40", "--repeats", "1", "--precision", "20"]
+
+
+def main(capsys, *argv):
+    code = cli.main([*argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_tune_on_the_sim_ranks_chunked_above_sequential_and_exports_every_probe(capsys, tmp_path):
+    export, plots = tmp_path / "tune.json", tmp_path / "plots"
+    code, out, err = main(capsys, "tune", *SIM, *SMALL, "--slo", "tbt=100", "-s", "sequential,chunked",
+                          "--chunk-size", "256:512:x2", "--export", str(export), "--plot", str(plots))
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert "capacity req/s" in lines[0] and "limited by" in lines[0] and "vs sequential" in lines[0]
+    table = [line for line in lines if line.startswith("|")][2:]
+    assert len(table) == 3 and "chunked" in table[0] and "sequential" in table[-1]
+    assert lines[-1].startswith("best within TBT p99 <= 100 ms: chunked, budget ") and "x sequential" in lines[-1]
+    doc = json.loads(export.read_text())
+    configs, probes = doc["configurations"], doc["probes"]
+    assert len(configs) == 3 and sum(c["probes"] for c in configs) == len(probes)
+    for c in configs:
+        # The reported latencies are those of a probe at exactly the capacity.
+        at = [p for p in probes if p["strategy"] == c["strategy"] and p["budget"] == c["budget"]
+              and p["rate"] == c["capacity_rps"] and p["passed"]]
+        assert at and at[0]["tbt_p99_ms"] == c["tbt_p99_ms"]
+    assert {p.name for p in plots.iterdir()} == {"tune_capacity_per_budget.png", "tune_latency_vs_load.png"}
+    assert f"wrote {export}" in err
+
+
+def test_tune_with_a_list_of_slos_prints_capacity_against_the_slo(capsys):
+    code, out, err = main(capsys, "tune", *SIM, *SMALL, "--slo", "tbt=50,200", "-s", "sequential,chunked",
+                          "--chunk-size", "512")
+    assert code == 0, err
+    assert "TBT p99 <= 50 ms:" in out and "TBT p99 <= 200 ms:" in out
+    vs = out[out.index("capacity (req/s) against the SLO"):].splitlines()
+    assert "TBT p99 <= 50 ms" in vs[1] and "TBT p99 <= 200 ms" in vs[1]
+    seq = [line for line in vs if line.startswith("| sequential")][0]
+    strict, loose = (float(v) for v in seq.strip("|").split("|")[1:3])
+    assert loose >= strict > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "needs --slo"),
+    (["--slo", "tbt=50,100,ttft=1,2"], "only one SLO key"),
+    (["--slo", "tbt=100", "--chunk-size", "512:64:x2"], "bad budget range"),
+    (["--slo", "tbt=100", "--precision", "100"], "percentage"),
+    (["--slo", "tbt=100", "-s", "fifo"], "unknown strategy"),
+    (["--slo", "tbt=100", "--repeats", "0"], "--repeats"),
+    (["--slo", "tbt=100", "--export", "x.xml"], ".json or .csv"),
+    (["--slo", "tbt=100", "--no-sim", "--sim-only"], "exclude each other"),
+])
+def test_bad_tune_input_is_one_line_and_exit_2(capsys, argv, message):
+    code, out, err = main(capsys, "tune", *SIM, *argv)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1].startswith("prefillbench: error:") and message in err, err
+
+
+def test_capacity_says_when_the_search_hit_its_bound_and_names_the_limit_and_the_best(capsys):
+    code, out, err = main(capsys, "capacity", *SIM, "--pg", "64,4", "--slo", "tbt=1e9", "-s", "sequential",
+                          "--requests", "4", "--max-sched-delay", "1e12")
+    assert code == 0, err
+    assert "at least 1048576" in out and "search bound" in out
+    assert "(the search hit its bound" in out.strip().splitlines()[-1]
+    code, out, err = main(capsys, "capacity", *SIM, "--pg", "1024,64", "--len-spread", "0.9", "--slo", "tbt=100",
+                          "-s", "sequential,chunked", "--chunk-size", "512", "--requests", "40", "--precision", "20")
+    assert code == 0, err
+    assert "limited by" in out.splitlines()[0]
+    seq = [line for line in out.splitlines() if line.startswith("| mistral-7b") and "| sequential " in line][0]
+    assert "| TBT " in seq
+    assert out.strip().splitlines()[-1].startswith("best within TBT p99 <= 100 ms: chunked (512)")
+
+
+def test_capacity_precision_is_a_percentage(capsys):
+    code, out, err = main(capsys, "capacity", *SIM, "--slo", "tbt=100", "--precision", "100")
+    assert code == 2 and "a percentage of the capacity between 0 and 100 (5 means 5%), got 100" in err
+
+
+def test_capacity_relative_to_help_is_whole(capsys):
+    code, out, err = main(capsys, "capacity", "--help")
+    text = " ".join(out.replace("│", " ").split())  # rich wraps the help inside a box
+    assert "show each capacity's ratio to this strategy's capacity" in text
+
+
+def test_ctrl_c_during_capacity_keeps_the_finished_probes(capsys, monkeypatch):
+    real = capacity.probe_case
+    calls = []
+
+    def probe_then_interrupt(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capacity, "probe_case", probe_then_interrupt)
+    code, out, err = main(capsys, "capacity", *SIM, "--pg", "256,16", "--slo", "tbt=100", "-s", "sequential",
+                          "--requests", "20")
+    assert code == 130
+    assert "(interrupted)" in out and "interrupted; kept 1 capacity row(s)" in err
+    row = [line for line in out.splitlines() if "| sequential " in line][0]
+    assert row.rstrip("|").split("|")[-1].strip() == "2"  # both finished probes
