@@ -220,6 +220,15 @@ Interleave = Annotated[bool, _flag(
     "--interleave", TESTS_PANEL,
     help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")]
 
+# capacity search (capacity, tune)
+RequestShape = Annotated[Optional[list[str]], _option(
+    "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
+    help="prompt and generation length of the requests (default: 512,128)")]
+MaxSchedDelay = Annotated[float, _option(
+    "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
+    help="bound on the median scheduling delay (arrival to first step; Sarathi-Serve's criterion)")]
+ProbeArrival = Annotated[Literal["poisson", "gamma"], _option("--arrival", panel=CAPACITY_PANEL, help="arrival process")]
+
 # output
 Output = Annotated[Literal[reports.OUTPUT_FORMATS], _option(
     "-o", "--output", panel=OUTPUT_PANEL, help="format on stdout: md table, grid (a terminal table), csv, json, jsonl")]
@@ -401,9 +410,7 @@ def capacity_command(
     pp: PipelineStages = 1,
     calibration: Calibration = None,
     trace: Trace = None,
-    pg: Annotated[Optional[list[str]], _option(
-        "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
-        help="prompt and generation length of the requests (default: 512,128)")] = None,
+    pg: RequestShape = None,
     len_spread: LenSpread = 0.0,
     workload: Workload = None,
     strategy: Strategy = None,
@@ -416,9 +423,7 @@ def capacity_command(
     slo: Annotated[Optional[str], _option(
         "--slo", panel=CAPACITY_PANEL, callback=slo_spec, metavar="tbt=MS[,ttft=MS,...]",
         help="tbt: the P99 TBT a rate must keep to (required); any other objective adds goodput to the rows")] = None,
-    max_sched_delay: Annotated[float, _option(
-        "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
-        help="bound on the median scheduling delay (arrival to first step)")] = capacity.DEFAULT_MAX_SCHED_DELAY_MS,
+    max_sched_delay: MaxSchedDelay = capacity.DEFAULT_MAX_SCHED_DELAY_MS,
     requests: Annotated[Optional[int], _option(
         "--requests", panel=CAPACITY_PANEL,
         help=f"requests per probe (default: {capacity.DEFAULT_REQUESTS_SIM} on the sim, {capacity.DEFAULT_REQUESTS} on "
@@ -429,7 +434,7 @@ def capacity_command(
     start_rate: Annotated[float, _option(
         "--start-rate", panel=CAPACITY_PANEL, metavar="QPS", help="the first probe's rate; the search doubles or halves from it")]
     = capacity.DEFAULT_START_RATE,
-    arrival: Annotated[Literal["poisson", "gamma"], _option("--arrival", panel=CAPACITY_PANEL, help="arrival process")] = "poisson",
+    arrival: ProbeArrival = "poisson",
     burstiness: Burstiness = 1.0,
     relative_to: Annotated[Optional[str], _option(
         "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY",
@@ -470,9 +475,7 @@ def tune_cli(
     pp: PipelineStages = 1,
     calibration: Calibration = None,
     trace: Trace = None,
-    pg: Annotated[Optional[list[str]], _option(
-        "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
-        help="prompt and generation length of the requests (default: 512,128)")] = None,
+    pg: RequestShape = None,
     len_spread: LenSpread = 0.0,
     workload: Workload = None,
     strategy: Strategy = None,
@@ -489,9 +492,7 @@ def tune_cli(
         "for capacity against the SLO")] = None,
     percentile: Annotated[float, _option(
         "--percentile", panel=CAPACITY_PANEL, metavar="P", help="the percentile the SLO limits")] = 99.0,
-    max_sched_delay: Annotated[float, _option(
-        "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
-        help="bound on the median scheduling delay (Sarathi-Serve's)")] = capacity.DEFAULT_MAX_SCHED_DELAY_MS,
+    max_sched_delay: MaxSchedDelay = capacity.DEFAULT_MAX_SCHED_DELAY_MS,
     requests: Annotated[Optional[int], _option(
         "--requests", panel=CAPACITY_PANEL,
         help=f"requests per probe (default: {capacity.DEFAULT_REQUESTS_SIM} on the sim, {capacity.DEFAULT_REQUESTS} on real backends)")] = None,
@@ -503,7 +504,7 @@ def tune_cli(
         help="bisect until the bracket is narrower than this percentage of the capacity")] = 100 * capacity.DEFAULT_PRECISION,
     start_rate: Annotated[float, _option(
         "--start-rate", panel=CAPACITY_PANEL, metavar="QPS", help="the first probe's rate")] = capacity.DEFAULT_START_RATE,
-    arrival: Annotated[Literal["poisson", "gamma"], _option("--arrival", panel=CAPACITY_PANEL, help="arrival process")] = "poisson",
+    arrival: ProbeArrival = "poisson",
     burstiness: Burstiness = 1.0,
     top_k: Annotated[int, _option("--top-k", panel=CAPACITY_PANEL, help="real backend: measure the sim's best K and sequential")] = 3,
     no_sim: Annotated[bool, _flag("--no-sim", CAPACITY_PANEL, help="real backend: measure every configuration, no sim")] = False,
