@@ -289,23 +289,51 @@ class GridResult:
     left: list[Config] = field(default_factory=list)  # configurations not started, or not finished
 
 
+def chains(configs: list[Config]) -> list[list[Config]]:
+    """The configurations by strategy, budgets in the order given: each search starts near its neighbour's capacity."""
+    out: dict[str, list[Config]] = {}
+    for c in configs:
+        out.setdefault(c.strategy, []).append(c)
+    return list(out.values())
+
+
+def _run_chain(backend: Backend, chain: list[Config], settings: TuneSettings, on_probe: ProbeCallback | None,
+               on_config: Callable[[Config], None] | None, hints: dict[Config, float], deadline: float | None,
+               stage: str) -> list[ConfigResult]:
+    """One strategy's budgets in turn; without a hint of its own a budget's search starts at the previous budget's
+    capacity, bracketing near it (adjacent budgets' capacities differ by tens of percent: two or three probes
+    instead of the climb from the start rate)."""
+    results: list[ConfigResult] = []
+    previous = 0.0
+    for config in chain:
+        try:
+            found = tune_config(backend, config, settings, on_probe, hints.get(config) or previous or None, deadline, stage)
+        except Stopped as e:
+            raise Stopped(results + e.results, e.cause) from None
+        results += found
+        previous = found[0].capacity
+        if on_config is not None:
+            on_config(config)
+    return results
+
+
 def run_grid(backend: Backend, configs: list[Config], settings: TuneSettings, on_probe: ProbeCallback | None = None,
              on_config: Callable[[Config], None] | None = None, hints: dict[Config, float] | None = None,
              deadline: float | None = None, stage: str = "sim", jobs: int = 1) -> GridResult:
     """Every configuration's capacity; a Ctrl-C or the deadline keeps what finished, probes included."""
-    if jobs > 1 and len(configs) > 1 and backend.name == "sim":
-        return _run_pool(backend, configs, settings, on_probe, on_config, stage, jobs)
+    groups = chains(configs)
+    if jobs > 1 and len(groups) > 1 and backend.name == "sim":
+        return _run_pool(backend, groups, settings, on_probe, on_config, hints or {}, stage, jobs)
     out = GridResult()
-    for i, config in enumerate(configs):
+    for i, chain in enumerate(groups):
         try:
-            out.results += tune_config(backend, config, settings, on_probe, (hints or {}).get(config), deadline, stage)
+            out.results += _run_chain(backend, chain, settings, on_probe, on_config, hints or {}, deadline, stage)
         except Stopped as e:
             out.results += e.results
             out.stopped = "interrupted" if e.interrupted else f"time budget: {e}"
-            out.left = configs[i:]
+            finished = {r.config for r in e.results if not r.interrupted}
+            out.left = [c for g in groups[i:] for c in g if c not in finished]
             return out
-        if on_config is not None:
-            on_config(config)
     return out
 
 
@@ -314,52 +342,57 @@ _worker_backend: Backend | None = None
 _worker_queue = None
 
 
-def _worker_init(backend: Backend, probes) -> None:
+def _worker_init(backend: Backend, messages) -> None:
     global _worker_backend, _worker_queue
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends the workers
-    _worker_backend, _worker_queue = backend, probes
+    _worker_backend, _worker_queue = backend, messages
 
 
-def _worker_run(config: Config, settings: TuneSettings, stage: str) -> list[ConfigResult]:
-    def report(c: Config, index: int, p: Probe) -> None:
-        _worker_queue.put((c, index, p))
-
-    return tune_config(_worker_backend, config, settings, report, stage=stage)
+def _worker_run(chain: list[Config], settings: TuneSettings, hints: dict[Config, float], stage: str) -> list[ConfigResult]:
+    return _run_chain(_worker_backend, chain, settings, lambda c, index, p: _worker_queue.put(("probe", c, index, p)),
+                      lambda c: _worker_queue.put(("config", c, 0, None)), hints, None, stage)
 
 
-def _run_pool(backend: Backend, configs: list[Config], settings: TuneSettings, on_probe: ProbeCallback | None,
-              on_config: Callable[[Config], None] | None, stage: str, jobs: int) -> GridResult:
+def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettings, on_probe: ProbeCallback | None,
+              on_config: Callable[[Config], None] | None, hints: dict[Config, float], stage: str, jobs: int) -> GridResult:
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
-    probes = ctx.Queue()
+    messages = ctx.Queue()
     seen: dict[tuple[Config, int], list[Probe]] = {}
+    finished: set[Config] = set()
     out = GridResult()
-    done: dict[Config, list[ConfigResult]] = {}
+    done: dict[int, list[ConfigResult]] = {}
 
     def drain() -> None:
         while True:
             try:
-                c, index, p = probes.get_nowait()
+                kind, c, index, p = messages.get_nowait()
             except queue_mod.Empty:
                 return
+            if kind == "config":
+                finished.add(c)
+                if on_config is not None:
+                    on_config(c)
+                continue
             seen.setdefault((c, index), []).append(p)
             if on_probe is not None:
                 on_probe(c, index, p)
 
-    pool = cf.ProcessPoolExecutor(min(jobs, len(configs)), mp_context=ctx, initializer=_worker_init,
-                                  initargs=(backend, probes))
-    futures = {pool.submit(_worker_run, c, settings, stage): c for c in configs}
+    # The longest chains first, so that the pool's last task is a short one.
+    order = sorted(range(len(groups)), key=lambda i: -len(groups[i]))
+    pool = cf.ProcessPoolExecutor(min(jobs, len(groups)), mp_context=ctx, initializer=_worker_init,
+                                  initargs=(backend, messages))
+    futures = {pool.submit(_worker_run, groups[i], settings, hints, stage): i for i in order}
     try:
         pending = set(futures)
         while pending:
-            finished, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
-            drain()
-            for f in finished:
+            ready, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
+            for f in ready:
                 done[futures[f]] = f.result()
-                if on_config is not None:
-                    on_config(futures[f])
+            drain()
         pool.shutdown()
+        drain()
     except KeyboardInterrupt:
         # The workers ignore SIGINT: end them, keep what they reported (finished probes of unfinished configurations).
         for process in list(getattr(pool, "_processes", {}).values()):
@@ -367,13 +400,32 @@ def _run_pool(backend: Backend, configs: list[Config], settings: TuneSettings, o
         pool.shutdown(wait=False, cancel_futures=True)
         drain()
         out.stopped = "interrupted"
-        out.left = [c for c in configs if c not in done]
-        for c in out.left:
-            for index, criteria in enumerate(settings.criteria):
-                if seen.get((c, index)):
-                    out.results.append(ConfigResult(c, criteria, [SearchResult.partial(seen[(c, index)])], stage,
-                                                    settings.repeats))
-    out.results = [r for c in configs if c in done for r in done[c]] + out.results
+    results = [r for i in range(len(groups)) if i in done for r in done[i]]
+    if out.stopped:
+        kept = {r.config for r in results}
+        for i, chain in enumerate(groups):
+            for c in chain:
+                if c in kept:
+                    continue
+                out.left.append(c)
+                for index, criteria in enumerate(settings.criteria):
+                    probes = seen.get((c, index), [])
+                    if probes:
+                        # Finished configurations of an unfinished chain came back only as probes: regroup them per seed.
+                        searches = _searches_from(probes, settings) if c in finished else [SearchResult.partial(probes)]
+                        results.append(ConfigResult(c, criteria, searches, stage, settings.repeats))
+    out.results = results
+    return out
+
+
+def _searches_from(probes: list[Probe], settings: TuneSettings) -> list[SearchResult]:
+    """A finished configuration's searches rebuilt from its probes, one per seed, each ending where its rule ended."""
+    out = []
+    for seed in settings.seeds:
+        mine = [p for p in probes if p.seed == seed]
+        if mine:
+            partial = SearchResult.partial(mine)
+            out.append(SearchResult(partial.capacity, mine))
     return out
 
 
