@@ -112,3 +112,33 @@ def test_ctrl_c_during_capacity_keeps_the_finished_probes(capsys, monkeypatch):
     assert "(interrupted)" in out and "interrupted; kept 1 capacity row(s)" in err
     row = [line for line in out.splitlines() if "| sequential " in line][0]
     assert row.rstrip("|").split("|")[-1].strip() == "2"  # both finished probes
+
+
+def test_run_tune_on_a_real_backend_predicts_on_the_calibrated_sim_then_measures_its_top_k(tmp_path):
+    """The command's sim-first path: a calibration file, the sim's grid, then the top K and sequential measured."""
+    import dataclasses
+    import io
+    from types import SimpleNamespace
+
+    from fake_backend import FakeBackend
+    from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
+    from prefillbench.commands.tune import TuneOptions, run_tune
+
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"fitted": {"compute_fraction": 1.0, "memory_fraction": 1.0, "step_overhead_s": 0.0},
+                               "model": dataclasses.asdict(load_model_spec("mistral-7b")),
+                               "gpu": dataclasses.asdict(load_gpu_spec("a100"))}))
+    out, err = io.StringIO(), io.StringIO()
+    options = TuneOptions(load=lambda args: FakeBackend(0.0005, 0.01), backend_args=SimpleNamespace(backend="fake"),
+                          pg=(256, 8), strategies=["sequential", "chunked"], budgets=[64, 128], slo="tbt=100",
+                          requests=20, precision=20.0, top_k=1, calibration=str(cal), progress=False, warmup=False,
+                          export=str(tmp_path / "t.json"), out=out, err=err)
+    assert run_tune(options) == 0, err.getvalue()
+    text, log = out.getvalue(), err.getvalue()
+    assert "measuring the sim's top 1 and sequential on fake CPU" in log
+    assert "sim req/s" in text and "sim error" in text and "sim against measurement:" in text
+    doc = json.loads((tmp_path / "t.json").read_text())
+    stages = {(c["stage"], c["strategy"], c["budget"]) for c in doc["configurations"]}
+    assert {s for s in stages if s[0] == "sim"} == {("sim", "sequential", None), ("sim", "chunked", 64), ("sim", "chunked", 128)}
+    measured = {s[1:] for s in stages if s[0] == "measured"}
+    assert len(measured) == 2 and ("sequential", None) in measured  # the sim's best and the baseline
