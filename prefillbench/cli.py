@@ -27,11 +27,11 @@ from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM
 from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS
 from prefillbench.bench.workloads import ARRIVALS
-from prefillbench.commands import ab, calibrate, capacity, compare, plot, run
-from prefillbench.commands.options import (DEFAULT_PRESET, ABOptions, BackendOptions, CalibrateOptions, CapacityOptions,
-                                           CompareOptions, PlotOptions, RunOptions)
-from prefillbench.commands.parsers import (choice, float_list, five_ints, int_list, lengths, metric_list, metrics_if_given, percent,
-                                           pp_tg_pairs, slo_spec, str_list)
+from prefillbench.commands import ab, calibrate, capacity, compare, plot, run, tune
+from prefillbench.commands.options import (DEFAULT_PRESET, QUICK, TUNE_OUTPUTS, ABOptions, BackendOptions, CalibrateOptions,
+                                           CapacityOptions, CompareOptions, PlotOptions, RunOptions, TuneOptions)
+from prefillbench.commands.parsers import (budgets, choice, float_list, five_ints, int_list, lengths, metric_list, metrics_if_given,
+                                           percent, pp_tg_pairs, slo_spec, str_list)
 from prefillbench.commands.runner import error_prefix
 from prefillbench.errors import UsageError
 from prefillbench.report.ab import AB_METRICS, DEFAULT_GATED
@@ -155,6 +155,16 @@ Interleave = Annotated[bool, _flag(
     "--interleave", TESTS_PANEL,
     help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")]
 
+# capacity search (capacity, tune)
+RequestShape = Annotated[Optional[list[str]], _option(
+    "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
+    help="prompt and generation length of the requests (default: 512,128)")]
+MaxSchedDelay = Annotated[float, _option(
+    "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
+    help="bound on the median scheduling delay (arrival to first step; Sarathi-Serve's criterion)")]
+ProbeArrival = Annotated[str, _option(
+    "--arrival", panel=CAPACITY_PANEL, callback=choice("poisson", "gamma"), metavar="poisson|gamma", help="arrival process")]
+
 # output
 Output = Annotated[str, _option(
     "-o", "--output", panel=OUTPUT_PANEL, callback=choice(*OUTPUT_FORMATS), metavar="|".join(OUTPUT_FORMATS),
@@ -262,7 +272,7 @@ def fail(error: Exception | str) -> int:
 # ---------------------------------------------------------------- commands
 # Each hands its flags to its options' from_flags (validation) and the value to its handler.
 # Defaults come from the options' dataclasses, so each is written once.
-R, C, B = RunOptions, CapacityOptions, BackendOptions
+R, C, T, B = RunOptions, CapacityOptions, TuneOptions, BackendOptions
 
 
 @command("run", help="run the benchmark and print a table")
@@ -366,9 +376,7 @@ def capacity_command(
     pp: PipelineStages = B.pp,
     calibration: Calibration = None,
     trace: Trace = None,
-    pg: Annotated[Optional[list[str]], _option(
-        "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
-        help="prompt and generation length of the requests (default: 512,128)")] = None,
+    pg: RequestShape = None,
     len_spread: LenSpread = C.len_spread,
     workload: Workload = None,
     strategy: Strategy = None,
@@ -381,9 +389,7 @@ def capacity_command(
     slo: Annotated[Optional[str], _option(
         "--slo", panel=CAPACITY_PANEL, callback=slo_spec, metavar="tbt=MS[,ttft=MS,...]",
         help="tbt: the P99 TBT a rate must keep to (required); any other objective adds goodput to the rows")] = None,
-    max_sched_delay: Annotated[float, _option(
-        "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
-        help="bound on the median scheduling delay (arrival to first step)")] = C.max_sched_delay,
+    max_sched_delay: MaxSchedDelay = C.max_sched_delay,
     requests: Annotated[Optional[int], _option(
         "--requests", panel=CAPACITY_PANEL,
         help=f"requests per probe (default: {DEFAULT_REQUESTS_SIM} on the sim, {DEFAULT_REQUESTS} on "
@@ -394,17 +400,91 @@ def capacity_command(
     start_rate: Annotated[float, _option(
         "--start-rate", panel=CAPACITY_PANEL, metavar="QPS", help="the first probe's rate; the search doubles or halves from it")]
     = C.start_rate,
-    arrival: Annotated[str, _option(
-        "--arrival", panel=CAPACITY_PANEL, callback=choice("poisson", "gamma"), metavar="poisson|gamma",
-        help="arrival process")] = C.arrival,
+    arrival: ProbeArrival = C.arrival,
     burstiness: Burstiness = C.burstiness,
     relative_to: Annotated[Optional[str], _option(
-        "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY", help="show each capacity's ratio to this strategy's")] = None,
+        "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY",
+        help="show each capacity's ratio to this strategy's capacity")] = None,
     output: Output = C.output,
     export: Export = None,
     no_progress: NoProgress = False,
 ) -> int:
     return capacity.cmd_capacity(CapacityOptions.from_flags(**locals()))
+
+
+@command("tune", help="find the strategy and token budget with the most capacity within an SLO: searched on the "
+                     "calibrated sim, the best confirmed on the backend")
+def tune_command(
+    model: Model = None,
+    backend: BackendName = B.backend,
+    device: Device = B.device,
+    dtype: DType = B.dtype,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = None,
+    ubatch: UBatch = None,
+    flash_attn: FlashAttn = None,
+    no_cuda_graphs: NoCudaGraphs = False,
+    no_tune_linear: NoTuneLinear = False,
+    compile_decode: CompileDecode = False,
+    kernels: Kernels = "auto",
+    sim_model: SimModel = None,
+    sim_gpu: SimGpu = None,
+    tp: TensorParallel = B.tp,
+    pp: PipelineStages = B.pp,
+    calibration: Calibration = None,
+    trace: Trace = None,
+    pg: RequestShape = None,
+    len_spread: LenSpread = T.len_spread,
+    workload: Workload = None,
+    strategy: Strategy = None,
+    chunk_size: Annotated[Optional[list[str]], _option(
+        "--chunk-size", "--token-budget", panel=TESTS_PANEL, callback=budgets, metavar="N[,N]|LO:HI:xF",
+        help="token budgets: a list, or a range such as 64:4096:x2 (default: 128:4096:x2)")] = None,
+    concurrency: Annotated[int, _option(
+        "-c", "--concurrency", panel=TESTS_PANEL, help="cap on requests in flight; 0: none")] = T.concurrency,
+    seed: Seed = T.seed,
+    no_warmup: NoWarmup = False,
+    slo: Annotated[Optional[str], _option(
+        "--slo", panel=CAPACITY_PANEL, metavar="KEY=MS[,MS...][,KEY=MS]",
+        help="latency limits (ttft, tbt, tpot, e2e) at --percentile; one key may list values (tbt=50,100,200) "
+        "for capacity against the SLO")] = None,
+    percentile: Annotated[float, _option(
+        "--percentile", panel=CAPACITY_PANEL, metavar="P", help="the percentile the SLO limits")] = T.percentile,
+    max_sched_delay: MaxSchedDelay = T.max_sched_delay,
+    requests: Annotated[Optional[int], _option(
+        "--requests", panel=CAPACITY_PANEL,
+        help=f"requests per probe (default: {DEFAULT_REQUESTS_SIM} on the sim, {DEFAULT_REQUESTS} on real backends)")] = None,
+    repeats: Annotated[Optional[int], _option(
+        "--repeats", panel=CAPACITY_PANEL,
+        help="seeds per configuration, searched near the first one's capacity: the capacity's interval "
+        "(default: 3 on the sim, 1 elsewhere)")] = None,
+    precision: Annotated[float, _option(
+        "--precision", panel=CAPACITY_PANEL, parser=percent, metavar="PCT",
+        help="bisect until the bracket is narrower than this percentage of the capacity")] = T.precision,
+    start_rate: Annotated[float, _option(
+        "--start-rate", panel=CAPACITY_PANEL, metavar="QPS", help="the first probe's rate")] = T.start_rate,
+    arrival: ProbeArrival = T.arrival,
+    burstiness: Burstiness = T.burstiness,
+    top_k: Annotated[int, _option(
+        "--top-k", panel=CAPACITY_PANEL, help="real backend: measure the sim's best K and sequential")] = T.top_k,
+    no_sim: Annotated[bool, _flag("--no-sim", CAPACITY_PANEL, help="real backend: measure every configuration, no sim")] = False,
+    sim_only: Annotated[bool, _flag(
+        "--sim-only", CAPACITY_PANEL, help="real backend: stop after the calibrated sim's prediction")] = False,
+    time_budget: Annotated[Optional[float], _option(
+        "--time-budget", panel=CAPACITY_PANEL, metavar="S",
+        help="start no real-backend probe that would end after this many seconds")] = None,
+    quick: Annotated[bool, _flag(
+        "--quick", CAPACITY_PANEL, help=f"a short preset: {' '.join(f'{k}={v}' for k, v in QUICK.items())}")] = False,
+    jobs: Annotated[Optional[int], _option("--jobs", panel=CAPACITY_PANEL, help="processes for the sim's grid (default: 2)")] = None,
+    output: Annotated[str, _option(
+        "-o", "--output", panel=OUTPUT_PANEL, callback=choice(*TUNE_OUTPUTS), metavar="|".join(TUNE_OUTPUTS),
+        help="format on stdout: md tables, csv or json (one record per configuration)")] = T.output,
+    export: Annotated[Optional[str], _option(
+        "--export", panel=OUTPUT_PANEL, metavar="FILE", help="every configuration and probe: .json, or .csv (+ .probes.csv)")] = None,
+    plot: Annotated[Optional[str], _option("--plot", panel=OUTPUT_PANEL, metavar="DIR", help="write the charts here")] = None,
+    no_progress: NoProgress = False,
+) -> int:
+    return tune.run_tune(TuneOptions.from_flags(**locals()))
 
 
 @command("ab", help="the working tree against a base commit, both measured here in one job; exit 1 on a regression")

@@ -191,7 +191,8 @@ def run(
                 logits.setdefault(seq_id, []).append(result.logits[seq_id])
         if on_token is not None:
             on_token(len(result.next_tokens))
-        for seq in [s for s in live.values() if s.finished]:
+        # Only a sequence that just got a token can have finished; admission (seq_id) order, as live keeps it.
+        for seq in sorted((live[i] for i in result.next_tokens if live[i].finished), key=lambda s: s.seq_id):
             backend.release(seq.seq_id)
             del live[seq.seq_id]
             done.append((seq.seq_id, RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated,
@@ -207,7 +208,10 @@ def run(
             break
         ready = [s for s in live.values() if s.seq_id not in busy]  # dicts keep admission order: oldest first
         if ready and len(in_flight) < depth:
-            step = strategy.next_step([s for s in ready if not s.prefill_done], [s for s in ready if s.prefill_done])
+            waiting, running = [], []
+            for s in ready:
+                (running if s.n_prefilled >= len(s.prompt) else waiting).append(s)  # Sequence.prefill_done, inlined
+            step = strategy.next_step(waiting, running)
             if step:
                 launch(step)
                 continue

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from prefillbench.backends.sim.backend import SimBackend
-from prefillbench.bench.capacity import MAX_BRACKET_STEPS, CapacityConfig, Criteria, Probe, find_capacity, relative_capacities, search
+from prefillbench.bench.capacity import (MAX_BRACKET_STEPS, CapacityConfig, Criteria, Probe, SearchResult, find_capacity,
+                                         relative_capacities, search)
 from prefillbench.bench.metrics import ResultRow
 from prefillbench.bench.workloads import TestSpec
 from fake_backend import FakeBackend
@@ -36,6 +37,32 @@ def test_search_reports_zero_when_nothing_passes_and_stops_when_everything_does(
     assert never.capacity == 0.0 and len(never.probes) == MAX_BRACKET_STEPS + 1
     always = search(threshold_probe(math.inf, []), 1.0)
     assert always.capacity == 2.0 ** MAX_BRACKET_STEPS
+    assert always.hit_bound and not never.hit_bound and always.upper == math.inf
+
+
+def test_the_stopping_rule_and_the_probe_count_are_pinned():
+    # Doubling from 1 until 4 fails, then bisecting [2, 4) until the bracket is at most 2% of its low end.
+    log: list[float] = []
+    result = search(threshold_probe(3.7, log), 1.0, precision=0.02)
+    assert log == [1, 2, 4, 3, 3.5, 3.75, 3.625, 3.6875]
+    assert result.capacity == 3.6875 and result.upper == 3.75 and not result.hit_bound
+    # Near a known capacity the bracket grows by 20% a step: pass, fail, then two bisections.
+    near: list[float] = []
+    search(threshold_probe(1.09, near), 1.0, precision=0.05, growth=1.2)
+    assert near == [1.0, 1.2, 1.1, pytest.approx(1.05)]
+
+
+def test_the_row_at_capacity_is_the_probe_at_capacity():
+    result = search(lambda rate: Probe(rate, rate <= 3.7, _row(offered_rps=rate, tbt_p99_ms=rate)), 1.0, precision=0.02)
+    assert result.at_capacity.rate == result.capacity == 3.6875
+    assert result.at_capacity.row.offered_rps == result.capacity  # not the first probe's (1 req/s)
+
+
+def test_an_unfinished_search_keeps_what_its_probes_showed():
+    probes = [Probe(1.0, True, None), Probe(2.0, True, None), Probe(4.0, False, None, ["sched"])]
+    partial = SearchResult.partial(probes)
+    assert partial.capacity == 2.0 and partial.interrupted and partial.limited_by == "scheduling delay"
+    assert SearchResult.partial([Probe(1.0, False, None)]).capacity == 0.0
 
 
 def _row(**kw) -> ResultRow:
@@ -72,6 +99,9 @@ def test_capacity_of_a_backend_that_serves_ten_requests_per_second():
     row = result.row
     assert row.capacity_rps == result.capacity and row.rate is None and row.arrival == "gamma"
     assert row.sched_delay_p50_ms <= 50
+    # The row was measured at the capacity: its requests arrived at that rate, not at the first probe's 3 req/s.
+    assert row.offered_rps == pytest.approx(result.capacity, rel=0.01)
+    assert result.search.limited_by == "scheduling delay"
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -26,7 +26,9 @@ from strategies import make_strategy
 from prefillbench import engine
 from prefillbench.backends.base import Backend
 from prefillbench.bench.cases import BenchConfig, Case, warm_up
-from prefillbench.bench.metrics import SLO, Load, ResultRow, summarize
+from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, percentile, sched_delay_ms, summarize, tbts_ms,
+                                        tpot_ms, ttfts_ms)
+from prefillbench.engine import RunRecord
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
 
 #: Sarathi-Serve's bound on the median scheduling delay.
@@ -42,23 +44,66 @@ DEFAULT_REQUESTS = 30
 MAX_BRACKET_STEPS = 20
 
 
+#: What can limit a capacity, as the tables name it.
+LIMITS = {"tbt": "TBT", "ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "sched": "scheduling delay"}
+
+
 @dataclass(frozen=True)
 class Criteria:
-    """What a rate must meet to be within capacity."""
+    """What a rate must meet to be within capacity: latency limits at one percentile (P99 by default) and
+    Sarathi-Serve's bound on the median scheduling delay. `tbt_p99_ms` is the TBT limit at `percentile`."""
 
-    tbt_p99_ms: float
+    tbt_p99_ms: float | None = None
     sched_delay_p50_ms: float = DEFAULT_MAX_SCHED_DELAY_MS
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    percentile: float = 99.0
 
     def __post_init__(self) -> None:
-        if not self.tbt_p99_ms > 0:
-            raise ValueError(f"the P99 TBT SLO must be positive, got {self.tbt_p99_ms}")
+        for key in ("tbt", "ttft", "tpot", "e2e"):
+            value = self.limit(key)
+            if value is not None and not value > 0:
+                raise ValueError(f"the {key} SLO must be positive, got {value}")
         if not self.sched_delay_p50_ms > 0:
             raise ValueError(f"the median scheduling delay bound must be positive, got {self.sched_delay_p50_ms}")
+        if not 0 < self.percentile <= 100:
+            raise ValueError(f"the percentile must be in (0, 100], got {self.percentile}")
+
+    @classmethod
+    def from_slo(cls, slo: SLO, sched_delay_ms: float = DEFAULT_MAX_SCHED_DELAY_MS, percentile: float = 99.0) -> "Criteria":
+        return cls(slo.tbt_ms, sched_delay_ms, slo.ttft_ms, slo.tpot_ms, slo.e2e_ms, percentile)
+
+    def limit(self, key: str) -> float | None:
+        return self.tbt_p99_ms if key == "tbt" else getattr(self, f"{key}_ms")
+
+    def describe(self) -> str:
+        """'TBT p99 <= 100 ms', for the verdict."""
+        p = f"p{self.percentile:g}"
+        return ", ".join(f"{LIMITS[k]} {p} <= {self.limit(k):g} ms" for k in ("tbt", "ttft", "tpot", "e2e")
+                         if self.limit(k) is not None)
+
+    def exceeded(self, values: dict[str, float]) -> list[str]:
+        """The keys of LIMITS whose measured value (NaN: nothing to measure, so nothing missed) passes its limit."""
+        over = [k for k in ("tbt", "ttft", "tpot", "e2e")
+                if self.limit(k) is not None and not math.isnan(values[k]) and values[k] > self.limit(k)]
+        if values["sched"] > self.sched_delay_p50_ms:
+            over.append("sched")
+        return over
+
+    def values(self, run: RunRecord) -> dict[str, float]:
+        """Each criterion's figure of one run: latencies at the percentile, the median scheduling delay."""
+        q = self.percentile
+        reqs = run.requests
+        return {"tbt": percentile(tbts_ms(run), q), "ttft": percentile(ttfts_ms(run), q),
+                "tpot": percentile([tpot_ms(r) for r in reqs], q), "e2e": percentile([e2e_ms(r) for r in reqs], q),
+                "sched": percentile([sched_delay_ms(r) for r in reqs], 50)}
 
     def met(self, row: ResultRow) -> bool:
-        # A run without a single gap between tokens (one-token requests) has no TBT to miss.
-        tbt_ok = math.isnan(row.tbt_p99_ms) or row.tbt_p99_ms <= self.tbt_p99_ms
-        return tbt_ok and row.sched_delay_p50_ms <= self.sched_delay_p50_ms
+        """At P99, from a row's own columns (a one-token run has no TBT to miss)."""
+        values = {"tbt": row.tbt_p99_ms, "ttft": row.ttft_p99_ms, "tpot": row.tpot_p99_ms, "e2e": row.e2e_p99_ms,
+                  "sched": row.sched_delay_p50_ms}
+        return not self.exceeded(values)
 
 
 @dataclass
@@ -66,12 +111,23 @@ class Probe:
     rate: float
     passed: bool
     row: ResultRow
+    limited_by: list[str] = field(default_factory=list)  # the LIMITS keys this probe exceeded
+    seed: int | None = None
+    values: dict[str, float] = field(default_factory=dict)  # each criterion's figure (Criteria.values)
 
 
 @dataclass
 class SearchResult:
     capacity: float  # 0: not even the lowest rate tried passed
     probes: list[Probe] = field(default_factory=list)
+    interrupted: bool = False  # stopped (Ctrl-C, a time budget) before its stopping rule: what its probes showed
+
+    @classmethod
+    def partial(cls, probes: list[Probe]) -> "SearchResult":
+        """What an unfinished search's probes show: the highest rate that passed below the lowest that failed."""
+        failed = min((p.rate for p in probes if not p.passed), default=math.inf)
+        passed = [p.rate for p in probes if p.passed and p.rate < failed]
+        return cls(max(passed, default=0.0), list(probes), interrupted=True)
 
     @property
     def at_capacity(self) -> Probe:
@@ -79,14 +135,45 @@ class SearchResult:
         passing = [p for p in self.probes if p.passed and p.rate == self.capacity]
         return passing[0] if passing else min(self.probes, key=lambda p: p.rate)
 
+    @property
+    def failed_above(self) -> Probe | None:
+        """The lowest failing probe above the capacity: the bracket's top and what limited the capacity."""
+        above = [p for p in self.probes if not p.passed and p.rate > self.capacity]
+        return min(above, key=lambda p: p.rate) if above else None
+
+    @property
+    def hit_bound(self) -> bool:
+        """Every rate tried passed: the capacity is at least this, the search did not find its top."""
+        return self.capacity > 0 and self.failed_above is None
+
+    @property
+    def upper(self) -> float:
+        """The lowest rate seen to fail (inf when none did): the capacity lies in [capacity, upper)."""
+        top = self.failed_above
+        return top.rate if top is not None else math.inf
+
+    @property
+    def limited_by(self) -> str:
+        """What the first rate over capacity missed ('TBT', 'scheduling delay', ...); '' when none failed."""
+        top = self.failed_above
+        return ", ".join(LIMITS[k] for k in top.limited_by) if top is not None else ""
+
 
 def search(probe: Callable[[float], Probe], start_rate: float = DEFAULT_START_RATE,
-           precision: float = DEFAULT_PRECISION) -> SearchResult:
-    """Bracket, then bisect, the highest rate whose probe passes."""
+           precision: float = DEFAULT_PRECISION, growth: float = 2.0) -> SearchResult:
+    """Bracket, then bisect, the highest rate whose probe passes.
+
+    The stopping rule: bracketing multiplies the rate by `growth` while probes pass (divides it while they
+    fail), at most MAX_BRACKET_STEPS times; bisection stops once the bracket [lo, hi) is at most `precision`
+    times lo. A start rate that passes and a first step that fails therefore take 2 + ceil(log2((growth - 1)
+    / precision)) probes.
+    """
     if not start_rate > 0:
         raise ValueError(f"the start rate must be positive, got {start_rate}")
     if not 0 < precision < 1:
         raise ValueError(f"the precision must be in (0, 1), got {precision}")
+    if not growth > 1:
+        raise ValueError(f"the bracketing growth must be above 1, got {growth}")
     probes: list[Probe] = []
 
     def run(rate: float) -> bool:
@@ -98,19 +185,19 @@ def search(probe: Callable[[float], Probe], start_rate: float = DEFAULT_START_RA
     if run(start_rate):
         lo = start_rate
         for _ in range(MAX_BRACKET_STEPS):
-            if not run(lo * 2):
-                hi = lo * 2
+            if not run(lo * growth):
+                hi = lo * growth
                 break
-            lo *= 2
+            lo *= growth
         else:
-            return SearchResult(lo, probes)  # passes at every rate tried: report the highest
+            return SearchResult(lo, probes)  # passes at every rate tried: report the highest (hit_bound)
     else:
         hi = start_rate
         for _ in range(MAX_BRACKET_STEPS):
-            if run(hi / 2):
-                lo = hi / 2
+            if run(hi / growth):
+                lo = hi / growth
                 break
-            hi /= 2
+            hi /= growth
         else:
             return SearchResult(0.0, probes)
     while hi - lo > precision * lo:
@@ -163,7 +250,8 @@ class CapacityConfig:
 
     @property
     def row_slo(self) -> SLO:
-        return self.slo or SLO(tbt_ms=self.criteria.tbt_p99_ms)
+        c = self.criteria
+        return self.slo or SLO(ttft_ms=c.ttft_ms, tpot_ms=c.tpot_ms, tbt_ms=c.tbt_p99_ms, e2e_ms=c.e2e_ms)
 
     def tokens_per_probe(self) -> int:
         """Tokens one probe emits, for a progress bar."""
@@ -173,6 +261,7 @@ class CapacityConfig:
         """The search's settings, for the export's metadata."""
         return {
             "capacity_tbt_p99_ms": self.criteria.tbt_p99_ms,
+            "capacity_slo": self.criteria.describe(),
             "capacity_max_sched_delay_ms": self.criteria.sched_delay_p50_ms,
             "capacity_requests_per_probe": self.requests,
             "capacity_precision": self.precision,
@@ -198,18 +287,24 @@ class CapacityResult:
 
 
 def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float,
-               on_token: Callable[[int], None] | None = None) -> Probe:
-    """One run of the case's requests at `rate`, checked against the criteria."""
+               on_token: Callable[[int], None] | None = None, seed: int | None = None) -> Probe:
+    """One run of the case's requests at `rate`, checked against the criteria.
+
+    The trace is the seed's (the config's unless given): its arrival times at rate r are those at rate 1 over r,
+    so every probe of every case under one seed replays the same requests (common random numbers)."""
+    seed = config.seed if seed is None else seed
     strategy = make_strategy(case.strategy, case.chunk_size or 256)
     spec = ArrivalSpec(config.arrival, rate, config.burstiness)
-    requests = make_requests(case.test, config.requests, backend.vocab_size, config.seed,
-                             spec.times(config.requests, config.seed, case.test))
+    requests = make_requests(case.test, config.requests, backend.vocab_size, seed,
+                             spec.times(config.requests, seed, case.test))
     run = engine.run(backend, strategy, requests, case.concurrency, on_token=on_token)
     row = summarize(case.test, [run], model=backend.model_name, backend=backend.label, strategy=case.strategy,
                     concurrency=case.concurrency, chunk_size=case.chunk_size,
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
                     slo=config.row_slo)
-    return Probe(rate, config.criteria.met(row), row)
+    values = config.criteria.values(run)
+    over = config.criteria.exceeded(values)
+    return Probe(rate, not over, row, over, seed, values)
 
 
 def find_capacity(backend: Backend, case: Case, config: CapacityConfig,

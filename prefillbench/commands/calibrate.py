@@ -51,6 +51,17 @@ def compare_run(backend, cal: dict[str, Any], n_prompt: int, n_gen: int, concurr
     return out
 
 
+def sim_specs_for(real, model: str | None, sim_model: str | None = None, sim_gpu: str | None = None):
+    """The sim's model shapes and nominal device for a real backend: named, or read from the backend's model."""
+    if sim_model:
+        spec = load_model_spec(sim_model)
+    elif real.name == "gguf":
+        spec = load_model_spec(model or default_model_path())  # shapes from the GGUF metadata
+    else:
+        spec = model_spec_of(real)
+    return spec, load_gpu_spec(sim_gpu or ("CPU" if real.device == "CPU" else "a100-sxm"))
+
+
 def cmd_calibrate(options: CalibrateOptions) -> int:
     """Fit the sim's attainable fractions and step overhead to a real backend."""
     output, errors, backend, model = options.output, options.errors, options.load.backend, options.load.model
@@ -58,13 +69,7 @@ def cmd_calibrate(options: CalibrateOptions) -> int:
         if path:
             check_writable(path)  # before minutes of sweeping, not after
     real = load_backend(backend, model, **options.load.load_options())
-    if options.sim_model:
-        spec = load_model_spec(options.sim_model)
-    elif backend == "gguf":
-        spec = load_model_spec(model or default_model_path())  # shapes from the GGUF metadata
-    else:
-        spec = model_spec_of(real)
-    nominal = load_gpu_spec(options.sim_gpu or ("CPU" if real.device == "CPU" else "a100-sxm"))
+    spec, nominal = sim_specs_for(real, model, options.sim_model, options.sim_gpu)
     print(f"prefillbench: calibrating the sim against {real.model_name} on {real.label} "
           f"(nominal spec {nominal.name})", file=sys.stderr)
 

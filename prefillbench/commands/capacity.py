@@ -11,7 +11,7 @@ from prefillbench.commands.options import CapacityOptions
 from prefillbench.commands.runner import measuring, open_backend
 from prefillbench.errors import UsageError
 from prefillbench.meta import run_metadata
-from prefillbench.report.capacity import render_md
+from prefillbench.report.capacity import best_line, render_md
 from prefillbench.report import tables
 
 
@@ -25,12 +25,15 @@ def cmd_capacity(options: CapacityOptions) -> int:
     if config.test.max_seq_len > loaded.context_length:
         raise UsageError(f"a request needs {config.test.max_seq_len} positions but the model's context is {loaded.context_length}")
 
+    finished: list[capacity.Probe] = []  # the current case's probes, kept if its search stops midway
+    case: Case | None = None
     with measuring(config.requests, not options.no_progress) as (measured, progress):
 
         def started(case: Case, n: int, rate: float) -> None:
             progress.restart(config.tokens_per_probe(), f"{strategy_label(case.strategy, case.chunk_size)} probe {n}: {rate:.3g} req/s")
 
         def done(case: Case, probe: capacity.Probe) -> None:
+            finished.append(probe)
             if rank_zero:
                 r = probe.row
                 progress.print(f"capacity: {strategy_label(case.strategy, case.chunk_size)} at {probe.rate:.3g} req/s: P99 TBT "
@@ -38,7 +41,11 @@ def cmd_capacity(options: CapacityOptions) -> int:
                                f"{'within' if probe.passed else 'over'}")
 
         for case in config.cases():
+            finished.clear()
             measured.results.append(capacity.find_capacity(loaded, case, config, started, done, progress.advance))
+            case = None
+    if case is not None and finished:  # a Ctrl-C or a failing step midway: what the unfinished search's probes showed
+        measured.results.append(capacity.CapacityResult(case, capacity.SearchResult.partial(finished)))
     results: list[capacity.CapacityResult] = measured.results
     rows = [r.row for r in results]
     meta = run_metadata(loaded.metadata())
@@ -50,6 +57,9 @@ def cmd_capacity(options: CapacityOptions) -> int:
         else:
             text = tables.render(options.output, rows, meta)
         sys.stdout.write(text)
+        best = best_line(results, config.criteria.describe(), config.precision, options.relative_to or "sequential")
+        # After the table on stdout; on stderr when stdout carries csv or json, which must stay parseable.
+        print(best, file=sys.stdout if options.output == "md" else sys.stderr)
         sys.stdout.flush()
         if export:
             tables.export(export, rows, meta)

@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from prefillbench.bench.metrics import SLO
+from prefillbench.bench.tune import parse_budgets
 from prefillbench.report.compare import DEFAULT_METRICS, METRICS
 
 
@@ -61,6 +62,16 @@ def pp_tg_pairs(texts: list[str] | None) -> list[tuple[int, int]]:
             raise typer.BadParameter(f"expected PP,TG with both above 0, got {text!r}")
         pairs.append((values[0], values[1]))
     return pairs
+
+
+def budgets(texts: list[str] | None) -> list[int] | None:
+    """tune's --chunk-size: values, comma lists and ranges LO:HI:xF or LO:HI:+D."""
+    if not texts:
+        return None
+    try:
+        return parse_budgets(texts)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def float_list(texts: list[str] | None) -> list[float] | None:

@@ -55,6 +55,7 @@ class SimBackend(Backend):
         self.n_steps = 0
         self.n_runs = 0  # prepare() calls: one per engine run, warm-ups included
         self._seq_tokens: dict[int, int] = {}  # cache positions each live sequence holds
+        self._held = 0  # their sum, kept as they change: summing every step was a share of the sim's time
         self.clamped: list[tuple[int, int]] = []  # (asked, allowed) concurrencies
         self.pipeline: Pipeline | None = None  # the current run's stage timelines, with --pp > 1
         self.pipeline_stats: dict[str, Any] | None = None  # the last finished run's
@@ -90,6 +91,7 @@ class SimBackend(Backend):
                 f"{self.gpu.name} has room for {fits} beside {self.model.name}'s weights"
             )
         self._seq_tokens.clear()
+        self._held = 0
         self.n_runs += 1
         self.pipeline = Pipeline(self.pp, self.clock) if self.pp > 1 else None
 
@@ -108,18 +110,39 @@ class SimBackend(Backend):
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if return_logits:
             raise BackendError("the sim backend has no logits: it never runs the model")
-        cost = self.step_cost(step)
-        self.trace_step(step, self.clock, cost)
-        self.clock += cost.seconds
+        if self._trace_path is None:
+            seconds = self.cost.fast_seconds(*self._shape(step))
+        else:
+            cost = self.step_cost(step)
+            self.trace_step(step, self.clock, cost)
+            seconds = cost.seconds
+        self.clock += seconds
         self.n_steps += 1
+        held = self._seq_tokens
         for c in step.prefills:
-            self._seq_tokens[c.seq_id] = c.end
+            end = c.start + len(c.tokens)
+            self._held += end - held.get(c.seq_id, 0)
+            held[c.seq_id] = end
         for d in step.decodes:
-            self._seq_tokens[d.seq_id] = d.position + 1
-        if sum(self._seq_tokens.values()) > self._kv_capacity:
-            raise BackendError(f"the KV cache overflowed: {sum(self._seq_tokens.values())} positions held, "
+            self._held += d.position + 1 - held.get(d.seq_id, 0)
+            held[d.seq_id] = d.position + 1
+        if self._held > self._kv_capacity:
+            raise BackendError(f"the KV cache overflowed: {self._held} positions held, "
                                f"{self._kv_capacity} fit on {self.gpu.name}")
         return StepResult(self.placeholder_tokens(step))
+
+    @staticmethod
+    def _shape(step: Step) -> tuple[list[tuple[int, int]], int, int, int]:
+        """What CostModel.fast_seconds needs of a step (Batch.from_step's figures, without the Batch)."""
+        chunks = [(c.start, len(c.tokens) + c.pad) for c in step.prefills]
+        decodes = step.decodes
+        ctx = len(decodes)
+        for d in decodes:
+            ctx += d.position
+        n_emit = len(decodes)
+        for c in step.prefills:
+            n_emit += c.is_last
+        return chunks, len(decodes), ctx, n_emit
 
     def placeholder_tokens(self, step: Step) -> dict[int, int]:
         """Deterministic in (sequence, position), so every strategy emits the same tokens."""
@@ -133,7 +156,7 @@ class SimBackend(Backend):
         return out
 
     def release(self, seq_id: int) -> None:
-        self._seq_tokens.pop(seq_id, None)
+        self._held -= self._seq_tokens.pop(seq_id, 0)
 
     # ---- the pipeline --------------------------------------------------------------
     def launch(self, step: Step, return_logits: bool = False) -> Launched:

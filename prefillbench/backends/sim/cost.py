@@ -102,6 +102,8 @@ class CostModel:
             (gpu.interconnect_bw if k // stages_per_node == (k + 1) // stages_per_node else gpu.network_bw)
             for k in range(pp - 1)
         ]
+        self._by_tokens: dict[int, tuple[float, float, float | None]] = {}
+        self._lm_head: dict[int, float] = {}
 
     # ---- roofline primitives ------------------------------------------------
     def _roof(self, name: str, flops: float, nbytes: float) -> Op:
@@ -180,6 +182,63 @@ class CostModel:
 
     def seconds(self, batch: Batch) -> float:
         return self.step_cost(batch).seconds
+
+    # ---- the same time, fast -----------------------------------------------------
+    # A capacity search prices hundreds of thousands of steps; building every Op of every step was half of the
+    # sim's time (benchmarks.sim.steps --profile). Without pipeline stages a step's time is a sum whose terms
+    # depend on the token count alone (embedding, overhead, linears, elementwise passes, all-reduce), on the
+    # emitting rows (LM head), or on the attention shapes: the first two are priced once per count and cached,
+    # and the sum keeps step_cost's order of terms, so the two give the same float.
+    def fast_seconds(self, chunks: list[tuple[int, int]], n_decodes: int, decode_ctx: int, n_emit: int) -> float:
+        """step_cost(batch).seconds for pp == 1, from (start, computed tokens) per chunk and the decode totals."""
+        n = n_decodes
+        for _, length in chunks:
+            n += length
+        parts = self._by_tokens.get(n)
+        if parts is None:
+            parts = self._by_tokens[n] = self._token_terms(n)
+        head, norms, reduce = parts
+        total = head
+        layers = self.stage_layers[0]
+        if chunks:
+            m, b = self.model, self.model.dtype_bytes
+            fl = by = 0.0
+            for start, length in chunks:
+                pairs = length * start + length * (length + 1) / 2
+                fl += 4.0 * m.head_dim * self.heads_local * pairs
+                by += b * (2 * length * self.q_local + 2 * (start + length) * self.kv_local + 2 * length * self.kv_local)
+            total += self._roof_seconds(fl, by) * layers
+        if n_decodes:
+            m, b = self.model, self.model.dtype_bytes
+            total += self._roof_seconds(4.0 * m.head_dim * self.heads_local * decode_ctx,
+                                        b * (2 * decode_ctx * self.kv_local + 2 * n_decodes * self.q_local
+                                             + 2 * n_decodes * self.kv_local)) * layers
+        total += norms
+        if reduce is not None:
+            total += reduce
+        if n_emit:
+            lm = self._lm_head.get(n_emit)
+            if lm is None:
+                lm = self._lm_head[n_emit] = self._linear("lm_head", n_emit, self.model.hidden, -(-self.model.vocab // self.tp)).seconds
+            total += lm
+        return total
+
+    def _roof_seconds(self, flops: float, nbytes: float) -> float:
+        return max(flops / (self.gpu.flops * self.gpu.compute_fraction), nbytes / (self.gpu.mem_bw * self.gpu.memory_fraction))
+
+    def _token_terms(self, n: int) -> tuple[float, float, float | None]:
+        """The terms of a step of n tokens that its shape does not change: (the partial sum up to and including
+        the linears, the elementwise passes, the all-reduce or None), each as stage_cost adds it."""
+        if self.pp != 1:
+            raise ValueError("fast_seconds prices single-stage steps; pipeline stages go through step_cost")
+        ops = self.stage_cost(Batch(((0, n, False),)), 0)
+        by_name = {op.name: op.seconds for op in ops.ops}
+        total = 0.0
+        for op in ops.ops:
+            if op.name in ("prefill_attention", "decode_attention", "norms_elementwise"):
+                break
+            total += op.seconds
+        return total, by_name["norms_elementwise"], by_name.get("tp_allreduce")
 
     def stage_seconds(self, batch: Batch) -> list[float]:
         return [s.seconds for s in self.step_cost(batch).stages]

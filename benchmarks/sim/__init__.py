@@ -1,0 +1,1 @@
+"""Benchmarks of the sim backend itself: how fast it simulates."""

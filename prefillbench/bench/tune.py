@@ -1,0 +1,489 @@
+"""Tune: the scheduler and token budget that hold the most load under an SLO.
+
+A configuration is a strategy and a token budget (strategies that ignore the budget appear once). Its
+capacity is found by `capacity.search` once per seed: the first seed brackets from the start rate (or a
+hint, such as the sim's prediction) and bisects; each further seed searches near the first one's
+capacity with fresh requests and arrivals. Seed k is the same for every configuration, so all of them
+are probed on identical traces (common random numbers), and the spread across seeds is the capacity's
+interval: [lowest seed's capacity, highest seed's lowest failing rate). Two configurations whose
+intervals overlap are a tie.
+
+Configurations are independent: on the sim a pool of processes searches them side by side.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import queue as queue_mod
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from strategies import make_strategy
+
+from prefillbench.backends.base import Backend
+from prefillbench.bench.capacity import CapacityConfig, Criteria, Probe, SearchResult, probe_case, search
+from prefillbench.bench.cases import BenchConfig, Case, warm_up
+from prefillbench.bench.metrics import SLO, strategy_label
+from prefillbench.bench.workloads import TestSpec, request_lengths
+
+#: Seeds of the repeats: far apart, so that no two traces share a stream.
+SEED_STRIDE = 1000
+#: Bracketing near a known capacity (a first seed's, the sim's prediction) grows the rate by this many
+#: precisions a step: one or two steps bracket it, two bisections finish.
+NEAR_GROWTH_PRECISIONS = 4
+#: Probes a search takes, for the progress bar's first estimate (then the mean of those finished).
+EXPECTED_FIRST_PROBES, EXPECTED_NEAR_PROBES = 8, 4
+
+
+class OutOfTime(Exception):
+    """The time budget would end during the next probe."""
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    strategy: str
+    budget: int | None
+
+    @property
+    def label(self) -> str:
+        return strategy_label(self.strategy, self.budget)
+
+
+def grid(strategies: list[str], budgets: list[int]) -> list[Config]:
+    """Every strategy at every budget; a strategy that ignores the budget once."""
+    out = []
+    for name in strategies:
+        sizes = budgets if make_strategy(name).uses_chunk_size else [None]
+        out += [Config(name, size) for size in sizes]
+    return out
+
+
+def parse_budgets(texts: list[str]) -> list[int]:
+    """Token budgets: values, comma lists, and ranges LO:HI:xF (multiply) or LO:HI:+D (add): 64:4096:x2."""
+    out: list[int] = []
+    for text in texts:
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            if ":" not in part:
+                out.append(_positive(part, part))
+                continue
+            pieces = part.split(":")
+            if len(pieces) != 3 or pieces[2][:1] not in ("x", "+"):
+                raise ValueError(f"bad budget range {part!r}: expected LO:HI:xFACTOR or LO:HI:+STEP, e.g. 64:4096:x2")
+            lo, hi, step = _positive(pieces[0], part), _positive(pieces[1], part), pieces[2]
+            amount = _positive(step[1:], part)
+            if hi < lo or (step[0] == "x" and amount < 2):
+                raise ValueError(f"bad budget range {part!r}: needs LO <= HI and a factor of at least 2")
+            value = lo
+            while value <= hi:
+                out.append(value)
+                value = value * amount if step[0] == "x" else value + amount
+    if not out:
+        raise ValueError("no token budget given")
+    return list(dict.fromkeys(out))
+
+
+def _positive(text: str, part: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"bad token budget {part!r}: {text!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"bad token budget {part!r}: must be at least 1")
+    return value
+
+
+def parse_slo_list(text: str) -> list[SLO]:
+    """`tbt=50,100,200` (one key may take several values) -> one SLO per value, the other keys shared."""
+    keys: list[tuple[str, list[str]]] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "=" in part:
+            key, _, value = part.partition("=")
+            keys.append((key.strip(), [value.strip()]))
+        elif keys:
+            keys[-1][1].append(part)
+        else:
+            raise ValueError(f"bad SLO {text!r}: expected KEY=MS[,MS...] with KEY one of {', '.join(SLO.KEYS)}")
+    listed = [k for k, values in keys if len(values) > 1]
+    if len(listed) > 1:
+        raise ValueError(f"only one SLO key may take a list of values, got lists for {' and '.join(listed)}")
+    n = max((len(values) for _, values in keys), default=1)
+    return [SLO.parse(",".join(f"{k}={values[min(i, len(values) - 1)]}" for k, values in keys)) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """How every configuration is probed: the same requests, seeds and criteria for all of them."""
+
+    test: TestSpec
+    criteria: list[Criteria]  # one search per entry: several for capacity against the SLO
+    requests: int
+    concurrency: int = 0
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    seed: int = 42
+    repeats: int = 1  # seeds per configuration
+    start_rate: float = 1.0
+    precision: float = 0.05
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1, got {self.repeats}")
+        if not self.criteria:
+            raise ValueError("tune needs an SLO")
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + SEED_STRIDE * k for k in range(self.repeats)]
+
+    def capacity_config(self, criteria: Criteria, strategy: str = "sequential") -> CapacityConfig:
+        config = CapacityConfig(self.test, [strategy], [], criteria, requests=self.requests, concurrency=self.concurrency,
+                                arrival=self.arrival, burstiness=self.burstiness, seed=self.seed,
+                                start_rate=self.start_rate, precision=self.precision, warmup=self.warmup)
+        config.validate()
+        return config
+
+    @property
+    def tokens_per_request(self) -> float:
+        """Mean prompt + generated tokens of the first seed's requests: capacity in req/s times this is tokens/s."""
+        lengths = request_lengths(self.test, self.requests, self.seed)
+        return sum(p + g for p, g in lengths) / len(lengths)
+
+    @property
+    def expected_probes(self) -> int:
+        return EXPECTED_FIRST_PROBES + EXPECTED_NEAR_PROBES * (self.repeats - 1)
+
+
+@dataclass
+class ConfigResult:
+    """One configuration under one criteria: a search per seed."""
+
+    config: Config
+    criteria: Criteria
+    searches: list[SearchResult] = field(default_factory=list)
+    stage: str = "sim"  # sim | measured
+    planned_seeds: int = 1
+
+    @property
+    def probes(self) -> list[Probe]:
+        return [p for s in self.searches for p in s.probes]
+
+    @property
+    def interrupted(self) -> bool:
+        return len(self.searches) < self.planned_seeds or any(s.interrupted for s in self.searches)
+
+    @property
+    def median_search(self) -> SearchResult:
+        """The seed whose capacity is the (lower) median: its probe at capacity is the reported row."""
+        ordered = sorted(self.searches, key=lambda s: s.capacity)
+        return ordered[(len(ordered) - 1) // 2]
+
+    @property
+    def capacity(self) -> float:
+        return self.median_search.capacity if self.searches else 0.0
+
+    @property
+    def low(self) -> float:
+        return min((s.capacity for s in self.searches), default=0.0)
+
+    @property
+    def high(self) -> float:
+        return max((s.upper for s in self.searches), default=math.inf)
+
+    @property
+    def at_capacity(self) -> Probe | None:
+        return self.median_search.at_capacity if self.probes else None
+
+    @property
+    def hit_bound(self) -> bool:
+        return any(s.hit_bound for s in self.searches)
+
+    @property
+    def limited_by(self) -> str:
+        return self.median_search.limited_by if self.searches else ""
+
+    def ties(self, other: "ConfigResult") -> bool:
+        """Whether the two capacity intervals overlap."""
+        return self.low < other.high and other.low < self.high
+
+
+ProbeCallback = Callable[[Config, int, Probe], None]  # configuration, criteria index, probe
+
+
+def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_probe: ProbeCallback | None = None,
+                hint: float | None = None, deadline: float | None = None, stage: str = "sim") -> list[ConfigResult]:
+    """The configuration's capacity under each criteria. A run's figures serve every criteria (and a rate probed
+    again under another criteria is not run again); so a list of SLOs costs little more than one.
+
+    A Ctrl-C or the deadline raises Stopped with what was finished, the search under way included."""
+    case = Case(settings.test, config.strategy, settings.concurrency, config.budget)
+    base = settings.capacity_config(settings.criteria[0], config.strategy)
+    if settings.warmup and backend.name != "sim":
+        warm_up(backend, make_strategy(config.strategy, config.budget or 256), case,
+                BenchConfig([case.test], [config.strategy], [case.concurrency], seed=settings.seed))
+    cache: dict[tuple[float, int], Probe] = {}
+    near = 1 + NEAR_GROWTH_PRECISIONS * settings.precision
+    results = [ConfigResult(config, c, stage=stage, planned_seeds=settings.repeats) for c in settings.criteria]
+    current: list[Probe] = []
+    last_e2e_s = 0.0
+    index = 0
+
+    def probe(index: int, seed: int, rate: float) -> Probe:
+        nonlocal last_e2e_s
+        criteria = settings.criteria[index]
+        raw = cache.get((rate, seed))
+        if raw is None:
+            if deadline is not None and time.monotonic() + (settings.requests - 1) / rate + last_e2e_s > deadline:
+                raise OutOfTime(f"{config.label} at {rate:.3g} req/s would end past the time budget")
+            raw = cache[(rate, seed)] = probe_case(backend, case, base, rate, seed=seed)
+            last_e2e_s = raw.row.e2e_p50_ms / 1e3 if not math.isnan(raw.row.e2e_p50_ms) else last_e2e_s
+        over = criteria.exceeded(raw.values)
+        p = replace(raw, passed=not over, limited_by=over)
+        current.append(p)
+        if on_probe is not None:
+            on_probe(config, index, p)
+        return p
+
+    try:
+        for index, result in enumerate(results):
+            for k, seed in enumerate(settings.seeds):
+                current.clear()
+                first = result.searches[0].capacity if result.searches else 0.0
+                if k == 0 and hint:
+                    start, growth = hint, near
+                elif k > 0 and first:
+                    start, growth = first, near
+                else:
+                    start, growth = settings.start_rate, 2.0
+                result.searches.append(search(lambda r: probe(index, seed, r), start, settings.precision, growth))
+    except (KeyboardInterrupt, OutOfTime) as e:
+        for result in results:
+            if result.criteria is settings.criteria[index] and current:
+                result.searches.append(SearchResult.partial(current))
+        raise Stopped([r for r in results if r.searches], e) from None
+    return results
+
+
+class Stopped(Exception):
+    """A Ctrl-C or the time budget, with the results finished so far."""
+
+    def __init__(self, results: list[ConfigResult], cause: BaseException) -> None:
+        super().__init__(str(cause) or type(cause).__name__)
+        self.results, self.cause = results, cause
+
+    @property
+    def interrupted(self) -> bool:
+        return isinstance(self.cause, KeyboardInterrupt)
+
+
+@dataclass
+class GridResult:
+    results: list[ConfigResult] = field(default_factory=list)
+    stopped: str = ""  # why the grid stopped early ('' when it finished)
+    left: list[Config] = field(default_factory=list)  # configurations not started, or not finished
+
+
+def chains(configs: list[Config]) -> list[list[Config]]:
+    """The configurations by strategy, budgets in the order given: each search starts near its neighbour's capacity."""
+    out: dict[str, list[Config]] = {}
+    for c in configs:
+        out.setdefault(c.strategy, []).append(c)
+    return list(out.values())
+
+
+def _run_chain(backend: Backend, chain: list[Config], settings: TuneSettings, on_probe: ProbeCallback | None,
+               on_config: Callable[[Config], None] | None, hints: dict[Config, float], deadline: float | None,
+               stage: str) -> list[ConfigResult]:
+    """One strategy's budgets in turn; without a hint of its own a budget's search starts at the previous budget's
+    capacity, bracketing near it (adjacent budgets' capacities differ by tens of percent: two or three probes
+    instead of the climb from the start rate)."""
+    results: list[ConfigResult] = []
+    previous = 0.0
+    for config in chain:
+        try:
+            found = tune_config(backend, config, settings, on_probe, hints.get(config) or previous or None, deadline, stage)
+        except Stopped as e:
+            raise Stopped(results + e.results, e.cause) from None
+        results += found
+        previous = found[0].capacity
+        if on_config is not None:
+            on_config(config)
+    return results
+
+
+def run_grid(backend: Backend, configs: list[Config], settings: TuneSettings, on_probe: ProbeCallback | None = None,
+             on_config: Callable[[Config], None] | None = None, hints: dict[Config, float] | None = None,
+             deadline: float | None = None, stage: str = "sim", jobs: int = 1) -> GridResult:
+    """Every configuration's capacity; a Ctrl-C or the deadline keeps what finished, probes included."""
+    groups = chains(configs)
+    if jobs > 1 and len(groups) > 1 and backend.name == "sim":
+        return _run_pool(backend, groups, settings, on_probe, on_config, hints or {}, stage, jobs)
+    out = GridResult()
+    for i, chain in enumerate(groups):
+        try:
+            out.results += _run_chain(backend, chain, settings, on_probe, on_config, hints or {}, deadline, stage)
+        except Stopped as e:
+            out.results += e.results
+            out.stopped = "interrupted" if e.interrupted else f"time budget: {e}"
+            finished = {r.config for r in e.results if not r.interrupted}
+            out.left = [c for g in groups[i:] for c in g if c not in finished]
+            return out
+    return out
+
+
+# ---- a pool of processes, for the sim ---------------------------------------------------------------------
+_worker_backend: Backend | None = None
+_worker_queue = None
+
+
+def _worker_init(backend: Backend, messages) -> None:
+    global _worker_backend, _worker_queue
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends the workers
+    _worker_backend, _worker_queue = backend, messages
+
+
+def _worker_run(chain: list[Config], settings: TuneSettings, hints: dict[Config, float], stage: str) -> list[ConfigResult]:
+    return _run_chain(_worker_backend, chain, settings, lambda c, index, p: _worker_queue.put(("probe", c, index, p)),
+                      lambda c: _worker_queue.put(("config", c, 0, None)), hints, None, stage)
+
+
+def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettings, on_probe: ProbeCallback | None,
+              on_config: Callable[[Config], None] | None, hints: dict[Config, float], stage: str, jobs: int) -> GridResult:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    messages = ctx.Queue()
+    seen: dict[tuple[Config, int], list[Probe]] = {}
+    finished: set[Config] = set()
+    out = GridResult()
+    done: dict[int, list[ConfigResult]] = {}
+
+    def drain() -> None:
+        while True:
+            try:
+                kind, c, index, p = messages.get_nowait()
+            except queue_mod.Empty:
+                return
+            if kind == "config":
+                finished.add(c)
+                if on_config is not None:
+                    on_config(c)
+                continue
+            seen.setdefault((c, index), []).append(p)
+            if on_probe is not None:
+                on_probe(c, index, p)
+
+    # The longest chains first, so that the pool's last task is a short one.
+    order = sorted(range(len(groups)), key=lambda i: -len(groups[i]))
+    pool = cf.ProcessPoolExecutor(min(jobs, len(groups)), mp_context=ctx, initializer=_worker_init,
+                                  initargs=(backend, messages))
+    futures = {pool.submit(_worker_run, groups[i], settings, hints, stage): i for i in order}
+    try:
+        pending = set(futures)
+        while pending:
+            ready, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
+            for f in ready:
+                done[futures[f]] = f.result()
+            drain()
+        pool.shutdown()
+        drain()
+    except KeyboardInterrupt:
+        # The workers ignore SIGINT: end them, keep what they reported (finished probes of unfinished configurations).
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        drain()
+        out.stopped = "interrupted"
+    results = [r for i in range(len(groups)) if i in done for r in done[i]]
+    if out.stopped:
+        kept = {r.config for r in results}
+        for i, chain in enumerate(groups):
+            for c in chain:
+                if c in kept:
+                    continue
+                out.left.append(c)
+                for index, criteria in enumerate(settings.criteria):
+                    probes = seen.get((c, index), [])
+                    if probes:
+                        # Finished configurations of an unfinished chain came back only as probes: regroup them per seed.
+                        searches = _searches_from(probes, settings) if c in finished else [SearchResult.partial(probes)]
+                        results.append(ConfigResult(c, criteria, searches, stage, settings.repeats))
+    out.results = results
+    return out
+
+
+def _searches_from(probes: list[Probe], settings: TuneSettings) -> list[SearchResult]:
+    """A finished configuration's searches rebuilt from its probes, one per seed, each ending where its rule ended."""
+    out = []
+    for seed in settings.seeds:
+        mine = [p for p in probes if p.seed == seed]
+        if mine:
+            partial = SearchResult.partial(mine)
+            out.append(SearchResult(partial.capacity, mine))
+    return out
+
+
+# ---- ranking and the sim-first stage ------------------------------------------------------------------------
+def ranked(results: list[ConfigResult]) -> list[ConfigResult]:
+    """Highest capacity first; at equal capacity the smaller budget (less work per step), then the name."""
+    return sorted(results, key=lambda r: (-r.capacity, r.config.budget or 0, r.config.strategy))
+
+
+def by_criteria(results: list[ConfigResult], criteria: Criteria) -> list[ConfigResult]:
+    return [r for r in results if r.criteria == criteria]
+
+
+def pick_for_measurement(predicted: list[ConfigResult], top_k: int, baseline: str = "sequential") -> list[Config]:
+    """The sim's top K configurations and the baseline, each once, best predicted first."""
+    order = [r.config for r in ranked(predicted)]
+    chosen = order[:top_k]
+    chosen += [c for c in order if c.strategy == baseline and c not in chosen][:1]
+    return chosen
+
+
+def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
+                  on_probe: ProbeCallback | None = None, on_config: Callable[[Config], None] | None = None,
+                  deadline: float | None = None, on_picked: Callable[[list[Config]], None] | None = None) -> GridResult:
+    """The sim-first stage's second half: the sim's top K (and sequential) under each criteria, measured on the
+    real backend, each search starting at the sim's prediction for the first criteria."""
+    picks = list(dict.fromkeys(c for k in settings.criteria for c in pick_for_measurement(by_criteria(predicted, k), top_k)))
+    if on_picked is not None:
+        on_picked(picks)
+    hints = {r.config: r.capacity for r in by_criteria(predicted, settings.criteria[0]) if r.capacity}
+    return run_grid(real, picks, settings, on_probe, on_config, hints, deadline, "measured")
+
+
+@dataclass
+class Comparison:
+    """A configuration measured on the real backend beside the sim's prediction of the same probes."""
+
+    predicted: ConfigResult
+    measured: ConfigResult
+
+    @property
+    def error(self) -> float:
+        """predicted / measured - 1 (NaN when the measurement found no capacity)."""
+        return self.predicted.capacity / self.measured.capacity - 1 if self.measured.capacity else math.nan
+
+
+def compare_stages(predicted: list[ConfigResult], measured: list[ConfigResult]) -> list[Comparison]:
+    """Pairs (prediction, measurement), best measured first."""
+    pred = {(r.config, r.criteria): r for r in predicted}
+    return [Comparison(pred[(m.config, m.criteria)], m) for m in ranked(measured) if (m.config, m.criteria) in pred]
+
+
+def order_differs(comparisons: list[Comparison]) -> bool:
+    """Whether the measured order of the measured configurations differs from the predicted one, past ties."""
+    by_pred = sorted(comparisons, key=lambda c: -c.predicted.capacity)
+    for i, a in enumerate(by_pred):
+        for b in by_pred[i + 1:]:
+            # a was predicted above b: a measured clearly below b is a reversal; a tie is not.
+            if a.measured.capacity < b.measured.capacity and not a.measured.ties(b.measured):
+                return True
+    return False

@@ -1,0 +1,162 @@
+"""tune's output: the ranked table, the verdict line, capacity against the SLO, and the exports."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from prefillbench.bench.capacity import Criteria
+from prefillbench.bench.tune import Comparison, ConfigResult, by_criteria, compare_stages, order_differs, ranked
+from prefillbench.report.capacity import capacity_text
+from prefillbench.report.tables import fmt_number, md_table, write_atomic
+
+
+def _interval(r: ConfigResult) -> str:
+    high = "inf" if math.isinf(r.high) else f"{r.high:.3g}"
+    return f"[{r.low:.3g}, {high})"
+
+
+def _ratio(r: ConfigResult, baseline: ConfigResult | None) -> str:
+    return f"{r.capacity / baseline.capacity:.2f}x" if baseline is not None and baseline.capacity else "-"
+
+
+def baseline_of(results: list[ConfigResult], strategy: str = "sequential") -> ConfigResult | None:
+    refs = [r for r in results if r.config.strategy == strategy]
+    return refs[0] if refs else None
+
+
+def render_ranked(results: list[ConfigResult], tokens_per_request: float,
+                  predicted: list[ConfigResult] | None = None) -> str:
+    """One row per configuration, best first: capacity (with its interval and a tie mark), tokens/s, ratio to
+    sequential, what limits it, the latencies at capacity; predicted beside measured where both exist."""
+    order = ranked(results)
+    base = baseline_of(results)
+    pred = {(r.config, r.criteria): r for r in predicted or []}
+    best = order[0] if order else None
+
+    def at(r: ConfigResult, field: str, digits: int) -> str:
+        p = r.at_capacity
+        return fmt_number(getattr(p.row, field), digits) if p is not None else "-"
+
+    columns = [
+        ("rank", lambda i: str(i[0] + 1) + ("=" if i[1] is not best and best is not None and i[1].ties(best) else ""), True),
+        ("configuration", lambda i: i[1].config.label, False),
+        ("capacity req/s", lambda i: capacity_text(i[1].capacity, i[1].hit_bound, interrupted=i[1].interrupted), True),
+        ("interval", lambda i: _interval(i[1]), True),
+        ("tokens/s", lambda i: fmt_number(i[1].capacity * tokens_per_request, 0), True),
+        ("vs sequential", lambda i: _ratio(i[1], base), True),
+        ("limited by", lambda i: i[1].limited_by or ("search bound" if i[1].hit_bound else "-"), False),
+        ("P99 TBT ms", lambda i: at(i[1], "tbt_p99_ms", 1), True),
+        ("P99 TTFT ms", lambda i: at(i[1], "ttft_p99_ms", 0), True),
+        ("probes", lambda i: str(len(i[1].probes)), True),
+    ]
+    if pred:
+        def sim_cell(i) -> str:
+            p = pred.get((i[1].config, i[1].criteria))
+            return fmt_number(p.capacity, 3) if p is not None else "-"
+
+        def err_cell(i) -> str:
+            p = pred.get((i[1].config, i[1].criteria))
+            return f"{Comparison(p, i[1]).error:+.0%}" if p is not None and i[1].capacity else "-"
+
+        columns[3:3] = [("sim req/s", sim_cell, True), ("sim error", err_cell, True)]
+    return md_table(columns, list(enumerate(order)))
+
+
+def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[ConfigResult] | None = None) -> str:
+    """'best within TBT p99 <= 100 ms: sarathi-serve, budget 512: 5.0 req/s, 2.96x sequential; measured ...'."""
+    order = ranked(results)
+    if not order or not order[0].capacity:
+        return f"no configuration met {criteria.describe()} at any rate tried"
+    best = order[0]
+    c = best.config
+    name = c.strategy + (f", budget {c.budget}" if c.budget else "")
+    base = baseline_of(results)
+    text = f"best within {criteria.describe()}: {name}: {capacity_text(best.capacity, best.hit_bound, 3)} req/s"
+    if base is not None and base is not best and base.capacity:
+        text += f", {best.capacity / base.capacity:.2f}x sequential"
+    pred = {(r.config, r.criteria): r for r in predicted or []}
+    if (c, best.criteria) in pred and best.stage == "measured":
+        p = pred[(c, best.criteria)]
+        text += f"; sim predicted {p.capacity:.3g} req/s ({Comparison(p, best).error:+.0%})"
+    ties = [r.config.label for r in order[1:] if r.ties(best)]
+    if ties:
+        text += f"; a tie (capacity intervals overlap) with {', '.join(ties)}"
+    return text
+
+
+def stage_notes(predicted: list[ConfigResult], measured: list[ConfigResult]) -> list[str]:
+    """Predicted against measured: the error per configuration and whether the measured order differs."""
+    comparisons = compare_stages(predicted, measured)
+    if not comparisons:
+        return []
+    lines = ["sim against measurement: " + "; ".join(
+        f"{c.measured.config.label} {c.predicted.capacity:.3g} vs {c.measured.capacity:.3g} req/s"
+        + (f" ({c.error:+.0%})" if not math.isnan(c.error) else "") for c in comparisons)]
+    if order_differs(comparisons):
+        pred_order = ", ".join(c.measured.config.label for c in sorted(comparisons, key=lambda c: -c.predicted.capacity))
+        meas_order = ", ".join(c.measured.config.label for c in comparisons)
+        lines.append(f"the measured order differs from the predicted one: predicted {pred_order}; measured {meas_order}")
+    return lines
+
+
+def render_vs_slo(results: list[ConfigResult], criteria: list[Criteria]) -> str:
+    """Capacity (req/s) of every configuration under each SLO: the shape of Sarathi-Serve's figures."""
+    configs = list(dict.fromkeys(r.config for r in ranked(by_criteria(results, criteria[0]))))
+    cell = {(r.config, r.criteria): r for r in results}
+    columns = [("configuration", lambda c: c.label, False)]
+    for k in criteria:
+        columns.append((k.describe(), lambda c, k=k: capacity_text(cell[(c, k)].capacity, cell[(c, k)].hit_bound)
+                        if (c, k) in cell else "-", True))
+    return md_table(columns, configs)
+
+
+# ---- exports ----------------------------------------------------------------------------------------------
+def config_records(results: list[ConfigResult], tokens_per_request: float) -> list[dict[str, Any]]:
+    out = []
+    for r in results:
+        p = r.at_capacity
+        out.append({
+            "stage": r.stage, "strategy": r.config.strategy, "budget": r.config.budget, "slo": r.criteria.describe(),
+            "capacity_rps": r.capacity, "capacity_low_rps": r.low, "capacity_high_rps": r.high,
+            "capacity_tokens_per_s": r.capacity * tokens_per_request, "hit_bound": r.hit_bound,
+            "interrupted": r.interrupted, "limited_by": r.limited_by, "seeds": len(r.searches), "probes": len(r.probes),
+            "tbt_p99_ms": p.row.tbt_p99_ms if p else math.nan, "ttft_p99_ms": p.row.ttft_p99_ms if p else math.nan,
+            "sched_delay_p50_ms": p.row.sched_delay_p50_ms if p else math.nan,
+        })
+    return out
+
+
+def probe_records(results: list[ConfigResult]) -> list[dict[str, Any]]:
+    out = []
+    for r in results:
+        for p in r.probes:
+            out.append({"stage": r.stage, "strategy": r.config.strategy, "budget": r.config.budget,
+                        "slo": r.criteria.describe(), "seed": p.seed, "rate": p.rate, "passed": p.passed,
+                        "limited_by": ",".join(p.limited_by), **{f"criterion_{k}": v for k, v in p.values.items()},
+                        **{k: v for k, v in p.row.as_dict().items() if k not in ("strategy", "chunk_size", "rate")}})
+    return out
+
+
+def export(path: str | Path, results: list[ConfigResult], tokens_per_request: float, meta: dict[str, Any]) -> list[Path]:
+    """JSON: one document with every configuration and probe; CSV: the configurations here and the probes
+    beside it as <name>.probes.csv. Returns the files written."""
+    path = Path(path)
+    configs, probes = config_records(results, tokens_per_request), probe_records(results)
+    if path.suffix == ".json":
+        doc = {"metadata": meta, "configurations": configs, "probes": probes}
+        write_atomic(path, json.dumps(doc, indent=1, default=_jsonable, allow_nan=True) + "\n")
+        return [path]
+    if path.suffix != ".csv":
+        raise ValueError(f"tune exports .json or .csv, not {path.name}")
+    probes_path = path.with_suffix(".probes.csv")
+    write_atomic(path, pd.DataFrame(configs).to_csv(index=False))
+    write_atomic(probes_path, pd.DataFrame(probes).to_csv(index=False))
+    return [path, probes_path]
+
+
+def _jsonable(value: Any) -> Any:
+    return None if value is None else str(value)

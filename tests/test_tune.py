@@ -1,0 +1,214 @@
+"""tune's search, against a fake backend whose capacity per configuration is known by construction.
+
+Prompt-only requests of 8 tokens, one emitted token each, arriving nearly evenly (gamma, burstiness 10^4), on a
+backend whose every step takes 0.1 s whatever it holds: chunked with budget B needs ceil(8 / B) steps per
+request, one request at a time, so it keeps up below 10 / ceil(8 / B) req/s and its queue (and the median
+scheduling delay) grows above it; sequential takes a prompt per step: 10 req/s.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.backends.sim.cost import Batch, CostModel
+from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
+from prefillbench.bench import tune
+from prefillbench.bench.capacity import Criteria, Probe, SearchResult
+from prefillbench.bench.workloads import TestSpec
+from prefillbench.report import tune as report
+from fake_backend import FakeBackend
+
+PRECISION = 0.02
+TRUE = {tune.Config("sequential", None): 10.0, tune.Config("chunked", 1): 1.25, tune.Config("chunked", 2): 2.5,
+        tune.Config("chunked", 4): 5.0, tune.Config("chunked", 8): 10.0}
+
+
+def settings(repeats: int = 1, criteria=None, **kw) -> tune.TuneSettings:
+    return tune.TuneSettings(TestSpec(8, 0), criteria or [Criteria(tbt_p99_ms=1000, sched_delay_p50_ms=50)], 200,
+                             arrival="gamma", burstiness=1e4, repeats=repeats, start_rate=3.0, precision=PRECISION, **kw)
+
+
+def configs() -> list[tune.Config]:
+    return tune.grid(["sequential", "chunked"], [1, 2, 4, 8])
+
+
+def test_the_grid_lists_strategies_that_ignore_the_budget_once():
+    assert configs() == list(TRUE)
+
+
+def test_each_configuration_is_found_within_the_precision_and_ranked():
+    grid = tune.run_grid(FakeBackend(0.0, 0.1), configs(), settings(repeats=2))
+    assert not grid.stopped and len(grid.results) == len(TRUE)
+    for r in grid.results:
+        true = TRUE[r.config]
+        assert true / (1 + 2 * PRECISION) <= r.capacity <= true * 1.005, (r.config, r.capacity)
+        assert r.low <= r.capacity < r.high and r.limited_by == "scheduling delay"
+        assert len(r.searches) == 2 and {p.seed for p in r.probes} == {42, 1042}  # fresh seeds across repeats
+        # The reported row is the probe at capacity: its offered rate is the capacity.
+        assert r.at_capacity.rate == r.capacity and r.at_capacity.passed
+        assert r.at_capacity.row.offered_rps == pytest.approx(r.capacity, rel=0.01)
+    order = [r.config for r in tune.ranked(grid.results)]
+    assert order[2:] == [tune.Config("chunked", 4), tune.Config("chunked", 2), tune.Config("chunked", 1)]
+    by = {r.config: r for r in grid.results}
+    assert by[tune.Config("sequential", None)].ties(by[tune.Config("chunked", 8)])  # both 10 req/s
+    assert not by[tune.Config("chunked", 4)].ties(by[tune.Config("chunked", 2)])
+    # The second seed searched near the first one's capacity: fewer probes than the first.
+    seq = by[tune.Config("sequential", None)]
+    assert len(seq.searches[1].probes) < len(seq.searches[0].probes)
+
+
+def test_every_configuration_replays_the_same_trace_per_seed():
+    seen: dict[tuple[float, int], dict] = {}
+
+    def note(config, index, p):
+        seen.setdefault((p.rate, p.seed), {})[config] = p.row.offered_rps
+
+    tune.run_grid(FakeBackend(0.0, 0.1), configs(), settings(repeats=2), on_probe=note)
+    shared = {key: offered for key, offered in seen.items() if len(offered) > 1}
+    assert len(shared) >= 2  # the start rate at least, for every chain
+    for offered in shared.values():
+        # Identical arrivals for every configuration at that rate and seed (up to where each run's clock started).
+        first = next(iter(offered.values()))
+        assert all(v == pytest.approx(first, rel=1e-12) for v in offered.values())
+    assert {seed for _, seed in seen} == {42, 1042}
+
+
+def test_a_strategys_budgets_start_near_the_previous_budgets_capacity():
+    # Budgets 8 and 16 both take a prompt in one step: the same capacity, 10 req/s.
+    grid = tune.run_grid(FakeBackend(0.0, 0.1), tune.grid(["chunked"], [8, 16]), settings())
+    first, second = grid.results
+    assert first.probes[0].rate == 3.0  # the first budget climbs from the start rate
+    assert second.probes[0].rate == first.capacity  # the next starts at its capacity, bracketing by 20% steps
+    assert len(second.probes) <= 5 < len(first.probes)  # pass, fail, bisections of an 8% bracket to 2%
+    assert second.capacity == pytest.approx(10.0, rel=2 * PRECISION)
+
+
+def test_a_list_of_slos_gives_capacity_against_the_slo_from_shared_runs():
+    crit = [Criteria(tbt_p99_ms=1000, sched_delay_p50_ms=50), Criteria(tbt_p99_ms=1000, sched_delay_p50_ms=5000)]
+    backend = FakeBackend(0.0, 0.1)
+    grid = tune.run_grid(backend, [tune.Config("chunked", 4)], settings(criteria=crit))
+    strict, loose = grid.results
+    assert strict.criteria == crit[0] and loose.criteria == crit[1]
+    assert loose.capacity > strict.capacity  # a looser delay bound admits a growing queue for longer
+    table = report.render_vs_slo(grid.results, crit)
+    assert "chunked (4)" in table and table.count("|") > 6
+
+
+def test_ctrl_c_keeps_finished_configurations_and_probes():
+    calls = []
+
+    def interrupt_at_twelve(config, index, p):
+        calls.append(p)
+        if len(calls) == 12:
+            raise KeyboardInterrupt
+
+    grid = tune.run_grid(FakeBackend(0.0, 0.1), configs(), settings(), on_probe=interrupt_at_twelve)
+    assert grid.stopped == "interrupted"
+    done, partial = grid.results
+    assert not done.interrupted and partial.interrupted
+    assert len(done.probes) + len(partial.probes) == 12  # every probe that finished is kept
+    assert grid.left[0] == partial.config and len(grid.left) == len(TRUE) - 1
+    passed = [p.rate for p in partial.probes if p.passed]
+    assert partial.capacity == (max(passed) if passed else 0.0)
+
+
+def test_the_time_budget_stops_before_a_probe_that_would_end_past_it():
+    import time
+    grid = tune.run_grid(FakeBackend(0.0, 0.1), configs(), settings(), deadline=time.monotonic() + 1.0)
+    # Each probe of 200 requests at a few req/s spans over a minute: the first would end past the budget.
+    assert grid.stopped.startswith("time budget") and grid.results == [] and grid.left == configs()
+
+
+def test_the_sim_first_stage_measures_the_sims_top_k_and_sequential_from_its_predictions():
+    s = settings()
+    chosen = [tune.Config("sequential", None), tune.Config("chunked", 1), tune.Config("chunked", 2), tune.Config("chunked", 4)]
+    predicted = tune.run_grid(FakeBackend(0.0, 0.1), chosen, s).results
+    # The "real" backend is 25% slower per step: every capacity is 0.8 times the prediction.
+    measured = tune.measure_picks(FakeBackend(0.0, 0.125), predicted, s, top_k=2).results
+    assert [r.config for r in measured] == [tune.Config("sequential", None), tune.Config("chunked", 4)]
+    for c in tune.compare_stages(predicted, measured):
+        assert c.measured.capacity == pytest.approx(0.8 * TRUE[c.measured.config], rel=2 * PRECISION)
+        assert c.error == pytest.approx(0.25, abs=0.06)
+        # Started at the prediction: bracketing near it, not from the start rate.
+        assert c.measured.probes[0].rate == c.predicted.capacity
+    assert not tune.order_differs(tune.compare_stages(predicted, measured))
+    table = report.render_ranked(measured, 8.0, predicted)
+    assert "sim req/s" in table and any(f"+{pct}%" in table for pct in (24, 25, 26))
+
+
+def _result(config: tune.Config, capacity: float, upper: float) -> tune.ConfigResult:
+    probes = [Probe(capacity, True, None), Probe(upper, False, None, ["tbt"])]
+    return tune.ConfigResult(config, Criteria(100), [SearchResult(capacity, probes)])
+
+
+def test_pick_for_measurement_adds_sequential_and_order_differs_past_ties():
+    a, b, seq = tune.Config("chunked", 512), tune.Config("sarathi-serve", 512), tune.Config("sequential", None)
+    predicted = [_result(seq, 1.0, 1.05), _result(a, 5.0, 5.25), _result(b, 4.0, 4.2)]
+    assert tune.pick_for_measurement(predicted, 1) == [a, seq]
+    assert tune.pick_for_measurement(predicted, 3) == [a, b, seq]
+    reversed_ = [_result(seq, 1.0, 1.05), _result(a, 3.0, 3.15), _result(b, 4.0, 4.2)]
+    assert tune.order_differs(tune.compare_stages(predicted, reversed_))
+    tied = [_result(seq, 1.0, 1.05), _result(a, 3.9, 4.1), _result(b, 4.0, 4.2)]  # overlapping intervals
+    assert not tune.order_differs(tune.compare_stages(predicted, tied))
+    notes = report.stage_notes(predicted, reversed_)
+    assert "the measured order differs" in notes[-1]
+
+
+def test_verdict_names_the_best_its_ratio_and_its_ties():
+    a, b, seq = tune.Config("sarathi-serve", 512), tune.Config("chunked", 512), tune.Config("sequential", None)
+    results = [_result(seq, 1.69, 1.77), _result(a, 5.0, 5.25), _result(b, 5.0, 5.25)]
+    line = report.verdict(results, Criteria(100))
+    assert line.startswith("best within TBT p99 <= 100 ms: chunked, budget 512: 5.000 req/s, 2.96x sequential")
+    assert "tie" in line and "sarathi-serve (512)" in line
+
+
+@pytest.mark.parametrize("text, values", [("64:512:x2", [64, 128, 256, 512]), ("64,128", [64, 128]),
+                                          ("100:300:+100", [100, 200, 300]), ("64:100:x2,64", [64])])
+def test_budget_ranges(text, values):
+    assert tune.parse_budgets([text]) == values
+
+
+@pytest.mark.parametrize("text", ["64:32:x2", "64:512", "64:512:x1", "a:b:x2", "0"])
+def test_bad_budget_ranges(text):
+    with pytest.raises(ValueError):
+        tune.parse_budgets([text])
+
+
+def test_slo_lists():
+    slos = tune.parse_slo_list("tbt=50,100,200,ttft=1000")
+    assert [s.tbt_ms for s in slos] == [50, 100, 200] and {s.ttft_ms for s in slos} == {1000}
+    with pytest.raises(ValueError, match="only one SLO key"):
+        tune.parse_slo_list("tbt=50,100,ttft=1,2")
+
+
+def test_criteria_at_another_percentile_name_what_they_exceed():
+    c = Criteria(tbt_p99_ms=100, ttft_ms=500, percentile=90)
+    assert c.describe() == "TBT p90 <= 100 ms, TTFT p90 <= 500 ms"
+    assert c.exceeded({"tbt": 101, "ttft": 400, "tpot": math.nan, "e2e": math.nan, "sched": 10}) == ["tbt"]
+    assert c.exceeded({"tbt": 50, "ttft": 600, "tpot": math.nan, "e2e": math.nan, "sched": 3000}) == ["ttft", "sched"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_sims_fast_step_price_is_step_costs(tp):
+    cost = CostModel(load_model_spec("mistral-7b"), load_gpu_spec("a100"), tp=tp)
+    for chunks, decodes in [(((0, 512, False),), ()), (((1024, 300, True), (0, 212, False)), (700, 1500, 33)),
+                            ((), (1,) * 130), (((0, 40, True),), (2048,))]:
+        batch = Batch(chunks, decodes)
+        fast = cost.fast_seconds([(s, n) for s, n, _ in chunks], len(decodes), sum(decodes), batch.n_emit)
+        assert fast == cost.step_cost(batch).seconds  # the same float, not just close
+
+
+def test_the_sim_backend_runs_the_same_with_and_without_a_trace(tmp_path):
+    from strategies import make_strategy
+    from prefillbench import engine
+    from prefillbench.bench.workloads import ArrivalSpec, make_requests
+
+    test = TestSpec(700, 20, spread=0.5)
+    runs = []
+    for trace in (None, tmp_path / "t.jsonl"):
+        backend = SimBackend.load("mistral-7b", "a100", trace=trace)
+        reqs = make_requests(test, 30, backend.vocab_size, 1, ArrivalSpec("poisson", 4.0).times(30, 1))
+        runs.append(engine.run(backend, make_strategy("sarathi-serve", 256), reqs, 0))
+    assert [r.token_times for r in runs[0].requests] == [r.token_times for r in runs[1].requests]
