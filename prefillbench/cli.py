@@ -526,7 +526,7 @@ def calibrate_command(
     sim_gpu: Annotated[Optional[str], typer.Option(help="nominal spec the fractions are relative to (default: cpu, or a spec file)")] = None,
     quick: Annotated[bool, _flag("--quick", help="a smaller sweep")] = False,
     repeats: Annotated[int, typer.Option(help="timed repeats per sweep point; the median counts")] = CalibrateOptions.repeats,
-    output: Annotated[str, typer.Option("-o", "--output", help="calibration file to write")] = CalibrateOptions.output,
+    output: Annotated[str, typer.Option("--export", "--output", metavar="FILE", help="calibration file to write (as run's --export, a file; -o is a format everywhere)")] = CalibrateOptions.output,
     errors: Annotated[Optional[str], typer.Option(help="also write the per-step measured/predicted times here (.csv)")] = None,
     check: Annotated[bool, _flag("--check", help="then run sequential and chunked on the real backend and on the "
                                  "calibrated sim and compare their throughput ratios")] = False,

@@ -60,12 +60,16 @@ def tiny_checkpoint(tmp_path_factory):
 def test_calibrate_on_a_tiny_torch_model_then_run_the_sim(tiny_checkpoint, tmp_path, capsys):
     out, errs = tmp_path / "cal.json", tmp_path / "errors.csv"
     assert main(["calibrate", "--backend", "torch", "-m", str(tiny_checkpoint), "--device", "cpu", "--quick",
-                 "--repeats", "1", "-o", str(out), "--errors", str(errs)]) == 0
+                 "--repeats", "1", "--export", str(out), "--errors", str(errs)]) == 0
     cal = json.loads(out.read_text())
     assert set(cal["fitted"]) == {"compute_fraction", "memory_fraction", "step_overhead_s"}
     assert cal["model"]["hidden"] == 64 and cal["model"]["dtype_bytes"] == 4 and cal["gpu"]["name"] == "CPU"
     assert len(cal["steps"]) == len(errs.read_text().splitlines()) - 1 > 5
-    assert "per-step error" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "per-step error" in printed
+    # Each fraction in words (a fraction at the fit's ceiling says that roof never bound a step), and the next command.
+    assert "compute fraction" in printed and "memory fraction" in printed
+    assert f"next: prefillbench run --backend sim --calibration {out}" in printed
 
     # The calibrated sim runs the same model on the same device, and says it is calibrated.
     assert main(["run", "--backend", "sim", "--calibration", str(out), "-p", "64", "-n", "0", "-c", "1", "-r", "1",
@@ -73,3 +77,11 @@ def test_calibrate_on_a_tiny_torch_model_then_run_the_sim(tiny_checkpoint, tmp_p
     captured = capsys.readouterr()
     assert "sim CPU calibrated" in captured.out
     assert "calibrated from" in captured.err
+
+
+def test_a_fraction_is_told_in_words_and_one_at_the_ceiling_says_that_roof_never_bound():
+    from prefillbench.backends.sim.calibration import FRACTION_CEILING, describe_fraction
+
+    assert describe_fraction("compute", 0.42, "CPU") == "compute fraction 0.42: the backend attains 42.0% of CPU's nominal compute roof"
+    at_ceiling = describe_fraction("memory", FRACTION_CEILING, "CPU")
+    assert "ceiling" in at_ceiling and "never lets memory limit a step" in at_ceiling and "1000" in at_ceiling

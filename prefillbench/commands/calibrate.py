@@ -20,7 +20,7 @@ from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.commands.options import CalibrateOptions
 from prefillbench.models import default_model_path
 from prefillbench.report.tables import check_writable, write_atomic
-from prefillbench.backends.sim.calibration import calibrate, calibration_specs, model_spec_of
+from prefillbench.backends.sim.calibration import calibrate, calibration_specs, describe_fraction, model_spec_of
 from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
 from prefillbench.bench.workloads import TestSpec, make_requests
 
@@ -84,8 +84,9 @@ def cmd_calibrate(options: CalibrateOptions) -> int:
     if errors:
         write_atomic(errors, pd.DataFrame(cal["steps"], columns=["point", "measured_ms", "predicted_ms", "error"]).to_csv(index=False))
     f = cal["fitted"]
-    print(f"compute fraction {f['compute_fraction']:.4g}, memory fraction {f['memory_fraction']:.4g}, "
-          f"step overhead {f['step_overhead_s'] * 1e3:.3f} ms")
+    print(describe_fraction("compute", f["compute_fraction"], nominal.name))
+    print(describe_fraction("memory", f["memory_fraction"], nominal.name))
+    print(f"step overhead {f['step_overhead_s'] * 1e3:.3f} ms: the fixed cost of one step beyond its compute and memory time")
     print(f"per-step error over {len(cal['steps'])} steps: median {cal['median_abs_error']:.1%}, "
           f"p90 {cal['p90_abs_error']:.1%}")
     if options.check:
@@ -93,5 +94,6 @@ def cmd_calibrate(options: CalibrateOptions) -> int:
         print(f"{c['test']} c={c['concurrency']}: chunked/sequential throughput real {c['real_ratio']:.3f}, "
               f"sim {c['sim_ratio']:.3f} ({c['ratio_error']:+.1%}); median step error {c['median_abs_step_error']:.1%}")
     print(f"wrote {output}")
+    print(f"next: prefillbench run --backend sim --calibration {output} ...  (or prefillbench tune --calibration {output} ...)")
     return 0
 

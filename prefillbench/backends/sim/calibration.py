@@ -27,6 +27,8 @@ from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.specs import GPUSpec, ModelSpec, SimConfigError, model_from_config
 
 FITTED_KEYS = ("compute_fraction", "memory_fraction", "step_overhead_s")
+#: The fit keeps each attainable fraction within these; one at FRACTION_CEILING means that roof never bound a step.
+FRACTION_FLOOR, FRACTION_CEILING = 1e-5, 1e3
 
 
 # ---- files ----------------------------------------------------------------------------------------
@@ -230,7 +232,7 @@ def fit(model: ModelSpec, gpu: GPUSpec, samples: list[Sample]) -> dict[str, floa
     floor = 1e-7
     # Fractions stay within [1e-5, 1e3] of the nominal spec: at the top a roof never binds (e.g. weights
     # that live in a CPU's caches), and the value is reported as the bound rather than drifting to 1e7.
-    lo, hi = math.log(1e-5), math.log(1e3)
+    lo, hi = math.log(FRACTION_FLOOR), math.log(FRACTION_CEILING)
 
     def loss(x: np.ndarray) -> float:
         cf, mf = math.exp(min(max(x[0], lo), hi)), math.exp(min(max(x[1], lo), hi))
@@ -310,3 +312,11 @@ def model_spec_of(backend, dtype_bytes: float | None = None) -> ModelSpec:
     if dtype_bytes:
         spec = replace(spec, dtype_bytes=dtype_bytes, weight_bytes=dtype_bytes)
     return spec
+
+
+def describe_fraction(kind: str, value: float, nominal: str) -> str:
+    """A fitted fraction in words: the share of the nominal roof the backend attains, or that the roof never binds."""
+    if value >= FRACTION_CEILING * 0.999:
+        return (f"{kind} fraction at its ceiling ({value:.4g}): no measured step was limited by {kind} on this backend, "
+                f"so the calibrated sim never lets {kind} limit a step")
+    return f"{kind} fraction {value:.4g}: the backend attains {value:.1%} of {nominal}'s nominal {kind} roof"
