@@ -96,12 +96,13 @@ def run(
     concurrency: int,
     *,
     keep_logits: bool = False,
-    on_token: Callable[[int], None] | None = None,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> RunRecord:
     """Run every request to completion and return what happened, with timestamps.
 
     `concurrency`: requests in flight (closed loop), or at most in flight (open
-    loop, where 0 means no cap).
+    loop, where 0 means no cap). `on_tokens`: called after each step with the tokens it processed (prompt
+    tokens of its chunks, pads left out, plus its decodes), for a progress bar that counts work.
     """
     reqs = list(requests)
     if not reqs:
@@ -189,8 +190,8 @@ def run(
             seq.append_token(token, launched.end)
             if keep_logits and result.logits is not None:
                 logits.setdefault(seq_id, []).append(result.logits[seq_id])
-        if on_token is not None:
-            on_token(len(result.next_tokens))
+        if on_tokens is not None:  # prompt tokens count as work: a 512-token prefill is not one token of progress
+            on_tokens(sum(len(c.tokens) for c in step.prefills) + len(step.decodes))
         # Only a sequence that just got a token can have finished; admission (seq_id) order, as live keeps it.
         for seq in sorted((live[i] for i in result.next_tokens if live[i].finished), key=lambda s: s.seq_id):
             backend.release(seq.seq_id)

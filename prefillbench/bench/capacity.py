@@ -25,7 +25,7 @@ from strategies import make_strategy
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend
-from prefillbench.bench.cases import BenchConfig, Case, warm_up
+from prefillbench.bench.cases import BenchConfig, Case, warm_up, request_tokens
 from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, percentile, sched_delay_ms, summarize, tbts_ms,
                                         tpot_ms, ttfts_ms)
 from prefillbench.engine import RunRecord
@@ -254,8 +254,8 @@ class CapacityConfig:
         return self.slo or SLO(ttft_ms=c.ttft_ms, tpot_ms=c.tpot_ms, tbt_ms=c.tbt_p99_ms, e2e_ms=c.e2e_ms)
 
     def tokens_per_probe(self) -> int:
-        """Tokens one probe emits, for a progress bar."""
-        return sum(g for _, g in request_lengths(self.test, self.requests, self.seed))
+        """Tokens one probe processes (see engine.run's on_tokens), for a progress bar."""
+        return request_tokens(request_lengths(self.test, self.requests, self.seed))
 
     def settings(self) -> dict[str, Any]:
         """The search's settings, for the export's metadata."""
@@ -287,7 +287,7 @@ class CapacityResult:
 
 
 def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float,
-               on_token: Callable[[int], None] | None = None, seed: int | None = None) -> Probe:
+               on_tokens: Callable[[int], None] | None = None, seed: int | None = None) -> Probe:
     """One run of the case's requests at `rate`, checked against the criteria.
 
     The trace is the seed's (the config's unless given): its arrival times at rate r are those at rate 1 over r,
@@ -297,7 +297,7 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
     spec = ArrivalSpec(config.arrival, rate, config.burstiness)
     requests = make_requests(case.test, config.requests, backend.vocab_size, seed,
                              spec.times(config.requests, seed, case.test))
-    run = engine.run(backend, strategy, requests, case.concurrency, on_token=on_token)
+    run = engine.run(backend, strategy, requests, case.concurrency, on_tokens=on_tokens)
     row = summarize(case.test, [run], model=backend.model_name, backend=backend.label, strategy=case.strategy,
                     concurrency=case.concurrency, chunk_size=case.chunk_size,
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
@@ -310,7 +310,7 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
 def find_capacity(backend: Backend, case: Case, config: CapacityConfig,
                   on_probe_start: Callable[[Case, int, float], None] | None = None,
                   on_probe_done: Callable[[Case, Probe], None] | None = None,
-                  on_token: Callable[[int], None] | None = None) -> CapacityResult:
+                  on_tokens: Callable[[int], None] | None = None) -> CapacityResult:
     if config.warmup:
         warm_up(backend, make_strategy(case.strategy, case.chunk_size or 256), case,
                 BenchConfig([case.test], [case.strategy], [case.concurrency], seed=config.seed))
@@ -322,7 +322,7 @@ def find_capacity(backend: Backend, case: Case, config: CapacityConfig,
         n_probes += 1
         if on_probe_start is not None:
             on_probe_start(case, n_probes, rate)
-        p = probe_case(backend, case, config, rate, on_token)
+        p = probe_case(backend, case, config, rate, on_tokens)
         if on_probe_done is not None:
             on_probe_done(case, p)
         return p

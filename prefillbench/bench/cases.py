@@ -109,12 +109,18 @@ class BenchConfig:
             groups.setdefault((case.test, case.concurrency, case.rate), []).append(case)
         return list(groups.values())
 
-    def tokens_to_emit(self) -> int:
-        """Tokens the whole benchmark emits, for a progress bar."""
+    def tokens_to_process(self) -> int:
+        """Tokens the whole benchmark processes (see engine.run's on_tokens), for a progress bar."""
         return sum(
-            self.repetitions * sum(g for _, g in request_lengths(case.test, self.n_requests(case), self.seed))
+            self.repetitions * request_tokens(request_lengths(case.test, self.n_requests(case), self.seed))
             for case in self.cases()
         )
+
+
+def request_tokens(lengths: list[tuple[int, int]]) -> int:
+    """The tokens requests of these (prompt, generation) lengths make the engine process: every prompt token, and
+    one decode per generated token after the first, which the prompt's last chunk yields."""
+    return sum(p + max(g - 1, 0) for p, g in lengths)
 
 
 @dataclass
@@ -165,9 +171,9 @@ def case_result(backend: Backend, case: Case, runs: list[RunRecord], config: Ben
     return CaseResult(case, row, runs)
 
 
-def run_case(backend: Backend, case: Case, config: BenchConfig, on_token: Callable[[int], None] | None = None) -> CaseResult:
+def run_case(backend: Backend, case: Case, config: BenchConfig, on_tokens: Callable[[int], None] | None = None) -> CaseResult:
     strategy, requests = prepare_case(backend, case, config)
-    runs = [engine.run(backend, strategy, requests, case.concurrency, on_token=on_token) for _ in range(config.repetitions)]
+    runs = [engine.run(backend, strategy, requests, case.concurrency, on_tokens=on_tokens) for _ in range(config.repetitions)]
     return case_result(backend, case, runs, config)
 
 

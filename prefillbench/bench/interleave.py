@@ -26,7 +26,7 @@ def turn_order(n_cases: int, repetition: int) -> list[int]:
 def run_interleaved(
     backend: Backend,
     config: BenchConfig,
-    on_token: Callable[[int], None] | None = None,
+    on_tokens: Callable[[int], None] | None = None,
     on_group: Callable[[str], None] | None = None,
 ) -> Iterator[CaseResult]:
     """Yield a CaseResult per case, a group (test × concurrency) at a time."""
@@ -40,6 +40,6 @@ def run_interleaved(
         for rep in range(config.repetitions):
             for i in turn_order(len(prepared), rep):
                 case, strategy, requests, runs = prepared[i]
-                runs.append(engine.run(backend, strategy, requests, case.concurrency, on_token=on_token))
+                runs.append(engine.run(backend, strategy, requests, case.concurrency, on_tokens=on_tokens))
         for case, _, _, runs in prepared:
             yield case_result(backend, case, runs, config)

@@ -38,7 +38,12 @@ def cmd_run(options: RunOptions) -> int:
     if longest > backend.context_length:
         raise UsageError(f"a test needs {longest} positions but the model's context is {backend.context_length}")
 
-    with measuring(config.tokens_to_emit(), not options.no_progress) as (measured, progress):
+    total = config.tokens_to_process()
+    if is_rank_zero():  # before a run of minutes, what it holds (the bar's estimate follows from its first steps)
+        cases = sum(1 for _ in config.cases())
+        print(f"prefillbench: {cases} case(s) x {config.repetitions} repetition(s), {total:,} tokens to process",
+              file=sys.stderr)
+    with measuring(total, not options.no_progress) as (measured, progress):
         if options.interleave:
             for result in interleave.run_interleaved(backend, config, progress.advance, progress.describe):
                 measured.results.append(result)
@@ -47,7 +52,7 @@ def cmd_run(options: RunOptions) -> int:
             if case.rate is not None:
                 label += f" {case.rate:g} req/s"
             progress.describe(label)
-            measured.results.append(run_case(backend, case, config, on_token=progress.advance))
+            measured.results.append(run_case(backend, case, config, on_tokens=progress.advance))
     results: list[CaseResult] = measured.results
     rows = [r.row for r in results]
     write_failure = None
