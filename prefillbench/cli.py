@@ -11,6 +11,7 @@ and its use where it matters.
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -275,8 +276,7 @@ def fail(error: Exception | str) -> int:
 R, C, T, B = RunOptions, CapacityOptions, TuneOptions, BackendOptions
 
 
-@command("run", help="run the benchmark and print a table")
-def run_command(
+def _model_and_backend(
     model: Model = None,
     backend: BackendName = B.backend,
     device: Device = B.device,
@@ -295,6 +295,32 @@ def run_command(
     pp: PipelineStages = B.pp,
     calibration: Calibration = None,
     trace: Trace = None,
+) -> None:
+    """The model-and-backend flags of run, capacity and tune, declared once (see model_flags)."""
+
+
+def model_flags(fn: Callable[..., int]) -> Callable[..., int]:
+    """A command whose `**shared` takes _model_and_backend's flags: Typer reads one signature, those flags first."""
+    shared = inspect.signature(_model_and_backend, eval_str=True).parameters.values()
+    own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
+
+    @functools.wraps(fn)
+    def with_shared(**kwargs: Any) -> int:
+        return fn(**kwargs)
+
+    with_shared.__signature__ = inspect.Signature([*shared, *own], return_annotation=int)  # type: ignore[attr-defined]
+    with_shared.__annotations__ = {p.name: p.annotation for p in [*shared, *own]} | {"return": int}
+    return with_shared
+
+
+def flags(values: dict[str, Any]) -> dict[str, Any]:
+    """A command's locals() as its options' from_flags takes them: the shared flags in `shared` spread out."""
+    return {**{k: v for k, v in values.items() if k != "shared"}, **values.get("shared", {})}
+
+
+@command("run", help="run the benchmark and print a table")
+@model_flags
+def run_command(
     n_prompt: NPrompt = None,
     n_gen: NGen = None,
     pg: PromptGen = None,
@@ -322,8 +348,9 @@ def run_command(
     verify: Verify = False,
     no_progress: NoProgress = False,
     no_verdict: NoVerdict = False,
+    **shared: Any,
 ) -> int:
-    return run.cmd_run(RunOptions.from_flags(**locals()))
+    return run.cmd_run(RunOptions.from_flags(**flags(locals())))
 
 
 @command("compare", help="compare two exported runs; exit 1 on a regression beyond --threshold")
@@ -357,25 +384,8 @@ def plot_command(
 
 @command("capacity", help="search each strategy's capacity: the highest Poisson request rate within a P99 TBT SLO "
                          "and a median scheduling delay bound (Sarathi-Serve's method)")
+@model_flags
 def capacity_command(
-    model: Model = None,
-    backend: BackendName = B.backend,
-    device: Device = B.device,
-    dtype: DType = B.dtype,
-    threads: Threads = None,
-    n_gpu_layers: GpuLayers = None,
-    ubatch: UBatch = None,
-    flash_attn: FlashAttn = None,
-    no_cuda_graphs: NoCudaGraphs = False,
-    no_tune_linear: NoTuneLinear = False,
-    compile_decode: CompileDecode = False,
-    kernels: Kernels = "auto",
-    sim_model: SimModel = None,
-    sim_gpu: SimGpu = None,
-    tp: TensorParallel = B.tp,
-    pp: PipelineStages = B.pp,
-    calibration: Calibration = None,
-    trace: Trace = None,
     pg: RequestShape = None,
     len_spread: LenSpread = C.len_spread,
     workload: Workload = None,
@@ -408,31 +418,15 @@ def capacity_command(
     output: Output = C.output,
     export: Export = None,
     no_progress: NoProgress = False,
+    **shared: Any,
 ) -> int:
-    return capacity.cmd_capacity(CapacityOptions.from_flags(**locals()))
+    return capacity.cmd_capacity(CapacityOptions.from_flags(**flags(locals())))
 
 
 @command("tune", help="find the strategy and token budget with the most capacity within an SLO: searched on the "
                      "calibrated sim, the best confirmed on the backend")
+@model_flags
 def tune_command(
-    model: Model = None,
-    backend: BackendName = B.backend,
-    device: Device = B.device,
-    dtype: DType = B.dtype,
-    threads: Threads = None,
-    n_gpu_layers: GpuLayers = None,
-    ubatch: UBatch = None,
-    flash_attn: FlashAttn = None,
-    no_cuda_graphs: NoCudaGraphs = False,
-    no_tune_linear: NoTuneLinear = False,
-    compile_decode: CompileDecode = False,
-    kernels: Kernels = "auto",
-    sim_model: SimModel = None,
-    sim_gpu: SimGpu = None,
-    tp: TensorParallel = B.tp,
-    pp: PipelineStages = B.pp,
-    calibration: Calibration = None,
-    trace: Trace = None,
     pg: RequestShape = None,
     len_spread: LenSpread = T.len_spread,
     workload: Workload = None,
@@ -483,8 +477,9 @@ def tune_command(
         "--export", panel=OUTPUT_PANEL, metavar="FILE", help="every configuration and probe: .json, or .csv (+ .probes.csv)")] = None,
     plot: Annotated[Optional[str], _option("--plot", panel=OUTPUT_PANEL, metavar="DIR", help="write the charts here")] = None,
     no_progress: NoProgress = False,
+    **shared: Any,
 ) -> int:
-    return tune.run_tune(TuneOptions.from_flags(**locals()))
+    return tune.run_tune(TuneOptions.from_flags(**flags(locals())))
 
 
 @command("ab", help="the working tree against a base commit, both measured here in one job; exit 1 on a regression")

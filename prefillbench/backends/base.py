@@ -55,6 +55,8 @@ class Backend(ABC):
     #: The keyword options `load` takes beyond the model; `load_backend` passes these and no others, and the
     #: CLI warns about a flag whose option is not here (prefillbench.backends.check_options reads both).
     options: ClassVar[frozenset[str]] = frozenset()
+    #: (asked, allowed) concurrencies the engine clamped to (`note_clamp`); replaced, never appended to in place.
+    clamped: list[tuple[int, int]] = []
 
     @classmethod
     def unusable_options(cls) -> dict[str, str]:
@@ -82,13 +84,20 @@ class Backend(ABC):
         return None
 
     def note_clamp(self, asked: int, allowed: int) -> None:
-        """Told when the engine runs fewer sequences at once than asked, because of `max_concurrency`:
-        said once per (asked, allowed) on stderr, and kept in `clamped` for the metadata."""
-        clamped = self.__dict__.setdefault("clamped", [])
-        if (asked, allowed) not in clamped:
-            clamped.append((asked, allowed))
-            print(f"prefillbench: {self.name}: only {allowed} of {asked} sequences fit in {self.room()}; "
-                  f"running {allowed} at a time", file=sys.stderr)
+        """Told when the engine runs fewer sequences at once than asked, because of `max_concurrency`: kept in
+        `clamped` for the metadata, and said on stderr once per asked count (the room left beside a step
+        depends on its budget, so a grid of budgets clamps to a few neighbouring counts: one line, not one each)."""
+        if (asked, allowed) in self.clamped:
+            return
+        said = any(a == asked for a, _ in self.clamped)
+        self.clamped = [*self.clamped, (asked, allowed)]
+        if not said:
+            self.say_clamp(asked, allowed)
+
+    def say_clamp(self, asked: int, allowed: int) -> None:
+        """The clamp's line; a worker process replaces it to send the line to its parent instead."""
+        print(f"prefillbench: {self.name}: only {allowed} of {asked} sequences fit in {self.room()}; "
+              f"running {allowed} at a time", file=sys.stderr)
 
     def room(self) -> str:
         """Where the sequences in flight must fit, for `note_clamp`'s line and the engine's refusal."""
@@ -96,7 +105,7 @@ class Backend(ABC):
 
     def clamp_note(self) -> str:
         """The clamps so far, for the metadata: "asked->allowed;..."."""
-        return ";".join(f"{a}->{b}" for a, b in self.__dict__.get("clamped", []))
+        return ";".join(f"{a}->{b}" for a, b in self.clamped)
 
     #: How many steps may be in flight at once (pipeline stages); the engine never puts a sequence in two.
     max_steps_in_flight: int = 1

@@ -346,6 +346,8 @@ def _worker_init(backend: Backend, messages) -> None:
     global _worker_backend, _worker_queue
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends the workers
     _worker_backend, _worker_queue = backend, messages
+    # The parent says each clamp once for the whole pool.
+    backend.say_clamp = lambda asked, allowed: messages.put(("clamp", None, asked, allowed))
 
 
 def _worker_run(chain: list[Config], settings: TuneSettings, hints: dict[Config, float], stage: str) -> list[ConfigResult]:
@@ -370,6 +372,9 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
                 kind, c, index, p = messages.get_nowait()
             except queue_mod.Empty:
                 return
+            if kind == "clamp":
+                backend.note_clamp(index, p)
+                continue
             if kind == "config":
                 finished.add(c)
                 if on_config is not None:

@@ -56,7 +56,6 @@ class SimBackend(Backend):
         self.n_runs = 0  # prepare() calls: one per engine run, warm-ups included
         self._seq_tokens: dict[int, int] = {}  # cache positions each live sequence holds
         self._held = 0  # their sum, kept as they change: summing every step was a share of the sim's time
-        self.clamped: list[tuple[int, int]] = []  # (asked, allowed) concurrencies
         self.pipeline: Pipeline | None = None  # the current run's stage timelines, with --pp > 1
         self.pipeline_stats: dict[str, Any] | None = None  # the last finished run's
         self._trace_path = Path(trace) if trace else None

@@ -279,7 +279,6 @@ class TorchBackend(Backend):
                                        self.dtype.itemsize)
         self.free_memory: memory.FreeMemoryReader = memory.free_memory  # tests inject a smaller figure
         self.memory_plan: memory.MemoryPlan | None = None  # the last one the engine asked for
-        self.clamped: list[tuple[int, int]] = []
         self.cache: KVCache | None = None
         self.slots = SlotTable(0)
         self.use_cuda_graphs = cuda_graphs and self.torch_device.type == "cuda" and parallel is None and self.route_name != "cpu"
