@@ -171,29 +171,36 @@ def run(
         except BackendError as e:
             raise StepFailed(f"step {len(steps)} ({step.n_tokens} tokens) failed: {e}") from None
         steps.append(_step_record(step, launched.start, launched.end))
-        for seq_id in [c.seq_id for c in step.prefills] + [d.seq_id for d in step.decodes]:
-            seq = live[seq_id]
+        # A decoding sequence had its prompt in an earlier step: only a prompt chunk can be a first schedule.
+        for chunk in step.prefills:
+            seq = live[chunk.seq_id]
             if seq.first_scheduled is None:
                 seq.first_scheduled = launched.start
-            busy.add(seq_id)
+        if depth > 1:
+            busy.update([c.seq_id for c in step.prefills])
+            busy.update([d.seq_id for d in step.decodes])
         in_flight.append((step, launched))
 
     def retire(step: Step, launched: Launched) -> None:
         result = launched.result
         for chunk in step.prefills:
             live[chunk.seq_id].n_prefilled = chunk.end
-            busy.discard(chunk.seq_id)
-        for d in step.decodes:
-            busy.discard(d.seq_id)
+        if depth > 1:
+            busy.difference_update([c.seq_id for c in step.prefills])
+            busy.difference_update([d.seq_id for d in step.decodes])
+        finished = []
+        end = launched.end
         for seq_id, token in result.next_tokens.items():
             seq = live[seq_id]
-            seq.append_token(token, launched.end)
+            if seq.append_token(token, end):
+                finished.append(seq)
             if keep_logits and result.logits is not None:
                 logits.setdefault(seq_id, []).append(result.logits[seq_id])
         if on_tokens is not None:  # prompt tokens count as work: a 512-token prefill is not one token of progress
             on_tokens(sum(len(c.tokens) for c in step.prefills) + len(step.decodes))
         # Only a sequence that just got a token can have finished; admission (seq_id) order, as live keeps it.
-        for seq in sorted((live[i] for i in result.next_tokens if live[i].finished), key=lambda s: s.seq_id):
+        finished.sort(key=lambda s: s.seq_id)
+        for seq in finished:
             backend.release(seq.seq_id)
             del live[seq.seq_id]
             done.append((seq.seq_id, RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated,
@@ -207,7 +214,8 @@ def run(
         admit(now)
         if not live and not pending:
             break
-        ready = [s for s in live.values() if s.seq_id not in busy]  # dicts keep admission order: oldest first
+        # dicts keep admission order: oldest first; with one step at a time nothing is busy here
+        ready = [s for s in live.values() if s.seq_id not in busy] if busy else list(live.values())
         if ready and len(in_flight) < depth:
             waiting, running = [], []
             for s in ready:

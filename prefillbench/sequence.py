@@ -13,7 +13,7 @@ class Request:
     forced_tokens: tuple[int, ...] | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Sequence:
     seq_id: int
     prompt: tuple[int, ...]
@@ -29,12 +29,14 @@ class Sequence:
     def admit(cls, seq_id: int, request: "Request", arrival: float) -> "Sequence":
         return cls(seq_id, request.prompt, request.n_gen, arrival, forced_tokens=request.forced_tokens)
 
-    def append_token(self, token: int, time: float) -> None:
-        """Record the next token, which is fed back on the next step; a forced token replaces the model's."""
+    def append_token(self, token: int, time: float) -> bool:
+        """Record the next token, which is fed back on the next step; a forced token replaces the model's.
+        Returns whether the sequence is finished (one call instead of two per token: the engine's hot loop)."""
         if self.forced_tokens is not None:
             token = self.forced_tokens[len(self.generated)]
         self.generated.append(token)
         self.token_times.append(time)
+        return len(self.generated) >= self.n_gen and self.n_prefilled >= len(self.prompt)
 
     @property
     def prompt_len(self) -> int:

@@ -51,4 +51,5 @@ def whole_prompts(seqs: Seq[Sequence], pad: bool = False) -> tuple[PrefillChunk,
 
 
 def decode_tokens(running: Seq[Sequence]) -> tuple[DecodeToken, ...]:
-    return tuple(DecodeToken(s.seq_id, s.generated[-1], s.position) for s in running)
+    # Sequence.position, inlined: this runs once per decoding sequence per step.
+    return tuple([DecodeToken(s.seq_id, s.generated[-1], len(s.prompt) + len(s.generated) - 1) for s in running])

@@ -100,7 +100,7 @@ def test_verify_fails_a_corrupted_strategy(tiny_folder, capsys, monkeypatch):
         step = original(self, waiting, running)
         # Feed a wrong token to every decode: the logits that follow change.
         from dataclasses import replace
-        return replace(step, decodes=tuple(replace(d, token=(d.token + 1) % 512) for d in step.decodes))
+        return replace(step, decodes=tuple(d._replace(token=(d.token + 1) % 512) for d in step.decodes))
 
     monkeypatch.setattr(Padded, "next_step", corrupt)
     code, out, err = run_cli(capsys, "-m", tiny_folder, "-p", "0", "-n", "6", "-c", "2", "-r", "1", "-s", "sequential,padded,packed",

@@ -27,14 +27,14 @@ def config(test: TestSpec, strategies=tuple(STRATEGIES), concurrency=3, requests
 
 def swap_last_two_prompt_tokens(step, waiting):
     """A wrong position: the last two tokens of every prompt chunk change places."""
-    return replace(step, prefills=tuple(replace(c, tokens=c.tokens[:-2] + c.tokens[:-3:-1]) for c in step.prefills))
+    return replace(step, prefills=tuple(c._replace(tokens=c.tokens[:-2] + c.tokens[:-3:-1]) for c in step.prefills))
 
 
 def drop_first_chunk(step, waiting):
     """A dropped chunk: a prompt's first chunk is never computed; the next one's tokens stand in for it."""
     prompts = {s.seq_id: s.prompt for s in waiting}
     return replace(step, prefills=tuple(
-        replace(c, tokens=prompts[c.seq_id][c.end : c.end + len(c.tokens)]) if c.start == 0 and not c.is_last else c
+        c._replace(tokens=prompts[c.seq_id][c.end : c.end + len(c.tokens)]) if c.start == 0 and not c.is_last else c
         for c in step.prefills
     ))
 

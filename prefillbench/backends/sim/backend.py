@@ -20,6 +20,11 @@ from prefillbench.step import Step, StepResult
 from prefillbench.backends.base import Backend, BackendError, Launched
 
 
+def placeholder_token(seq_id: int, length: int, span: int) -> int:
+    """The sim's token after `length` positions of a sequence: deterministic, so every strategy emits the same."""
+    return 100 + (1_000_003 * seq_id + 7_919 * length) % span
+
+
 class SimBackend(Backend):
     name = "sim"
     # A serving engine's batch cap (vLLM's max_num_seqs is 256 to 1024): past it the KV cache clamps anyway,
@@ -109,49 +114,47 @@ class SimBackend(Backend):
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if return_logits:
             raise BackendError("the sim backend has no logits: it never runs the model")
+        # One pass over the step: the shape the cost model needs, the cache it holds, and its tokens. This loop
+        # runs once per sequence per simulated step, so it is written out here (see benchmarks.sim.steps).
+        held = self._seq_tokens
+        tokens: dict[int, int] = {}
+        span = max(self.vocab_size - 100, 1)
+        chunks = []
+        n_emit = len(step.decodes)
+        for c in step.prefills:
+            end = c.start + len(c.tokens)
+            chunks.append((c.start, len(c.tokens) + c.pad))
+            self._held += end - held.get(c.seq_id, 0)
+            held[c.seq_id] = end
+            if c.is_last:
+                n_emit += 1
+                tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
+        ctx = 0
+        grown = 0
+        for seq_id, _, position in step.decodes:
+            ctx += position + 1
+            grown += position + 1 - held.get(seq_id, 0)
+            held[seq_id] = position + 1
+            tokens[seq_id] = 100 + (1_000_003 * seq_id + 7_919 * (position + 1)) % span  # placeholder_token, inlined
+        self._held += grown
         if self._trace_path is None:
-            seconds = self.cost.fast_seconds(*self._shape(step))
+            seconds = self.cost.fast_seconds(chunks, len(step.decodes), ctx, n_emit)
         else:
             cost = self.step_cost(step)
             self.trace_step(step, self.clock, cost)
             seconds = cost.seconds
         self.clock += seconds
         self.n_steps += 1
-        held = self._seq_tokens
-        for c in step.prefills:
-            end = c.start + len(c.tokens)
-            self._held += end - held.get(c.seq_id, 0)
-            held[c.seq_id] = end
-        for d in step.decodes:
-            self._held += d.position + 1 - held.get(d.seq_id, 0)
-            held[d.seq_id] = d.position + 1
         if self._held > self._kv_capacity:
             raise BackendError(f"the KV cache overflowed: {self._held} positions held, "
                                f"{self._kv_capacity} fit on {self.gpu.name}")
-        return StepResult(self.placeholder_tokens(step))
-
-    @staticmethod
-    def _shape(step: Step) -> tuple[list[tuple[int, int]], int, int, int]:
-        """What CostModel.fast_seconds needs of a step (Batch.from_step's figures, without the Batch)."""
-        chunks = [(c.start, len(c.tokens) + c.pad) for c in step.prefills]
-        decodes = step.decodes
-        ctx = len(decodes)
-        for d in decodes:
-            ctx += d.position
-        n_emit = len(decodes)
-        for c in step.prefills:
-            n_emit += c.is_last
-        return chunks, len(decodes), ctx, n_emit
+        return StepResult(tokens)
 
     def placeholder_tokens(self, step: Step) -> dict[int, int]:
         """Deterministic in (sequence, position), so every strategy emits the same tokens."""
-        out = {}
         span = max(self.vocab_size - 100, 1)
-        for c in step.prefills:
-            if c.is_last:
-                out[c.seq_id] = 100 + (1_000_003 * c.seq_id + 7_919 * c.end) % span
-        for d in step.decodes:
-            out[d.seq_id] = 100 + (1_000_003 * d.seq_id + 7_919 * (d.position + 1)) % span
+        out = {c.seq_id: placeholder_token(c.seq_id, c.end, span) for c in step.prefills if c.is_last}
+        out.update((d.seq_id, placeholder_token(d.seq_id, d.position + 1, span)) for d in step.decodes)
         return out
 
     def release(self, seq_id: int) -> None:
