@@ -63,7 +63,8 @@ def test_every_configuration_replays_the_same_trace_per_seed():
     seen: dict[tuple[float, int], dict] = {}
 
     def note(config, index, p):
-        seen.setdefault((p.rate, p.seed), {})[config] = p.row.offered_rps
+        if not p.stopped_early:  # a stopped run's row holds the requests finished by then
+            seen.setdefault((p.rate, p.seed), {})[config] = p.row.offered_rps
 
     tune.run_grid(FakeBackend(0.0, 0.1), configs(), settings(repeats=2), on_probe=note)
     shared = {key: offered for key, offered in seen.items() if len(offered) > 1}

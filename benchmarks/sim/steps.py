@@ -76,7 +76,9 @@ def time_grid(backend: SimBackend, test: TestSpec, args: argparse.Namespace) -> 
     grid = tune.run_grid(backend, configs, settings, on_probe=lambda c, i, p: probes.append(p), jobs=args.jobs)
     wall, own = time.perf_counter() - t0, time.process_time() - c0
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(f"{len(configs)} configurations, {len(probes)} probes, {args.repeats} seeds each: {wall:.0f} s wall; CPU "
+    early = sum(p.stopped_early for p in probes)
+    print(f"{len(configs)} configurations, {len(probes)} probes ({early} stopped once their failure was certain), "
+          f"{args.repeats} seeds each: {wall:.0f} s wall; CPU "
           f"{own:.0f} s here + {children.ru_utime + children.ru_stime:.0f} s in {args.jobs} workers")
     best = tune.ranked(grid.results)[0]
     seq = [r for r in grid.results if r.config.strategy == "sequential"][0]

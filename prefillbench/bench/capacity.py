@@ -27,8 +27,9 @@ from prefillbench import engine
 from prefillbench.backends.base import Backend
 from prefillbench.bench.cases import BenchConfig, Case, warm_up, request_tokens
 from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, percentile, sched_delay_ms, summarize, tbts_ms,
-                                        tpot_ms, ttfts_ms)
-from prefillbench.engine import RunRecord
+                                        tpot_ms, ttft_ms, ttfts_ms)
+from prefillbench.engine import Progress, RunRecord
+from prefillbench.sequence import Request
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
 
 #: Sarathi-Serve's bound on the median scheduling delay.
@@ -114,6 +115,101 @@ class Probe:
     limited_by: list[str] = field(default_factory=list)  # the LIMITS keys this probe exceeded
     seed: int | None = None
     values: dict[str, float] = field(default_factory=dict)  # each criterion's figure (Criteria.values)
+    #: Stopped once every criteria it was watched for had certainly failed (CertainFailure): `row` holds the
+    #: requests finished by then, and the values of the failed keys are lower bounds.
+    stopped_early: bool = False
+    #: When stopped early: the keys each watched criteria had certainly exceeded.
+    certain: dict[Criteria, list[str]] = field(default_factory=dict)
+
+
+class CertainFailure:
+    """Tells, during a probe's run, when the criteria must fail however the run ends: a run above capacity
+    need not be finished to fail it, and the runs above capacity (a queue that keeps growing) are the long ones.
+
+    A percentile of n values (numpy's linear interpolation) is at least the value of rank floor((n-1)q/100),
+    so it exceeds a limit L once n - floor((n-1)q/100) values are known to exceed L. What is known before a
+    request ends: a finished request's figures; for one not yet scheduled, its scheduling delay, TTFT and E2E
+    are at least now - arrival; for a running one, its next TBT is at least now - its last token, and its E2E
+    at least now - arrival. n is known from the requests (TBTs: n_gen - 1 each). TPOT, a mean, is never
+    called early. With several criteria (tune's list of SLOs) the run stops only when all of them fail.
+
+    TBTs are counted once each as they appear (a check costs the tokens since the last one, not the run's).
+    """
+
+    KEYS = ("tbt", "ttft", "e2e", "sched")
+
+    def __init__(self, criteria: list[Criteria], requests: list[Request]) -> None:
+        self.criteria = criteria
+        n_requests = len(requests)
+        self.n = {"tbt": sum(max(r.n_gen - 1, 0) for r in requests), "ttft": n_requests, "e2e": n_requests,
+                  "sched": n_requests}
+        self.limits = [{k: (c.sched_delay_p50_ms if k == "sched" else c.limit(k)) for k in self.KEYS} for c in criteria]
+        self.needed = [{k: self._needed(k, 50.0 if k == "sched" else c.percentile) for k in self.KEYS} for c in criteria]
+        self._finished = 0
+        self._done_over = [dict.fromkeys(self.KEYS, 0) for _ in criteria]  # finished requests' values over each limit
+        # TBTs over each limit so far, per token list (live and finished requests share theirs): (scanned, counts).
+        self._tbt_scan: dict[int, tuple[list[float], int, list[int]]] = {}
+        self.found: dict[Criteria, list[str]] = {}
+
+    def _needed(self, key: str, q: float) -> int:
+        """Values over the limit that make the percentile exceed it: its rank as numpy computes it, (q/100)(n-1)."""
+        n = self.n[key]
+        return n - math.floor(q / 100 * (n - 1)) if n else 0
+
+    def _tbts_over(self, times: list[float]) -> list[int]:
+        """Per criteria, the TBTs of this token list over its limit, counting only the tokens new since last time."""
+        entry = self._tbt_scan.get(id(times))
+        scanned, counts = (entry[1], entry[2]) if entry is not None else (1, [0] * len(self.criteria))
+        if len(times) > scanned:
+            gaps = [1000 * (b - a) for a, b in zip(times[scanned - 1:], times[scanned:])]
+            for i, limits in enumerate(self.limits):
+                if limits["tbt"] is not None:
+                    counts[i] += sum(g > limits["tbt"] for g in gaps)
+            self._tbt_scan[id(times)] = (times, len(times), counts)
+        return counts
+
+    def __call__(self, run: Progress) -> bool:
+        for r in run.finished[self._finished:]:
+            tbt = self._tbts_over(r.token_times)
+            self._tbt_scan.pop(id(r.token_times), None)
+            figures = {"ttft": ttft_ms(r), "e2e": e2e_ms(r), "sched": sched_delay_ms(r)}
+            for i, limits in enumerate(self.limits):
+                self._done_over[i]["tbt"] += tbt[i]
+                for k, v in figures.items():
+                    self._done_over[i][k] += limits[k] is not None and v > limits[k]
+        self._finished = len(run.finished)
+        now = run.now
+        over = [dict(d) for d in self._done_over]
+        # Lower bounds for what has not finished: time waited so far.
+        waits: dict[str, list[float]] = {"sched": [], "ttft": [], "e2e": []}
+        for seq in run.live:
+            waited = 1000 * (now - seq.arrival)
+            waits["e2e"].append(waited)
+            for k, known in (("sched", seq.first_scheduled), ("ttft", seq.token_times[0] if seq.token_times else None)):
+                waits[k].append(waited if known is None else 1000 * (known - seq.arrival))
+            if seq.token_times:
+                tbt = self._tbts_over(seq.token_times)
+                gap = 1000 * (now - seq.token_times[-1])  # the next TBT is at least this
+                for i, limits in enumerate(self.limits):
+                    over[i]["tbt"] += tbt[i] + (limits["tbt"] is not None and gap > limits["tbt"])
+        for req in run.pending:
+            arrival = run.start + req.arrival_s if req.arrival_s is not None else now
+            if arrival > now:
+                break  # pending is in arrival order
+            for k in waits:
+                waits[k].append(1000 * (now - arrival))
+        found: dict[Criteria, list[str]] = {}
+        for i, c in enumerate(self.criteria):
+            limits, needed = self.limits[i], self.needed[i]
+            for k, values in waits.items():
+                if limits[k] is not None:
+                    over[i][k] += sum(v > limits[k] for v in values)
+            keys = [k for k in self.KEYS if limits[k] is not None and self.n[k] and over[i][k] >= needed[k]]
+            if not keys:
+                return False
+            found[c] = keys
+        self.found = found
+        return True
 
 
 @dataclass
@@ -200,7 +296,7 @@ def search(probe: Callable[[float], Probe], start_rate: float = DEFAULT_START_RA
             hi /= growth
         else:
             return SearchResult(0.0, probes)
-    while hi - lo > precision * lo:
+    while hi - lo > precision * lo * (1 + 1e-9):  # a bracket lo..lo*(1+precision) is done, float rounding aside
         mid = (lo + hi) / 2
         if run(mid):
             lo = mid
@@ -287,22 +383,30 @@ class CapacityResult:
 
 
 def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float,
-               on_tokens: Callable[[int], None] | None = None, seed: int | None = None) -> Probe:
+               on_tokens: Callable[[int], None] | None = None, seed: int | None = None,
+               watch: list[Criteria] | None = None) -> Probe:
     """One run of the case's requests at `rate`, checked against the criteria.
 
     The trace is the seed's (the config's unless given): its arrival times at rate r are those at rate 1 over r,
-    so every probe of every case under one seed replays the same requests (common random numbers)."""
+    so every probe of every case under one seed replays the same requests (common random numbers). The run
+    stops once every criteria in `watch` (default: the config's) has certainly failed (CertainFailure); [] runs
+    it to the end."""
     seed = config.seed if seed is None else seed
     strategy = make_strategy(case.strategy, case.chunk_size or 256)
     spec = ArrivalSpec(config.arrival, rate, config.burstiness)
     requests = make_requests(case.test, config.requests, backend.vocab_size, seed,
                              spec.times(config.requests, seed, case.test))
-    run = engine.run(backend, strategy, requests, case.concurrency, on_tokens=on_tokens)
+    watch = [config.criteria] if watch is None else watch
+    certain = CertainFailure(watch, requests) if watch else None
+    run = engine.run(backend, strategy, requests, case.concurrency, on_tokens=on_tokens, stop=certain)
     row = summarize(case.test, [run], model=backend.model_name, backend=backend.label, strategy=case.strategy,
                     concurrency=case.concurrency, chunk_size=case.chunk_size,
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
                     slo=config.row_slo)
     values = config.criteria.values(run)
+    if run.stopped:
+        found = certain.found
+        return Probe(rate, False, row, found.get(config.criteria, []), seed, values, True, found)
     over = config.criteria.exceeded(values)
     return Probe(rate, not over, row, over, seed, values)
 

@@ -30,11 +30,13 @@ from prefillbench.bench.workloads import TestSpec, request_lengths
 
 #: Seeds of the repeats: far apart, so that no two traces share a stream.
 SEED_STRIDE = 1000
-#: Bracketing near a known capacity (a first seed's, the sim's prediction) grows the rate by this many
+#: Bracketing near a known capacity (a neighbouring budget's, the sim's prediction) grows the rate by this many
 #: precisions a step: one or two steps bracket it, two bisections finish.
 NEAR_GROWTH_PRECISIONS = 4
+#: A further seed brackets from the first seed's capacity one precision a step: seeds differ by a few percent,
+#: so a pass there and a fail one step up (or the reverse) is the whole search, two probes instead of four.
 #: Probes a search takes, for the progress bar's first estimate (then the mean of those finished).
-EXPECTED_FIRST_PROBES, EXPECTED_NEAR_PROBES = 8, 4
+EXPECTED_FIRST_PROBES, EXPECTED_NEAR_PROBES = 8, 3
 
 
 class OutOfTime(Exception):
@@ -229,6 +231,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
                 BenchConfig([case.test], [config.strategy], [case.concurrency], seed=settings.seed))
     cache: dict[tuple[float, int], Probe] = {}
     near = 1 + NEAR_GROWTH_PRECISIONS * settings.precision
+    step = 1 + settings.precision
     results = [ConfigResult(config, c, stage=stage, planned_seeds=settings.repeats) for c in settings.criteria]
     current: list[Probe] = []
     last_e2e_s = 0.0
@@ -241,9 +244,9 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
         if raw is None:
             if deadline is not None and time.monotonic() + (settings.requests - 1) / rate + last_e2e_s > deadline:
                 raise OutOfTime(f"{config.label} at {rate:.3g} req/s would end past the time budget")
-            raw = cache[(rate, seed)] = probe_case(backend, case, base, rate, seed=seed)
+            raw = cache[(rate, seed)] = probe_case(backend, case, base, rate, seed=seed, watch=settings.criteria)
             last_e2e_s = raw.row.e2e_p50_ms / 1e3 if not math.isnan(raw.row.e2e_p50_ms) else last_e2e_s
-        over = criteria.exceeded(raw.values)
+        over = raw.certain[criteria] if raw.stopped_early else criteria.exceeded(raw.values)
         p = replace(raw, passed=not over, limited_by=over)
         current.append(p)
         if on_probe is not None:
@@ -258,7 +261,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
                 if k == 0 and hint:
                     start, growth = hint, near
                 elif k > 0 and first:
-                    start, growth = first, near
+                    start, growth = first, step
                 else:
                     start, growth = settings.start_rate, 2.0
                 result.searches.append(search(lambda r: probe(index, seed, r), start, settings.precision, growth))

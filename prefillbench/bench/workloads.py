@@ -127,7 +127,7 @@ def _spread_high(length: int, spread: float) -> int:
 def random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tuple[int, ...]:
     # Low ids are control tokens in most vocabularies; keep clear of them.
     low = min(100, vocab_size // 4)
-    return tuple(int(t) for t in rng.integers(low, vocab_size, size=length))
+    return tuple(rng.integers(low, vocab_size, size=length).tolist())
 
 
 def request_lengths(test: TestSpec, count: int, seed: int) -> list[tuple[int, int]]:

@@ -135,7 +135,7 @@ def probe_records(results: list[ConfigResult]) -> list[dict[str, Any]]:
     for r in results:
         for p in r.probes:
             out.append({"stage": r.stage, "strategy": r.config.strategy, "budget": r.config.budget,
-                        "slo": r.criteria.describe(), "seed": p.seed, "rate": p.rate, "passed": p.passed,
+                        "slo": r.criteria.describe(), "seed": p.seed, "rate": p.rate, "passed": p.passed, "stopped_early": p.stopped_early,
                         "limited_by": ",".join(p.limited_by), **{f"criterion_{k}": v for k, v in p.values.items()},
                         **{k: v for k, v in p.row.as_dict().items() if k not in ("strategy", "chunk_size", "rate")}})
     return out
