@@ -25,7 +25,7 @@ from strategies import STRATEGIES
 from prefillbench import __version__
 from prefillbench.backends import BACKEND_CHOICES
 from prefillbench.backends.base import BackendError
-from prefillbench.bench.capacity import DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM
+from prefillbench.bench.capacity import DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
 from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS
 from prefillbench.bench.workloads import ARRIVALS
 from prefillbench.commands import ab, calibrate, capacity, compare, plot, run, tune
@@ -455,8 +455,10 @@ def tune_command(
     precision: Annotated[float, _option(
         "--precision", panel=CAPACITY_PANEL, parser=percent, metavar="PCT",
         help="bisect until the bracket is narrower than this percentage of the capacity")] = T.precision,
-    start_rate: Annotated[float, _option(
-        "--start-rate", panel=CAPACITY_PANEL, metavar="QPS", help="the first probe's rate")] = T.start_rate,
+    start_rate: Annotated[Optional[float], _option(
+        "--start-rate", panel=CAPACITY_PANEL, metavar="QPS",
+        help="the first probe's rate (default: on the sim, each strategy's throughput with every request in flight; "
+        f"elsewhere {DEFAULT_START_RATE:g})")] = None,
     arrival: ProbeArrival = T.arrival,
     burstiness: Burstiness = T.burstiness,
     top_k: Annotated[int, _option(

@@ -213,12 +213,13 @@ def run(
             busy.difference_update([d.seq_id for d in step.decodes])
         finished = []
         end = launched.end
+        if keep_logits and result.logits is not None:
+            for seq_id in result.next_tokens:
+                logits.setdefault(seq_id, []).append(result.logits[seq_id])
         for seq_id, token in result.next_tokens.items():
             seq = live[seq_id]
             if seq.append_token(token, end):
                 finished.append(seq)
-            if keep_logits and result.logits is not None:
-                logits.setdefault(seq_id, []).append(result.logits[seq_id])
         if on_tokens is not None:  # prompt tokens count as work: a 512-token prefill is not one token of progress
             on_tokens(sum(len(c.tokens) for c in step.prefills) + len(step.decodes))
         # Only a sequence that just got a token can have finished; admission (seq_id) order, as live keeps it.

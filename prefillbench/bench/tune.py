@@ -22,11 +22,12 @@ from dataclasses import dataclass, field, replace
 
 from strategies import make_strategy
 
+from prefillbench import engine
 from prefillbench.backends.base import Backend
-from prefillbench.bench.capacity import CapacityConfig, Criteria, Probe, SearchResult, probe_case, search
+from prefillbench.bench.capacity import DEFAULT_START_RATE, CapacityConfig, Criteria, Probe, SearchResult, probe_case, search
 from prefillbench.bench.cases import BenchConfig, Case, warm_up
 from prefillbench.bench.metrics import SLO, strategy_label
-from prefillbench.bench.workloads import TestSpec, request_lengths
+from prefillbench.bench.workloads import TestSpec, make_requests, request_lengths
 
 #: Seeds of the repeats: far apart, so that no two traces share a stream.
 SEED_STRIDE = 1000
@@ -130,7 +131,7 @@ class TuneSettings:
     burstiness: float = 1.0
     seed: int = 42
     repeats: int = 1  # seeds per configuration
-    start_rate: float = 1.0
+    start_rate: float | None = None  # None: each strategy's first search starts at its saturated throughput
     precision: float = 0.05
     warmup: bool = True
 
@@ -147,7 +148,8 @@ class TuneSettings:
     def capacity_config(self, criteria: Criteria, strategy: str = "sequential") -> CapacityConfig:
         config = CapacityConfig(self.test, [strategy], [], criteria, requests=self.requests, concurrency=self.concurrency,
                                 arrival=self.arrival, burstiness=self.burstiness, seed=self.seed,
-                                start_rate=self.start_rate, precision=self.precision, warmup=self.warmup)
+                                start_rate=self.start_rate or DEFAULT_START_RATE, precision=self.precision,
+                                warmup=self.warmup)
         config.validate()
         return config
 
@@ -262,8 +264,10 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
                     start, growth = hint, near
                 elif k > 0 and first:
                     start, growth = first, step
-                else:
+                elif settings.start_rate:
                     start, growth = settings.start_rate, 2.0
+                else:
+                    start, growth = saturated_rate(backend, case, settings, seed), 2.0
                 result.searches.append(search(lambda r: probe(index, seed, r), start, settings.precision, growth))
     except (KeyboardInterrupt, OutOfTime) as e:
         for result in results:
@@ -271,6 +275,17 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
                 result.searches.append(SearchResult.partial(current))
         raise Stopped([r for r in results if r.searches], e) from None
     return results
+
+
+def saturated_rate(backend: Backend, case: Case, settings: TuneSettings, seed: int) -> float:
+    """Requests per second the configuration completes with every request in flight from the start (a closed
+    loop, the KV cache the only cap): no arrival rate above it can keep the queue from growing, so a search
+    that starts there brackets downwards, and a probe above capacity stops as soon as it has certainly failed.
+    A start far below capacity would cost the most: a lightly loaded run takes the most steps (small batches)."""
+    requests = make_requests(settings.test, settings.requests, backend.vocab_size, seed)
+    run = engine.run(backend, make_strategy(case.strategy, case.chunk_size or 256), requests,
+                     case.concurrency or len(requests))
+    return len(requests) / run.wall if run.wall > 0 else DEFAULT_START_RATE
 
 
 class Stopped(Exception):

@@ -375,7 +375,7 @@ class TuneOptions(Measuring):
     requests: int | None = None
     repeats: int | None = None
     precision: float = 100 * capacity.DEFAULT_PRECISION  # percent
-    start_rate: float = capacity.DEFAULT_START_RATE
+    start_rate: float | None = None  # None: the saturated throughput on the sim, DEFAULT_START_RATE elsewhere
     arrival: str = "poisson"
     burstiness: float = 1.0
     top_k: int = DEFAULT_TOP_K
@@ -434,6 +434,8 @@ class TuneOptions(Measuring):
             raise UsageError(f"--top-k must be at least 1, got {self.top_k}")
         if self.jobs is not None and self.jobs < 1:
             raise UsageError(f"--jobs must be at least 1, got {self.jobs}")
+        if self.start_rate is not None and not self.start_rate > 0:
+            raise UsageError(f"--start-rate must be positive, got {self.start_rate:g}")
         if self.time_budget is not None and not self.time_budget > 0:
             raise UsageError(f"--time-budget must be positive, got {self.time_budget:g}")
         if self.slo is None:
@@ -458,7 +460,9 @@ class TuneOptions(Measuring):
         repeats = self.repeats if self.repeats is not None else (3 if sim else 1)
         try:
             self.settings = tune.TuneSettings(tests[0], self.criteria, requests, self.concurrency, self.arrival,
-                                              self.burstiness, self.seed, repeats, self.start_rate, self.precision / 100,
+                                              self.burstiness, self.seed, repeats,
+                                              self.start_rate or (None if sim else capacity.DEFAULT_START_RATE),
+                                              self.precision / 100,
                                               not self.no_warmup)
             self.settings.capacity_config(self.criteria[0])  # validates requests, concurrency, arrival
         except ValueError as e:
