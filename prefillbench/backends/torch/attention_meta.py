@@ -9,7 +9,7 @@ a decode step whose contract is built from its static input buffers
 (`AttentionMeta.for_decodes`).
 
 The routes (flex.py, flash.py) read this contract; the CPU route keeps its own
-`StepLayout` (backend.py), tuned for its C kernels.
+`StepLayout` (packed.py), tuned for its C kernels.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ and a short query batch goes to its split-KV decode kernel. It runs on a
 CPU too (eagerly), which is how this route is tested here.
 
 The cache of a layer is stored heads first, [kv_heads, slots + 1, max_len, D]
-(backend.KVCache hands out the [slots + 1, kv_heads, max_len, D] view every
+(packed.KVCache hands out the [slots + 1, kv_heads, max_len, D] view every
 other reader indexes), so one view puts every slot's positions end to end:
 key index s * max_len + p is slot s, position p. max_len is a multiple of
 KV_BLOCK, so no tile straddles two slots. Per step, two calls per layer:

@@ -1,6 +1,6 @@
 """Which attention code a torch backend runs: decided once, from the device, recorded in the metadata.
 
-- "cpu": the CPU route (backend.StepLayout, attention.py and the C kernels),
+- "cpu": the CPU route (packed.StepLayout, attention.py and the C kernels),
   tuned on CPUs; its chunks at an offset and its decode runs call SDPA with an
   additive mask, which is fine on a CPU and the slow math kernel on CUDA, so it
   never runs on CUDA.
@@ -57,7 +57,7 @@ class RouteLayout:
 
     route: Route
     meta: AttentionMeta
-    cache: Any  # backend.KVCache
+    cache: Any  # packed.KVCache
     calls: int = 0
 
 

@@ -116,7 +116,7 @@ class CpuDecodePlan:
         return cls(fused, products, _Product(head.few_rows_weight(), head.bias), dtype), f"on, 1-{MAX_BATCH} decodes"
 
     def bind(self, cache) -> None:
-        """Run over `cache` (the backend's KVCache) from now on: programs bound to another cache's addresses go."""
+        """Run over `cache` (packed.KVCache) from now on: programs bound to another cache's addresses go."""
         if cache is not self.cache:
             self.cache = cache
             self.programs.clear()
