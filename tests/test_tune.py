@@ -132,6 +132,10 @@ def test_the_sim_first_stage_measures_the_sims_top_k_and_sequential_from_its_pre
     for c in tune.compare_stages(predicted, measured):
         assert c.measured.capacity == pytest.approx(0.8 * TRUE[c.measured.config], rel=2 * PRECISION)
         assert c.error == pytest.approx(0.25, abs=0.06)
+        # The error against the measured interval: its top gives the low end, its bottom (the capacity) the high end.
+        low, high = c.error_range
+        assert high == pytest.approx(c.error) and low == pytest.approx(c.predicted.capacity / c.measured.high - 1)
+        assert low <= high and c.error_text.endswith(f"{high:+.0%}")
         # Started at the prediction: bracketing near it, not from the start rate.
         assert c.measured.probes[0].rate == c.predicted.capacity
     assert not tune.order_differs(tune.compare_stages(predicted, measured))

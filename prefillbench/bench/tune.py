@@ -494,6 +494,25 @@ class Comparison:
         """predicted / measured - 1 (NaN when the measurement found no capacity)."""
         return self.predicted.capacity / self.measured.capacity - 1 if self.measured.capacity else math.nan
 
+    @property
+    def error_range(self) -> tuple[float, float]:
+        """The error against the measured interval's top and its bottom: the measured capacity is known only to lie
+        in [low, high), so at a coarse precision the error is a range, not a number (-1 when high is unbounded)."""
+        m = self.measured
+        if not m.low:
+            return math.nan, math.nan
+        return self.predicted.capacity / m.high - 1, self.predicted.capacity / m.low - 1
+
+    @property
+    def error_text(self) -> str:
+        """'+8..+17%', or '+17%' when the interval is one point at this precision; '-' without a measurement."""
+        lo, hi = self.error_range
+        if math.isnan(hi):
+            return "-"
+        if math.isinf(self.measured.high):  # every rate tried passed: the capacity, and so the error's bottom, is open
+            return f"<={hi:+.0%}"
+        return f"{hi:+.0%}" if f"{lo:+.0%}" == f"{hi:+.0%}" else f"{lo:+.0%}..{hi:+.0%}"
+
 
 def compare_stages(predicted: list[ConfigResult], measured: list[ConfigResult]) -> list[Comparison]:
     """Pairs (prediction, measurement), best measured first."""

@@ -60,7 +60,7 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
 
         def err_cell(i) -> str:
             p = pred.get((i[1].config, i[1].criteria))
-            return f"{Comparison(p, i[1]).error:+.0%}" if p is not None and i[1].capacity else "-"
+            return Comparison(p, i[1]).error_text if p is not None else "-"
 
         columns[3:3] = [("sim req/s", sim_cell, True), ("sim error", err_cell, True)]
     return md_table(columns, list(enumerate(order)))
@@ -81,7 +81,7 @@ def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[Con
     pred = {(r.config, r.criteria): r for r in predicted or []}
     if (c, best.criteria) in pred and best.stage == "measured":
         p = pred[(c, best.criteria)]
-        text += f"; sim predicted {p.capacity:.3g} req/s ({Comparison(p, best).error:+.0%})"
+        text += f"; sim predicted {p.capacity:.3g} req/s ({Comparison(p, best).error_text} against the measured interval)"
     ties = [r.config.label for r in order[1:] if r.ties(best)]
     if ties:
         text += f"; a tie (capacity intervals overlap) with {', '.join(ties)}"
@@ -95,7 +95,7 @@ def stage_notes(predicted: list[ConfigResult], measured: list[ConfigResult]) -> 
         return []
     lines = ["sim against measurement: " + "; ".join(
         f"{c.measured.config.label} {c.predicted.capacity:.3g} vs {c.measured.capacity:.3g} req/s"
-        + (f" ({c.error:+.0%})" if not math.isnan(c.error) else "") for c in comparisons)]
+        + (f" ({c.error_text})" if not math.isnan(c.error) else "") for c in comparisons)]
     if order_differs(comparisons):
         pred_order = ", ".join(c.measured.config.label for c in sorted(comparisons, key=lambda c: -c.predicted.capacity))
         meas_order = ", ".join(c.measured.config.label for c in comparisons)
