@@ -36,7 +36,7 @@ class Sequence:
             token = self.forced_tokens[len(self.generated)]
         self.generated.append(token)
         self.token_times.append(time)
-        return len(self.generated) >= self.n_gen and self.n_prefilled >= len(self.prompt)
+        return self.finished
 
     @property
     def prompt_len(self) -> int:
@@ -48,7 +48,8 @@ class Sequence:
 
     @property
     def finished(self) -> bool:
-        return self.prefill_done and len(self.generated) >= self.n_gen
+        # prefill_done, written out: append_token asks this once per token
+        return self.n_prefilled >= len(self.prompt) and len(self.generated) >= self.n_gen
 
     @property
     def position(self) -> int:

@@ -115,8 +115,8 @@ class Probe:
     limited_by: list[str] = field(default_factory=list)  # the LIMITS keys this probe exceeded
     seed: int | None = None
     values: dict[str, float] = field(default_factory=dict)  # each criterion's figure (Criteria.values)
-    #: Stopped once every criteria it was watched for had certainly failed (CertainFailure): `row` holds the
-    #: requests finished by then, and the values of the failed keys are lower bounds.
+    #: Stopped once every criteria it was watched for had certainly failed (CertainFailure): `row` and `values`
+    #: are those of the requests finished by then.
     stopped_early: bool = False
     #: When stopped early: the keys each watched criteria had certainly exceeded.
     certain: dict[Criteria, list[str]] = field(default_factory=dict)
@@ -147,7 +147,8 @@ class CertainFailure:
         self.needed = [{k: self._needed(k, 50.0 if k == "sched" else c.percentile) for k in self.KEYS} for c in criteria]
         self._finished = 0
         self._done_over = [dict.fromkeys(self.KEYS, 0) for _ in criteria]  # finished requests' values over each limit
-        # TBTs over each limit so far, per token list (live and finished requests share theirs): (scanned, counts).
+        # TBTs over each limit so far, per token list (a live request and its finished record share it), keyed by
+        # the list's id: (the list, kept so that its id is not reused; tokens scanned; counts per criteria).
         self._tbt_scan: dict[int, tuple[list[float], int, list[int]]] = {}
         self.found: dict[Criteria, list[str]] = {}
 

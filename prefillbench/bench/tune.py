@@ -36,6 +36,7 @@ SEED_STRIDE = 1000
 NEAR_GROWTH_PRECISIONS = 4
 #: A further seed brackets from the first seed's capacity one precision a step: seeds differ by a few percent,
 #: so a pass there and a fail one step up (or the reverse) is the whole search, two probes instead of four.
+REPEAT_GROWTH_PRECISIONS = 1
 #: Probes a search takes, for the progress bar's first estimate (then the mean of those finished).
 EXPECTED_FIRST_PROBES, EXPECTED_NEAR_PROBES = 8, 3
 
@@ -233,7 +234,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
                 BenchConfig([case.test], [config.strategy], [case.concurrency], seed=settings.seed))
     cache: dict[tuple[float, int], Probe] = {}
     near = 1 + NEAR_GROWTH_PRECISIONS * settings.precision
-    step = 1 + settings.precision
+    step = 1 + REPEAT_GROWTH_PRECISIONS * settings.precision
     results = [ConfigResult(config, c, stage=stage, planned_seeds=settings.repeats) for c in settings.criteria]
     current: list[Probe] = []
     last_e2e_s = 0.0
