@@ -2,10 +2,10 @@
 
 Short flags as llama-bench spells them (-p, -n, -c, -r, -s, -t, -ngl, -o), and list flags take
 comma lists, repeated flags, or both (`-p 128,512 -p 1024`). Each option is declared once, as an
-Annotated alias in its help panel's block below; a command lists the aliases it takes and hands
+Annotated alias in its help panel's block (prefillbench.commands.flags); a command lists the aliases it takes and hands
 them, under their parameter names, to its options' `from_flags` (prefillbench.commands.options),
 which validates them into one typed value for the command's handler (prefillbench.commands.<name>).
-Adding a flag to `run` is therefore: one alias here, one parameter in `run`, one field in RunOptions,
+Adding a flag to `run` is therefore: one alias in flags.py, one parameter in `run`, one field in RunOptions,
 and its use where it matters.
 """
 from __future__ import annotations
@@ -20,180 +20,26 @@ from typing import Annotated, Any, Optional
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from strategies import STRATEGIES
-
 from prefillbench import __version__
-from prefillbench.backends import BACKEND_CHOICES
 from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
-from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS
-from prefillbench.bench.workloads import ARRIVALS
 from prefillbench.commands import ab, calibrate, capacity, compare, plot, run, tune
+from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
+                                         Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
+                                         Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
+                                         MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
+                                         NoTuneLinear, NoVerdict, NoWarmup, NPrompt, Output, PipelineStages, ProbeArrival,
+                                         PromptGen, Rate, RelativeTo, Repetitions, Requests, RequestShape, ResultsDir, Seed,
+                                         SimGpu, SimModel, SLOOption, Strategy, TensorParallel, Threads, Trace, UBatch,
+                                         Verify, Workload, flag, option)
 from prefillbench.commands.options import (DEFAULT_PRESET, QUICK, TUNE_OUTPUTS, ABOptions, BackendOptions, CalibrateOptions,
                                            CapacityOptions, CompareOptions, PlotOptions, RunOptions, TuneOptions)
-from prefillbench.commands.parsers import (budgets, choice, float_list, five_ints, int_list, lengths, metric_list, metrics_if_given,
-                                           percent, pp_tg_pairs, slo_spec, str_list)
+from prefillbench.commands.parsers import budgets, choice, five_ints, metric_list, metrics_if_given, percent, slo_spec
 from prefillbench.commands.runner import error_prefix
 from prefillbench.errors import UsageError
 from prefillbench.report.ab import AB_METRICS, DEFAULT_GATED
 from prefillbench.report.compare import METRICS
 from prefillbench.report.plots import DEFAULT_OUT
-from prefillbench.report.tables import OUTPUT_FORMATS
-
-MODEL_PANEL, TESTS_PANEL, OUTPUT_PANEL = "model and backend", "tests", "output"
-LOAD_PANEL, CAPACITY_PANEL = "arrivals and SLOs (serving)", "capacity search"
-SIM_PANEL = "sim backend (--backend sim)"
-DEVICES = ("auto", "cuda", "cpu")
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _option(*names: str, panel: str | None = None, **kwargs: Any) -> Any:
-    return typer.Option(*names, rich_help_panel=panel, **kwargs)
-
-
-def _flag(name: str, panel: str | None = None, **kwargs: Any) -> Any:
-    """An on/off flag, off unless given: `--no-warmup` is the parameter no_warmup=True."""
-    return typer.Option(name, rich_help_panel=panel, metavar="", show_default=False, **kwargs)
-
-
-# ---------------------------------------------------------------- options, by help panel
-# model and backend
-Model = Annotated[Optional[str], _option(
-    "-m", "--model", panel=MODEL_PANEL,
-    help="checkpoint folder, hub id or .gguf file (default: the shipped SmolLM2-135M-Instruct Q4_1)")]
-BackendName = Annotated[str, _option(
-    "--backend", panel=MODEL_PANEL, callback=choice(*BACKEND_CHOICES), metavar="|".join(BACKEND_CHOICES),
-    help="auto: torch with CUDA, else gguf")]
-Device = Annotated[str, _option(
-    "--device", panel=MODEL_PANEL, callback=choice(*DEVICES), metavar="|".join(DEVICES), help="torch and gguf device")]
-DType = Annotated[str, _option(
-    "--dtype", panel=MODEL_PANEL, callback=choice(*DTYPES), metavar="|".join(DTYPES), help="torch dtype")]
-Threads = Annotated[Optional[int], _option("-t", "--threads", panel=MODEL_PANEL, help="CPU threads (default: the library's choice)")]
-GpuLayers = Annotated[Optional[int], _option("-ngl", "--n-gpu-layers", panel=MODEL_PANEL, help="gguf: layers to offload to the GPU")]
-UBatch = Annotated[Optional[int], _option("--ubatch", panel=MODEL_PANEL, help="gguf: llama.cpp n_ubatch")]
-NoCudaGraphs = Annotated[bool, _flag(
-    "--no-cuda-graphs", MODEL_PANEL, help="torch on CUDA: run decode-only steps eagerly instead of replaying captured CUDA graphs")]
-NoTuneLinear = Annotated[bool, _flag(
-    "--no-tune-linear", MODEL_PANEL,
-    help="torch: keep transformers' own linear layers instead of timing F.linear, matmuls and oneDNN per shape and row count")]
-CompileDecode = Annotated[bool, _flag(
-    "--compile", MODEL_PANEL,
-    help="torch on CPU: run decode-only steps through inductor-compiled graphs (about 2 minutes to compile, before timing)")]
-Kernels = Annotated[str, _option(
-    "--kernels", panel=MODEL_PANEL, callback=choice("auto", "torch"), metavar="auto|torch",
-    help="torch on CPU: auto, this package's C kernels where they build and beat torch when timed; torch, plain torch only")]
-FlashAttn = Annotated[Optional[str], _option(
-    "-fa", "--flash-attn", panel=MODEL_PANEL, callback=choice("on", "off", "auto"), metavar="on|off|auto",
-    help="gguf: llama.cpp flash attention, llama-bench's values (default: auto, llama.cpp's choice: on on a CPU)")]
-
-# sim backend (used only with --backend sim)
-SimModel = Annotated[Optional[str], _option(
-    "--sim-model", panel=SIM_PANEL, help="sim: model preset (llama-13b, llama-33b, llama-2-70b, mistral-7b, gpt3-175b) "
-    "or a transformers config.json (default: llama-13b)")]
-SimGpu = Annotated[Optional[str], _option(
-    "--sim-gpu", panel=SIM_PANEL,
-    help="sim: GPU preset (a6000, a100-sxm, a100-pcie, h100-sxm, h200) or a spec .yaml/.json (default: a6000)")]
-TensorParallel = Annotated[int, _option(
-    "--tp", panel=MODEL_PANEL,
-    help="tensor-parallel ranks: torch runs one process per rank under torchrun (see the README's \"Past one machine\"); "
-    "the sim predicts GPUs per stage")]
-PipelineStages = Annotated[int, _option("--pp", panel=SIM_PANEL, help="sim: pipeline stages, run as a pipeline of micro-batches")]
-Calibration = Annotated[Optional[str], _option(
-    "--calibration", panel=SIM_PANEL, help="sim: calibration file written by `prefillbench calibrate`")]
-Trace = Annotated[Optional[str], _option(
-    "--trace", panel=SIM_PANEL, metavar="FILE", help="sim: write every step's per-operator cost breakdown here (JSONL)")]
-
-# tests
-NPrompt = Annotated[Optional[list[str]], _option(
-    "-p", "--n-prompt", panel=TESTS_PANEL, callback=lengths, metavar="N[,N]",
-    help="prompt lengths for pp tests (default: 512)")]
-NGen = Annotated[Optional[list[str]], _option(
-    "-n", "--n-gen", panel=TESTS_PANEL, callback=lengths, metavar="N[,N]",
-    help="generation lengths for tg tests (default: 128)")]
-PromptGen = Annotated[Optional[list[str]], _option(
-    "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
-    help="combined prompt+generation test (repeatable)")]
-Concurrency = Annotated[Optional[list[str]], _option(
-    "-c", "--concurrency", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
-    help="requests in flight (default: 1,2,4)")]
-Strategy = Annotated[Optional[list[str]], _option(
-    "-s", "--strategy", panel=TESTS_PANEL, callback=str_list, metavar="NAME[,NAME]",
-    # ", " so the help wraps between names instead of cutting the list at the terminal's edge
-    help=f"strategies (default: {', '.join(STRATEGIES)})")]
-ChunkSize = Annotated[Optional[list[str]], _option(
-    "--chunk-size", "--token-budget", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
-    help="chunked's chunk size and sarathi-serve's token budget per step; one case per value (default: 256)")]
-Repetitions = Annotated[Optional[int], _option(
-    "-r", "--repetitions", panel=TESTS_PANEL,
-    help="timed repetitions after a warm-up (default: 3 in a closed loop, 1 in an open loop, whose requests already vary)")]
-Requests = Annotated[Optional[int], _option(
-    "--requests", panel=TESTS_PANEL,
-    help=f"requests per test (default: the concurrency in a closed loop, {DEFAULT_OPEN_LOOP_REQUESTS} in an open loop)")]
-Seed = Annotated[int, _option("--seed", panel=TESTS_PANEL, help="seed of the random prompts")]
-NoWarmup = Annotated[bool, _flag("--no-warmup", TESTS_PANEL, help="skip the untimed warm-up run")]
-LenSpread = Annotated[float, _option(
-    "--len-spread", panel=TESTS_PANEL, metavar="R",
-    help="draw each request's prompt and generation lengths uniformly from [L(1-R), L(1+R)] (vLLM's --random-range-ratio)")]
-Workload = Annotated[Optional[str], _option(
-    "--workload", panel=TESTS_PANEL, metavar="FILE",
-    help="replay a trace instead of -p/-n/--pg: CSV or JSON lines with prompt_len, gen_len and optional arrival_s "
-    "(with arrival_s and no --arrival, its arrival times are replayed)")]
-
-# arrivals and SLOs
-Arrival = Annotated[Optional[str], _option(
-    "--arrival", panel=LOAD_PANEL, metavar="|".join(ARRIVALS),
-    help="closed: c requests in flight, each replaced when it finishes (default); poisson or gamma: requests arrive "
-    "at --rate per second, -c caps those in flight (default: no cap) and the rest queue")]
-Rate = Annotated[Optional[list[str]], _option(
-    "--rate", panel=LOAD_PANEL, callback=float_list, metavar="QPS[,QPS]", help="arrival rates in requests/s, one row each")]
-Burstiness = Annotated[float, _option(
-    "--burstiness", panel=LOAD_PANEL, metavar="B",
-    help="gamma arrivals: shape of the intervals (vLLM's convention: 1 is Poisson, below 1 burstier)")]
-SLOOption = Annotated[Optional[str], _option(
-    "--slo", panel=LOAD_PANEL, callback=slo_spec, metavar="ttft=MS,tpot=MS,tbt=MS,e2e=MS",
-    help="latency objectives (any subset): adds goodput, the requests/s that met them all, and their share")]
-Interleave = Annotated[bool, _flag(
-    "--interleave", TESTS_PANEL,
-    help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")]
-
-# capacity search (capacity, tune)
-RequestShape = Annotated[Optional[list[str]], _option(
-    "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
-    help="prompt and generation length of the requests (default: 512,128)")]
-MaxSchedDelay = Annotated[float, _option(
-    "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
-    help="bound on the median scheduling delay (arrival to first step; Sarathi-Serve's criterion)")]
-ProbeArrival = Annotated[str, _option(
-    "--arrival", panel=CAPACITY_PANEL, callback=choice("poisson", "gamma"), metavar="poisson|gamma", help="arrival process")]
-
-# output
-Output = Annotated[str, _option(
-    "-o", "--output", panel=OUTPUT_PANEL, callback=choice(*OUTPUT_FORMATS), metavar="|".join(OUTPUT_FORMATS),
-    help="format on stdout: md table, grid (a terminal table), csv, json, jsonl")]
-Export = Annotated[Optional[str], _option(
-    "--export", panel=OUTPUT_PANEL, metavar="FILE",
-    help="also write every field and the run metadata here (.csv, .json, .jsonl, .md); "
-    "a .json/.jsonl export gets its per-request trace beside it as <name>.requests.jsonl")]
-ExportRequests = Annotated[Optional[str], _option(
-    "--export-requests", panel=OUTPUT_PANEL, metavar="FILE.jsonl",
-    help="write each request's arrival and token times here (for plot)")]
-RelativeTo = Annotated[Optional[str], _option(
-    "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY",
-    help="show each row's ratios to this strategy's row of the same test and concurrency")]
-NoisyCV = Annotated[float, _option(
-    "--noisy-cv", panel=OUTPUT_PANEL, parser=percent, metavar="PCT",
-    help="mark rows whose CV across repetitions exceeds this percentage as noisy")]
-ResultsDir = Annotated[str, _option("--results-dir", panel=OUTPUT_PANEL, help="where each run writes <timestamp>.csv")]
-NoResultsFile = Annotated[bool, _flag("--no-results-file", OUTPUT_PANEL, help="do not write results/<timestamp>.csv")]
-Verify = Annotated[bool, _flag(
-    "--verify", OUTPUT_PANEL,
-    help="after the benchmark, feed every strategy the first strategy's tokens and compare their logits "
-    "(max |Δlogit|, top-1 agreement) within the backend's tolerance; exit 1 on a disagreement")]
-NoProgress = Annotated[bool, _flag("--no-progress", OUTPUT_PANEL, help="no progress bar on stderr")]
-NoVerdict = Annotated[bool, _flag(
-    "--no-verdict", OUTPUT_PANEL,
-    help="no verdict under the table (each strategy against --relative-to or sequential, in sentences)")]
-
 
 # ---------------------------------------------------------------- the app
 
@@ -240,7 +86,7 @@ app = typer.Typer(
 
 @app.callback()
 def _root(
-    version: Annotated[bool, _flag("--version", is_eager=True, callback=_version, help="print the version and exit")] = False,
+    version: Annotated[bool, flag("--version", is_eager=True, callback=_version, help="print the version and exit")] = False,
 ) -> None:
     pass
 
@@ -367,7 +213,7 @@ def compare_command(
     noisy_cv: Annotated[float, typer.Option(
         parser=percent, metavar="PCT", help="mark rows whose CV across repetitions exceeds this")] = CompareOptions.noisy_cv,
     output: Output = CompareOptions.output,
-    no_verdict: Annotated[bool, _flag("--no-verdict", help="no sentence per metric on stderr, only the exit's summary")] = False,
+    no_verdict: Annotated[bool, flag("--no-verdict", help="no sentence per metric on stderr, only the exit's summary")] = False,
 ) -> int:
     return compare.cmd_compare(CompareOptions.from_flags(**locals()))
 
@@ -391,28 +237,28 @@ def capacity_command(
     workload: Workload = None,
     strategy: Strategy = None,
     chunk_size: ChunkSize = None,
-    concurrency: Annotated[int, _option(
+    concurrency: Annotated[int, option(
         "-c", "--concurrency", panel=TESTS_PANEL,
         help="cap on requests in flight; 0: none (a bounded KV cache, as on the sim, still caps them)")] = C.concurrency,
     seed: Seed = C.seed,
     no_warmup: NoWarmup = False,
-    slo: Annotated[Optional[str], _option(
+    slo: Annotated[Optional[str], option(
         "--slo", panel=CAPACITY_PANEL, callback=slo_spec, metavar="tbt=MS[,ttft=MS,...]",
         help="tbt: the P99 TBT a rate must keep to (required); any other objective adds goodput to the rows")] = None,
     max_sched_delay: MaxSchedDelay = C.max_sched_delay,
-    requests: Annotated[Optional[int], _option(
+    requests: Annotated[Optional[int], option(
         "--requests", panel=CAPACITY_PANEL,
         help=f"requests per probe (default: {DEFAULT_REQUESTS_SIM} on the sim, {DEFAULT_REQUESTS} on "
         "real backends); too few let an overloaded rate pass, since its queue has no time to grow")] = None,
-    precision: Annotated[float, _option(
+    precision: Annotated[float, option(
         "--precision", panel=CAPACITY_PANEL, parser=percent, metavar="PCT",
         help="bisect until the bracket is narrower than this share of the capacity")] = C.precision,
-    start_rate: Annotated[float, _option(
+    start_rate: Annotated[float, option(
         "--start-rate", panel=CAPACITY_PANEL, metavar="QPS", help="the first probe's rate; the search doubles or halves from it")]
     = C.start_rate,
     arrival: ProbeArrival = C.arrival,
     burstiness: Burstiness = C.burstiness,
-    relative_to: Annotated[Optional[str], _option(
+    relative_to: Annotated[Optional[str], option(
         "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY",
         help="show each capacity's ratio to this strategy's capacity")] = None,
     output: Output = C.output,
@@ -431,53 +277,53 @@ def tune_command(
     len_spread: LenSpread = T.len_spread,
     workload: Workload = None,
     strategy: Strategy = None,
-    chunk_size: Annotated[Optional[list[str]], _option(
+    chunk_size: Annotated[Optional[list[str]], option(
         "--chunk-size", "--token-budget", panel=TESTS_PANEL, callback=budgets, metavar="N[,N]|LO:HI:xF",
         help="token budgets: a list, or a range such as 64:4096:x2 (default: 128:4096:x2)")] = None,
-    concurrency: Annotated[int, _option(
+    concurrency: Annotated[int, option(
         "-c", "--concurrency", panel=TESTS_PANEL, help="cap on requests in flight; 0: none")] = T.concurrency,
     seed: Seed = T.seed,
     no_warmup: NoWarmup = False,
-    slo: Annotated[Optional[str], _option(
+    slo: Annotated[Optional[str], option(
         "--slo", panel=CAPACITY_PANEL, metavar="KEY=MS[,MS...][,KEY=MS]",
         help="latency limits (ttft, tbt, tpot, e2e) at --percentile; one key may list values (tbt=50,100,200) "
         "for capacity against the SLO")] = None,
-    percentile: Annotated[float, _option(
+    percentile: Annotated[float, option(
         "--percentile", panel=CAPACITY_PANEL, metavar="P", help="the percentile the SLO limits")] = T.percentile,
     max_sched_delay: MaxSchedDelay = T.max_sched_delay,
-    requests: Annotated[Optional[int], _option(
+    requests: Annotated[Optional[int], option(
         "--requests", panel=CAPACITY_PANEL,
         help=f"requests per probe (default: {DEFAULT_REQUESTS_SIM} on the sim, {DEFAULT_REQUESTS} on real backends)")] = None,
-    repeats: Annotated[Optional[int], _option(
+    repeats: Annotated[Optional[int], option(
         "--repeats", panel=CAPACITY_PANEL,
         help="seeds per configuration, searched near the first one's capacity: the capacity's interval "
         "(default: 3 on the sim, 1 elsewhere)")] = None,
-    precision: Annotated[float, _option(
+    precision: Annotated[float, option(
         "--precision", panel=CAPACITY_PANEL, parser=percent, metavar="PCT",
         help="bisect until the bracket is narrower than this percentage of the capacity")] = T.precision,
-    start_rate: Annotated[Optional[float], _option(
+    start_rate: Annotated[Optional[float], option(
         "--start-rate", panel=CAPACITY_PANEL, metavar="QPS",
         help="the first probe's rate (default: on the sim, each strategy's throughput with every request in flight; "
         f"elsewhere {DEFAULT_START_RATE:g})")] = None,
     arrival: ProbeArrival = T.arrival,
     burstiness: Burstiness = T.burstiness,
-    top_k: Annotated[int, _option(
+    top_k: Annotated[int, option(
         "--top-k", panel=CAPACITY_PANEL, help="real backend: measure the sim's best K and sequential")] = T.top_k,
-    no_sim: Annotated[bool, _flag("--no-sim", CAPACITY_PANEL, help="real backend: measure every configuration, no sim")] = False,
-    sim_only: Annotated[bool, _flag(
+    no_sim: Annotated[bool, flag("--no-sim", CAPACITY_PANEL, help="real backend: measure every configuration, no sim")] = False,
+    sim_only: Annotated[bool, flag(
         "--sim-only", CAPACITY_PANEL, help="real backend: stop after the calibrated sim's prediction")] = False,
-    time_budget: Annotated[Optional[float], _option(
+    time_budget: Annotated[Optional[float], option(
         "--time-budget", panel=CAPACITY_PANEL, metavar="S",
         help="start no real-backend probe that would end after this many seconds")] = None,
-    quick: Annotated[bool, _flag(
+    quick: Annotated[bool, flag(
         "--quick", CAPACITY_PANEL, help=f"a short preset: {' '.join(f'{k}={v}' for k, v in QUICK.items())}")] = False,
-    jobs: Annotated[Optional[int], _option("--jobs", panel=CAPACITY_PANEL, help="processes for the sim's grid (default: 2)")] = None,
-    output: Annotated[str, _option(
+    jobs: Annotated[Optional[int], option("--jobs", panel=CAPACITY_PANEL, help="processes for the sim's grid (default: 2)")] = None,
+    output: Annotated[str, option(
         "-o", "--output", panel=OUTPUT_PANEL, callback=choice(*TUNE_OUTPUTS), metavar="|".join(TUNE_OUTPUTS),
         help="format on stdout: md tables, csv or json (one record per configuration)")] = T.output,
-    export: Annotated[Optional[str], _option(
+    export: Annotated[Optional[str], option(
         "--export", panel=OUTPUT_PANEL, metavar="FILE", help="every configuration and probe: .json, or .csv (+ .probes.csv)")] = None,
-    plot: Annotated[Optional[str], _option("--plot", panel=OUTPUT_PANEL, metavar="DIR", help="write the charts here")] = None,
+    plot: Annotated[Optional[str], option("--plot", panel=OUTPUT_PANEL, metavar="DIR", help="write the charts here")] = None,
     no_progress: NoProgress = False,
     **shared: Any,
 ) -> int:
@@ -514,18 +360,18 @@ def ab_command(
 @command("calibrate", help="fit the sim's attainable fractions and step overhead to a real backend")
 def calibrate_command(
     model: Model = None,
-    backend: Annotated[str, _option(
+    backend: Annotated[str, option(
         "--backend", panel=MODEL_PANEL, callback=choice("torch", "gguf"), metavar="torch|gguf", help="real backend to measure")] = "torch",
     device: Device = B.device,
     dtype: DType = B.dtype,
     threads: Threads = None,
     sim_model: Annotated[Optional[str], typer.Option(help="shapes for the sim (default: read from the real backend's model config)")] = None,
     sim_gpu: Annotated[Optional[str], typer.Option(help="nominal spec the fractions are relative to (default: cpu, or a spec file)")] = None,
-    quick: Annotated[bool, _flag("--quick", help="a smaller sweep")] = False,
+    quick: Annotated[bool, flag("--quick", help="a smaller sweep")] = False,
     repeats: Annotated[int, typer.Option(help="timed repeats per sweep point; the median counts")] = CalibrateOptions.repeats,
     output: Annotated[str, typer.Option("--export", "--output", metavar="FILE", help="calibration file to write (as run's --export, a file; -o is a format everywhere)")] = CalibrateOptions.output,
     errors: Annotated[Optional[str], typer.Option(help="also write the per-step measured/predicted times here (.csv)")] = None,
-    check: Annotated[bool, _flag("--check", help="then run sequential and chunked on the real backend and on the "
+    check: Annotated[bool, flag("--check", help="then run sequential and chunked on the real backend and on the "
                                  "calibrated sim and compare their throughput ratios")] = False,
     check_run: Annotated[str, typer.Option(
         callback=five_ints, metavar="P,N,C,R,CHUNK",

@@ -1,0 +1,173 @@
+"""The flags of prefillbench's commands, each declared once as an Annotated alias in its help panel's block.
+
+cli.py lists, per command, the aliases it takes (and declares inline the few whose help differs by command);
+`option` and `flag` are the two shapes a flag takes here. The model-and-backend block that run, capacity and
+tune share is in cli.py's `model_flags`.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from strategies import STRATEGIES
+
+from prefillbench.backends import BACKEND_CHOICES
+from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS
+from prefillbench.bench.workloads import ARRIVALS
+from prefillbench.commands.parsers import choice, float_list, int_list, lengths, percent, pp_tg_pairs, slo_spec, str_list
+from prefillbench.report.tables import OUTPUT_FORMATS
+
+MODEL_PANEL, TESTS_PANEL, OUTPUT_PANEL = "model and backend", "tests", "output"
+LOAD_PANEL, CAPACITY_PANEL = "arrivals and SLOs (serving)", "capacity search"
+SIM_PANEL = "sim backend (--backend sim)"
+DEVICES = ("auto", "cuda", "cpu")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def option(*names: str, panel: str | None = None, **kwargs: Any) -> Any:
+    return typer.Option(*names, rich_help_panel=panel, **kwargs)
+
+
+def flag(name: str, panel: str | None = None, **kwargs: Any) -> Any:
+    """An on/off flag, off unless given: `--no-warmup` is the parameter no_warmup=True."""
+    return typer.Option(name, rich_help_panel=panel, metavar="", show_default=False, **kwargs)
+
+
+# ---------------------------------------------------------------- options, by help panel
+# model and backend
+Model = Annotated[Optional[str], option(
+    "-m", "--model", panel=MODEL_PANEL,
+    help="checkpoint folder, hub id or .gguf file (default: the shipped SmolLM2-135M-Instruct Q4_1)")]
+BackendName = Annotated[str, option(
+    "--backend", panel=MODEL_PANEL, callback=choice(*BACKEND_CHOICES), metavar="|".join(BACKEND_CHOICES),
+    help="auto: torch with CUDA, else gguf")]
+Device = Annotated[str, option(
+    "--device", panel=MODEL_PANEL, callback=choice(*DEVICES), metavar="|".join(DEVICES), help="torch and gguf device")]
+DType = Annotated[str, option(
+    "--dtype", panel=MODEL_PANEL, callback=choice(*DTYPES), metavar="|".join(DTYPES), help="torch dtype")]
+Threads = Annotated[Optional[int], option("-t", "--threads", panel=MODEL_PANEL, help="CPU threads (default: the library's choice)")]
+GpuLayers = Annotated[Optional[int], option("-ngl", "--n-gpu-layers", panel=MODEL_PANEL, help="gguf: layers to offload to the GPU")]
+UBatch = Annotated[Optional[int], option("--ubatch", panel=MODEL_PANEL, help="gguf: llama.cpp n_ubatch")]
+NoCudaGraphs = Annotated[bool, flag(
+    "--no-cuda-graphs", MODEL_PANEL, help="torch on CUDA: run decode-only steps eagerly instead of replaying captured CUDA graphs")]
+NoTuneLinear = Annotated[bool, flag(
+    "--no-tune-linear", MODEL_PANEL,
+    help="torch: keep transformers' own linear layers instead of timing F.linear, matmuls and oneDNN per shape and row count")]
+CompileDecode = Annotated[bool, flag(
+    "--compile", MODEL_PANEL,
+    help="torch on CPU: run decode-only steps through inductor-compiled graphs (about 2 minutes to compile, before timing)")]
+Kernels = Annotated[str, option(
+    "--kernels", panel=MODEL_PANEL, callback=choice("auto", "torch"), metavar="auto|torch",
+    help="torch on CPU: auto, this package's C kernels where they build and beat torch when timed; torch, plain torch only")]
+FlashAttn = Annotated[Optional[str], option(
+    "-fa", "--flash-attn", panel=MODEL_PANEL, callback=choice("on", "off", "auto"), metavar="on|off|auto",
+    help="gguf: llama.cpp flash attention, llama-bench's values (default: auto, llama.cpp's choice: on on a CPU)")]
+
+# sim backend (used only with --backend sim)
+SimModel = Annotated[Optional[str], option(
+    "--sim-model", panel=SIM_PANEL, help="sim: model preset (llama-13b, llama-33b, llama-2-70b, mistral-7b, gpt3-175b) "
+    "or a transformers config.json (default: llama-13b)")]
+SimGpu = Annotated[Optional[str], option(
+    "--sim-gpu", panel=SIM_PANEL,
+    help="sim: GPU preset (a6000, a100-sxm, a100-pcie, h100-sxm, h200) or a spec .yaml/.json (default: a6000)")]
+TensorParallel = Annotated[int, option(
+    "--tp", panel=MODEL_PANEL,
+    help="tensor-parallel ranks: torch runs one process per rank under torchrun (see the README's \"Past one machine\"); "
+    "the sim predicts GPUs per stage")]
+PipelineStages = Annotated[int, option("--pp", panel=SIM_PANEL, help="sim: pipeline stages, run as a pipeline of micro-batches")]
+Calibration = Annotated[Optional[str], option(
+    "--calibration", panel=SIM_PANEL, help="sim: calibration file written by `prefillbench calibrate`")]
+Trace = Annotated[Optional[str], option(
+    "--trace", panel=SIM_PANEL, metavar="FILE", help="sim: write every step's per-operator cost breakdown here (JSONL)")]
+
+# tests
+NPrompt = Annotated[Optional[list[str]], option(
+    "-p", "--n-prompt", panel=TESTS_PANEL, callback=lengths, metavar="N[,N]",
+    help="prompt lengths for pp tests (default: 512)")]
+NGen = Annotated[Optional[list[str]], option(
+    "-n", "--n-gen", panel=TESTS_PANEL, callback=lengths, metavar="N[,N]",
+    help="generation lengths for tg tests (default: 128)")]
+PromptGen = Annotated[Optional[list[str]], option(
+    "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
+    help="combined prompt+generation test (repeatable)")]
+Concurrency = Annotated[Optional[list[str]], option(
+    "-c", "--concurrency", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
+    help="requests in flight (default: 1,2,4)")]
+Strategy = Annotated[Optional[list[str]], option(
+    "-s", "--strategy", panel=TESTS_PANEL, callback=str_list, metavar="NAME[,NAME]",
+    # ", " so the help wraps between names instead of cutting the list at the terminal's edge
+    help=f"strategies (default: {', '.join(STRATEGIES)})")]
+ChunkSize = Annotated[Optional[list[str]], option(
+    "--chunk-size", "--token-budget", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
+    help="chunked's chunk size and sarathi-serve's token budget per step; one case per value (default: 256)")]
+Repetitions = Annotated[Optional[int], option(
+    "-r", "--repetitions", panel=TESTS_PANEL,
+    help="timed repetitions after a warm-up (default: 3 in a closed loop, 1 in an open loop, whose requests already vary)")]
+Requests = Annotated[Optional[int], option(
+    "--requests", panel=TESTS_PANEL,
+    help=f"requests per test (default: the concurrency in a closed loop, {DEFAULT_OPEN_LOOP_REQUESTS} in an open loop)")]
+Seed = Annotated[int, option("--seed", panel=TESTS_PANEL, help="seed of the random prompts")]
+NoWarmup = Annotated[bool, flag("--no-warmup", TESTS_PANEL, help="skip the untimed warm-up run")]
+LenSpread = Annotated[float, option(
+    "--len-spread", panel=TESTS_PANEL, metavar="R",
+    help="draw each request's prompt and generation lengths uniformly from [L(1-R), L(1+R)] (vLLM's --random-range-ratio)")]
+Workload = Annotated[Optional[str], option(
+    "--workload", panel=TESTS_PANEL, metavar="FILE",
+    help="replay a trace instead of -p/-n/--pg: CSV or JSON lines with prompt_len, gen_len and optional arrival_s "
+    "(with arrival_s and no --arrival, its arrival times are replayed)")]
+
+# arrivals and SLOs
+Arrival = Annotated[Optional[str], option(
+    "--arrival", panel=LOAD_PANEL, metavar="|".join(ARRIVALS),
+    help="closed: c requests in flight, each replaced when it finishes (default); poisson or gamma: requests arrive "
+    "at --rate per second, -c caps those in flight (default: no cap) and the rest queue")]
+Rate = Annotated[Optional[list[str]], option(
+    "--rate", panel=LOAD_PANEL, callback=float_list, metavar="QPS[,QPS]", help="arrival rates in requests/s, one row each")]
+Burstiness = Annotated[float, option(
+    "--burstiness", panel=LOAD_PANEL, metavar="B",
+    help="gamma arrivals: shape of the intervals (vLLM's convention: 1 is Poisson, below 1 burstier)")]
+SLOOption = Annotated[Optional[str], option(
+    "--slo", panel=LOAD_PANEL, callback=slo_spec, metavar="ttft=MS,tpot=MS,tbt=MS,e2e=MS",
+    help="latency objectives (any subset): adds goodput, the requests/s that met them all, and their share")]
+Interleave = Annotated[bool, flag(
+    "--interleave", TESTS_PANEL,
+    help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")]
+
+# capacity search (capacity, tune)
+RequestShape = Annotated[Optional[list[str]], option(
+    "--pg", panel=TESTS_PANEL, callback=pp_tg_pairs, metavar="PP,TG",
+    help="prompt and generation length of the requests (default: 512,128)")]
+MaxSchedDelay = Annotated[float, option(
+    "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
+    help="bound on the median scheduling delay (arrival to first step; Sarathi-Serve's criterion)")]
+ProbeArrival = Annotated[str, option(
+    "--arrival", panel=CAPACITY_PANEL, callback=choice("poisson", "gamma"), metavar="poisson|gamma", help="arrival process")]
+
+# output
+Output = Annotated[str, option(
+    "-o", "--output", panel=OUTPUT_PANEL, callback=choice(*OUTPUT_FORMATS), metavar="|".join(OUTPUT_FORMATS),
+    help="format on stdout: md table, grid (a terminal table), csv, json, jsonl")]
+Export = Annotated[Optional[str], option(
+    "--export", panel=OUTPUT_PANEL, metavar="FILE",
+    help="also write every field and the run metadata here (.csv, .json, .jsonl, .md); "
+    "a .json/.jsonl export gets its per-request trace beside it as <name>.requests.jsonl")]
+ExportRequests = Annotated[Optional[str], option(
+    "--export-requests", panel=OUTPUT_PANEL, metavar="FILE.jsonl",
+    help="write each request's arrival and token times here (for plot)")]
+RelativeTo = Annotated[Optional[str], option(
+    "--relative-to", panel=OUTPUT_PANEL, metavar="STRATEGY",
+    help="show each row's ratios to this strategy's row of the same test and concurrency")]
+NoisyCV = Annotated[float, option(
+    "--noisy-cv", panel=OUTPUT_PANEL, parser=percent, metavar="PCT",
+    help="mark rows whose CV across repetitions exceeds this percentage as noisy")]
+ResultsDir = Annotated[str, option("--results-dir", panel=OUTPUT_PANEL, help="where each run writes <timestamp>.csv")]
+NoResultsFile = Annotated[bool, flag("--no-results-file", OUTPUT_PANEL, help="do not write results/<timestamp>.csv")]
+Verify = Annotated[bool, flag(
+    "--verify", OUTPUT_PANEL,
+    help="after the benchmark, feed every strategy the first strategy's tokens and compare their logits "
+    "(max |Δlogit|, top-1 agreement) within the backend's tolerance; exit 1 on a disagreement")]
+NoProgress = Annotated[bool, flag("--no-progress", OUTPUT_PANEL, help="no progress bar on stderr")]
+NoVerdict = Annotated[bool, flag(
+    "--no-verdict", OUTPUT_PANEL,
+    help="no verdict under the table (each strategy against --relative-to or sequential, in sentences)")]
