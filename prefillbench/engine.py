@@ -89,13 +89,11 @@ class StepFailed(BackendError):
 
 
 def _step_record(step: Step, start: float, end: float) -> StepRecord:
-    return StepRecord(
-        start,
-        end,
-        [(c.start, len(c.tokens)) for c in step.prefills],
-        step.n_pad_tokens,
-        [d.position + 1 for d in step.decodes],
-    )
+    prefills = step.prefills
+    if not prefills:  # most steps on the sim: one record per simulated step
+        return StepRecord(start, end, [], 0, [d.position + 1 for d in step.decodes])
+    return StepRecord(start, end, [(c.start, len(c.tokens)) for c in prefills], step.n_pad_tokens,
+                      [d.position + 1 for d in step.decodes])
 
 
 def _check_arrivals(requests: list[Request]) -> bool:
@@ -163,6 +161,10 @@ def run(
 
     next_id = 0
     live: dict[int, Sequence] = {}
+    # The strategy's two lists, kept as sequences move between them rather than rebuilt from `live` every step
+    # (a pass over every sequence in flight per step: a tenth of the sim's time). Both in admission order.
+    waiting: list[Sequence] = []  # prompt not fully processed
+    running: list[Sequence] = []  # decoding
     in_flight: list[tuple[Step, Launched]] = []  # in launch order
     busy: set[int] = set()  # sequences inside an in-flight step
     done: list[RequestRecord] = []
@@ -185,10 +187,11 @@ def run(
                 break
             req = pending.popleft()
             arrival = start + req.arrival_s if open_loop else now
-            live[next_id] = Sequence.admit(next_id, req, arrival)
+            seq = live[next_id] = Sequence.admit(next_id, req, arrival)
+            (running if seq.prefill_done else waiting).append(seq)
             next_id += 1
 
-    def launch(step: Step) -> None:
+    def launch(step: Step) -> Launched:
         try:
             launched = backend.launch(step, return_logits=keep_logits)
         except BackendError as e:
@@ -202,12 +205,16 @@ def run(
         if depth > 1:
             busy.update([c.seq_id for c in step.prefills])
             busy.update([d.seq_id for d in step.decodes])
-        in_flight.append((step, launched))
+        return launched
 
     def retire(step: Step, launched: Launched) -> None:
         result = launched.result
+        prefilled = []
         for chunk in step.prefills:
-            live[chunk.seq_id].n_prefilled = chunk.end
+            seq = live[chunk.seq_id]
+            seq.n_prefilled = chunk.end
+            if seq.prefill_done:
+                prefilled.append(seq)
         if depth > 1:
             busy.difference_update([c.seq_id for c in step.prefills])
             busy.difference_update([d.seq_id for d in step.decodes])
@@ -222,8 +229,17 @@ def run(
                 finished.append(seq)
         if on_tokens is not None:  # prompt tokens count as work: a 512-token prefill is not one token of progress
             on_tokens(sum(len(c.tokens) for c in step.prefills) + len(step.decodes))
+        if prefilled:
+            waiting[:] = [s for s in waiting if s.n_prefilled < len(s.prompt)]
+            # A prompt that was its request's whole work (one token to generate) never decodes.
+            moved = [s for s in prefilled if not s.finished]
+            if moved:
+                running.extend(moved)
+                running.sort(key=lambda s: s.seq_id)  # a step may finish a younger prompt before an older one
         # Only a sequence that just got a token can have finished; admission (seq_id) order, as live keeps it.
-        finished.sort(key=lambda s: s.seq_id)
+        if finished:
+            finished.sort(key=lambda s: s.seq_id)
+            running[:] = [s for s in running if not s.finished]
         for seq in finished:
             backend.release(seq.seq_id)
             del live[seq.seq_id]
@@ -233,21 +249,28 @@ def run(
 
     while live or pending:
         now = backend.now()
-        for item in [f for f in in_flight if f[1].end <= now]:
-            in_flight.remove(item)
-            retire(*item)
+        if in_flight:
+            for item in [f for f in in_flight if f[1].end <= now]:
+                in_flight.remove(item)
+                retire(*item)
         admit(now)
         if not live and not pending:
             break
-        # dicts keep admission order: oldest first; with one step at a time nothing is busy here
-        ready = [s for s in live.values() if s.seq_id not in busy] if busy else list(live.values())
+        # with one step at a time nothing is busy here
+        if busy:
+            ready_waiting = [s for s in waiting if s.seq_id not in busy]
+            ready_running = [s for s in running if s.seq_id not in busy]
+        else:
+            ready_waiting, ready_running = waiting, running
+        ready = bool(ready_waiting or ready_running)
         if ready and len(in_flight) < depth:
-            waiting, running = [], []
-            for s in ready:
-                (running if s.n_prefilled >= len(s.prompt) else waiting).append(s)  # Sequence.prefill_done, inlined
-            step = strategy.next_step(waiting, running)
+            step = strategy.next_step(ready_waiting, ready_running)
             if step:
-                launch(step)
+                launched = launch(step)
+                if depth == 1:
+                    retire(step, launched)  # done (Backend.launch): what the loop's next pass would do first
+                else:
+                    in_flight.append((step, launched))
                 if stop is not None and len(steps) % STOP_CHECK_STEPS == 0 and (live or pending) and stop(
                         Progress(start, backend.now(), done, list(live.values()), pending)):
                     stopped = True
@@ -259,7 +282,7 @@ def run(
             events.append(t)
         if not events:
             raise RuntimeError(f"strategy {strategy.name} produced an empty step with work left")
-        backend.wait_until(min(events), stalled=bool(ready) and len(in_flight) >= depth)
+        backend.wait_until(min(events), stalled=ready and len(in_flight) >= depth)
     if stopped:  # the steps in flight are left unretired: their sequences are dropped with the rest
         for seq_id in list(live):
             backend.release(seq_id)

@@ -48,8 +48,9 @@ class Sequence:
 
     @property
     def finished(self) -> bool:
-        # prefill_done, written out: append_token asks this once per token
-        return self.n_prefilled >= len(self.prompt) and len(self.generated) >= self.n_gen
+        # prefill_done, written out, and second: append_token asks this once per token, and it is the
+        # generated count that is short until the last one
+        return len(self.generated) >= self.n_gen and self.n_prefilled >= len(self.prompt)
 
     @property
     def position(self) -> int:

@@ -23,8 +23,9 @@ class Strategy(ABC):
         """Build the next step.
 
         `waiting` holds sequences whose prompt is not fully processed, oldest
-        first; `running` holds sequences that are decoding. The result must not
-        be empty while either list is non-empty.
+        first; `running` holds sequences that are decoding, oldest first. The
+        result must not be empty while either list is non-empty. The lists are
+        the engine's own, kept between steps: read them, copy what you keep.
         """
 
     def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:

@@ -29,9 +29,12 @@ class Static(Strategy):
         self.batch = []
 
     def next_step(self, waiting, running):
-        # The engine updates the same Sequence objects, so the batch sees its members finish.
+        # Only the batch's prompts are ever prefilled, and in one step, so every running sequence is a member.
+        if running:
+            return Step(decodes=decode_tokens(running))
+        # The engine updates the same Sequence objects, so the batch sees its members finish; one that is neither
+        # running nor finished is in flight (the sim's pipeline), and the batch waits for it.
         if all(s.finished for s in self.batch):
             self.batch = list(waiting)
             return Step(prefills=whole_prompts(self.batch, pad=True))
-        members = {id(s) for s in self.batch}
-        return Step(decodes=decode_tokens([s for s in running if id(s) in members]))
+        return Step()

@@ -217,3 +217,44 @@ def test_the_sim_backend_runs_the_same_with_and_without_a_trace(tmp_path):
         reqs = make_requests(test, 30, backend.vocab_size, 1, ArrivalSpec("poisson", 4.0).times(30, 1))
         runs.append(engine.run(backend, make_strategy("sarathi-serve", 256), reqs, 0))
     assert [r.token_times for r in runs[0].requests] == [r.token_times for r in runs[1].requests]
+
+
+# ---- the pool of processes the sim's grid runs on ------------------------------------------------------------
+def sim_settings(repeats: int = 2) -> tune.TuneSettings:
+    return tune.TuneSettings(TestSpec(1024, 64, spread=0.9), [Criteria(tbt_p99_ms=100)], 60, repeats=repeats,
+                             precision=0.2)
+
+
+def searched(grid: tune.GridResult) -> list:
+    # Rates to 9 digits: the sim's clock runs on across runs, so a run's times carry the rounding of its offset.
+    return [(r.config, [(f"{s.capacity:.9g}", s.interrupted, [(p.seed, f"{p.rate:.9g}", p.passed) for p in s.probes])
+                        for s in r.searches]) for r in grid.results]
+
+
+def test_the_pool_finds_what_one_process_finds_probe_for_probe():
+    chosen = tune.grid(["sequential", "chunked", "static"], [256, 1024])
+    serial = tune.run_grid(SimBackend.load("mistral-7b", "a100"), chosen, sim_settings())
+    finished = []
+    pooled = tune.run_grid(SimBackend.load("mistral-7b", "a100"), chosen, sim_settings(), on_config=finished.append, jobs=2)
+    assert not pooled.stopped and searched(pooled) == searched(serial)
+    assert all(len(r.searches) == 2 for r in pooled.results)  # each further seed searched apart, then joined
+    assert sorted(finished) == sorted(chosen)  # a configuration is finished once all its seeds are
+
+
+def test_ctrl_c_during_the_pool_keeps_every_reported_probe():
+    sim = SimBackend.load("mistral-7b", "a100")
+    chosen = tune.grid(["sequential", "chunked"], [256, 1024])
+    reported = []
+
+    def interrupt_at_fifteen(config, index, p):
+        reported.append(p)
+        if len(reported) == 15:
+            raise KeyboardInterrupt
+
+    grid = tune.run_grid(sim, chosen, sim_settings(), on_probe=interrupt_at_fifteen, jobs=2)
+    assert grid.stopped == "interrupted" and grid.left
+    assert sum(len(r.probes) for r in grid.results) == len(reported)
+    for r in grid.results:
+        assert r.interrupted == (r.config in grid.left)
+        for s in r.searches:
+            assert len({p.seed for p in s.probes}) == 1  # one search per seed, the unfinished one kept as partial

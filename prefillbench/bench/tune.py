@@ -222,10 +222,13 @@ ProbeCallback = Callable[[Config, int, Probe], None]  # configuration, criteria 
 
 
 def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_probe: ProbeCallback | None = None,
-                hint: float | None = None, deadline: float | None = None, stage: str = "sim") -> list[ConfigResult]:
+                hint: float | None = None, deadline: float | None = None, stage: str = "sim",
+                seeds: list[int] | None = None, firsts: list[float] | None = None) -> list[ConfigResult]:
     """The configuration's capacity under each criteria. A run's figures serve every criteria (and a rate probed
     again under another criteria is not run again); so a list of SLOs costs little more than one.
 
+    `seeds`: which of the settings' seeds to search (their indices; default all), so that a pool can search a
+    configuration's further seeds apart; `firsts`: then, each criteria's first-seed capacity, where they start.
     A Ctrl-C or the deadline raises Stopped with what was finished, the search under way included."""
     case = Case(settings.test, config.strategy, settings.concurrency, config.budget)
     base = settings.capacity_config(settings.criteria[0], config.strategy)
@@ -258,9 +261,10 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
 
     try:
         for index, result in enumerate(results):
-            for k, seed in enumerate(settings.seeds):
+            for k in range(settings.repeats) if seeds is None else seeds:
+                seed = settings.seeds[k]
                 current.clear()
-                first = result.searches[0].capacity if result.searches else 0.0
+                first = result.searches[0].capacity if result.searches else firsts[index] if firsts else 0.0
                 if k == 0 and hint:
                     start, growth = hint, near
                 elif k > 0 and first:
@@ -317,22 +321,24 @@ def chains(configs: list[Config]) -> list[list[Config]]:
 
 
 def _run_chain(backend: Backend, chain: list[Config], settings: TuneSettings, on_probe: ProbeCallback | None,
-               on_config: Callable[[Config], None] | None, hints: dict[Config, float], deadline: float | None,
-               stage: str) -> list[ConfigResult]:
+               on_config: Callable[[Config, list[ConfigResult]], None] | None, hints: dict[Config, float],
+               deadline: float | None, stage: str, seeds: list[int] | None = None) -> list[ConfigResult]:
     """One strategy's budgets in turn; without a hint of its own a budget's search starts at the previous budget's
-    capacity, bracketing near it (adjacent budgets' capacities differ by tens of percent: two or three probes
-    instead of the climb from the start rate)."""
+    first-seed capacity, bracketing near it (adjacent budgets' capacities differ by tens of percent: two or three
+    probes instead of the climb from the start rate). The first seed's, not the median: a pool that searches the
+    further seeds apart (`seeds`) hands on the same hint, so both find the same capacities."""
     results: list[ConfigResult] = []
     previous = 0.0
     for config in chain:
         try:
-            found = tune_config(backend, config, settings, on_probe, hints.get(config) or previous or None, deadline, stage)
+            found = tune_config(backend, config, settings, on_probe, hints.get(config) or previous or None, deadline,
+                                stage, seeds)
         except Stopped as e:
             raise Stopped(results + e.results, e.cause) from None
         results += found
-        previous = found[0].capacity
+        previous = found[0].searches[0].capacity if found[0].searches else 0.0
         if on_config is not None:
-            on_config(config)
+            on_config(config, found)
     return results
 
 
@@ -344,9 +350,10 @@ def run_grid(backend: Backend, configs: list[Config], settings: TuneSettings, on
     if jobs > 1 and len(groups) > 1 and backend.name == "sim":
         return _run_pool(backend, groups, settings, on_probe, on_config, hints or {}, stage, jobs)
     out = GridResult()
+    done = (lambda c, found: on_config(c)) if on_config is not None else None
     for i, chain in enumerate(groups):
         try:
-            out.results += _run_chain(backend, chain, settings, on_probe, on_config, hints or {}, deadline, stage)
+            out.results += _run_chain(backend, chain, settings, on_probe, done, hints or {}, deadline, stage)
         except Stopped as e:
             out.results += e.results
             out.stopped = "interrupted" if e.interrupted else f"time budget: {e}"
@@ -369,21 +376,46 @@ def _worker_init(backend: Backend, messages) -> None:
     backend.say_clamp = lambda asked, allowed: messages.put(("clamp", None, asked, allowed))
 
 
-def _worker_run(chain: list[Config], settings: TuneSettings, hints: dict[Config, float], stage: str) -> list[ConfigResult]:
-    return _run_chain(_worker_backend, chain, settings, lambda c, index, p: _worker_queue.put(("probe", c, index, p)),
-                      lambda c: _worker_queue.put(("config", c, 0, None)), hints, None, stage)
+def _worker_first_seeds(chain: list[Config], settings: TuneSettings, hints: dict[Config, float], stage: str) -> None:
+    """A chain's first seeds; each configuration's results go to the parent as it finishes."""
+    _run_chain(_worker_backend, chain, settings, lambda c, index, p: _worker_queue.put(("probe", c, index, p)),
+               lambda c, found: _worker_queue.put(("found", c, 0, found)), hints, None, stage, seeds=[0])
+
+
+def _worker_repeat(config: Config, k: int, firsts: list[float], settings: TuneSettings, stage: str) -> list[ConfigResult]:
+    """One further seed of one configuration, starting at the first seed's capacities."""
+    return tune_config(_worker_backend, config, settings, lambda c, index, p: _worker_queue.put(("probe", c, index, p)),
+                       None, None, stage, seeds=[k], firsts=firsts)
 
 
 def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettings, on_probe: ProbeCallback | None,
               on_config: Callable[[Config], None] | None, hints: dict[Config, float], stage: str, jobs: int) -> GridResult:
+    """The grid on a pool of processes. A chain's first seeds run in turn (each budget starts near its neighbour's
+    capacity); every further seed of a configuration is a task of its own, submitted as soon as the first seed's
+    capacities are known. So the pool's last tasks are short ones: whole chains left one worker running a chain
+    alone for the last fifth of the grid (benchmarks.sim.steps --grid). The results are those of the serial path."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
     messages = ctx.Queue()
     seen: dict[tuple[Config, int], list[Probe]] = {}
-    finished: set[Config] = set()
+    found: dict[tuple[Config, int], dict[int, SearchResult]] = {}  # (configuration, criteria index): seed k's search
+    seeds_left: dict[Config, int] = {}
     out = GridResult()
-    done: dict[int, list[ConfigResult]] = {}
+    tasks = len(groups) + sum(map(len, groups)) * (settings.repeats - 1)
+    pool = cf.ProcessPoolExecutor(min(jobs, tasks), mp_context=ctx,
+                                  initializer=_worker_init, initargs=(backend, messages))
+    futures: dict[cf.Future, tuple[Config | None, int]] = {}
+
+    def seed_done(c: Config) -> None:
+        seeds_left[c] -= 1
+        if not seeds_left[c] and on_config is not None:
+            on_config(c)
+
+    def keep(c: Config, k: int, results: list[ConfigResult]) -> None:
+        for index, r in enumerate(results):
+            found.setdefault((c, index), {})[k] = r.searches[0]
+        seed_done(c)
 
     def drain() -> None:
         while True:
@@ -393,28 +425,35 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
                 return
             if kind == "clamp":
                 backend.note_clamp(index, p)
-                continue
-            if kind == "config":
-                finished.add(c)
-                if on_config is not None:
-                    on_config(c)
-                continue
-            seen.setdefault((c, index), []).append(p)
-            if on_probe is not None:
-                on_probe(c, index, p)
+            elif kind == "found":
+                seeds_left[c] = settings.repeats
+                firsts = [r.searches[0].capacity for r in p]
+                for k in range(1, settings.repeats) if not out.stopped else ():
+                    futures[pool.submit(_worker_repeat, c, k, firsts, settings, stage)] = (c, k)
+                keep(c, 0, p)
+            else:
+                seen.setdefault((c, index), []).append(p)
+                if on_probe is not None:
+                    on_probe(c, index, p)
 
-    # The longest chains first, so that the pool's last task is a short one.
-    order = sorted(range(len(groups)), key=lambda i: -len(groups[i]))
-    pool = cf.ProcessPoolExecutor(min(jobs, len(groups)), mp_context=ctx, initializer=_worker_init,
-                                  initargs=(backend, messages))
-    futures = {pool.submit(_worker_run, groups[i], settings, hints, stage): i for i in order}
+    # The longest chains first: their first seeds are the grid's longest run of work that cannot be split.
+    for chain in sorted(groups, key=len, reverse=True):
+        futures[pool.submit(_worker_first_seeds, chain, settings, hints, stage)] = (None, 0)
+    n_configs = sum(map(len, groups))
     try:
-        pending = set(futures)
-        while pending:
-            ready, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
+        # A chain's future can be done before the parent has read its last configuration's results: wait for both.
+        while futures or len(seeds_left) < n_configs:
+            ready: set[cf.Future] = set()
+            if futures:
+                ready = cf.wait(list(futures), timeout=0.2, return_when=cf.FIRST_COMPLETED).done
+            else:
+                time.sleep(0.01)
+            drain()  # before the results: a repeat's probes were sent before its future was done
             for f in ready:
-                done[futures[f]] = f.result()
-            drain()
+                c, k = futures.pop(f)
+                results = f.result()
+                if c is not None:
+                    keep(c, k, results)
         pool.shutdown()
         drain()
     except KeyboardInterrupt:
@@ -422,34 +461,21 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
         for process in list(getattr(pool, "_processes", {}).values()):
             process.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
-        drain()
         out.stopped = "interrupted"
-    results = [r for i in range(len(groups)) if i in done for r in done[i]]
-    if out.stopped:
-        kept = {r.config for r in results}
-        for i, chain in enumerate(groups):
-            for c in chain:
-                if c in kept:
-                    continue
+        drain()
+    for chain in groups:
+        for c in chain:
+            if out.stopped and seeds_left.get(c, 1):
                 out.left.append(c)
-                for index, criteria in enumerate(settings.criteria):
-                    probes = seen.get((c, index), [])
-                    if probes:
-                        # Finished configurations of an unfinished chain came back only as probes: regroup them per seed.
-                        searches = _searches_from(probes, settings) if c in finished else [SearchResult.partial(probes)]
-                        results.append(ConfigResult(c, criteria, searches, stage, settings.repeats))
-    out.results = results
-    return out
-
-
-def _searches_from(probes: list[Probe], settings: TuneSettings) -> list[SearchResult]:
-    """A finished configuration's searches rebuilt from its probes, one per seed, each ending where its rule ended."""
-    out = []
-    for seed in settings.seeds:
-        mine = [p for p in probes if p.seed == seed]
-        if mine:
-            partial = SearchResult.partial(mine)
-            out.append(SearchResult(partial.capacity, mine))
+            for index, criteria in enumerate(settings.criteria):
+                searches = []
+                for k, seed in enumerate(settings.seeds):
+                    if k in found.get((c, index), {}):
+                        searches.append(found[(c, index)][k])
+                    elif mine := [p for p in seen.get((c, index), []) if p.seed == seed]:
+                        searches.append(SearchResult.partial(mine))  # interrupted during this seed's search
+                if searches:
+                    out.results.append(ConfigResult(c, criteria, searches, stage, settings.repeats))
     return out
 
 

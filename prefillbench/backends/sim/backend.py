@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from itertools import repeat
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -54,6 +55,7 @@ class SimBackend(Backend):
         self.model_name = model.name
         self.context_length = model.max_context
         self.vocab_size = model.vocab
+        self._token_span = max(model.vocab - 100, 1)  # placeholder_token's range
         self.weights = f"none (roofline model of {model.n_params / 1e9:.3g}B params, {model.weight_bytes:.3g} bytes each; " + (
             f"calibrated from {calibration_path})" if self.calibrated else "spec sheets only)")
         self.clock = 0.0
@@ -117,10 +119,20 @@ class SimBackend(Backend):
         # One pass over the step: the shape the cost model needs, the cache it holds, and its tokens. This loop
         # runs once per sequence per simulated step, so it is written out here (see benchmarks.sim.steps).
         held = self._seq_tokens
-        tokens: dict[int, int] = {}
-        span = max(self.vocab_size - 100, 1)
+        span = self._token_span
+        decodes = step.decodes
+        n_emit = len(decodes)
+        if decodes:
+            # Comprehensions and maps over the decodes rather than one loop of four statements: a third faster here.
+            ids = [d[0] for d in decodes]
+            lengths = [d[2] + 1 for d in decodes]
+            ctx = sum(lengths)
+            self._held += ctx - sum(map(held.get, ids, repeat(0, n_emit)))
+            held.update(zip(ids, lengths))
+            tokens = dict(zip(ids, [100 + (1_000_003 * i + 7_919 * n) % span for i, n in zip(ids, lengths)]))  # placeholder_token
+        else:
+            tokens, ctx = {}, 0
         chunks = []
-        n_emit = len(step.decodes)
         for c in step.prefills:
             end = c.start + len(c.tokens)
             chunks.append((c.start, len(c.tokens) + c.pad))
@@ -129,17 +141,6 @@ class SimBackend(Backend):
             if c.is_last:
                 n_emit += 1
                 tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
-        decodes = step.decodes
-        if decodes:
-            # Comprehensions over the decodes rather than one loop of four statements: a third faster here.
-            ids = [d[0] for d in decodes]
-            lengths = [d[2] + 1 for d in decodes]
-            ctx = sum(lengths)
-            self._held += ctx - sum([held.get(i, 0) for i in ids])
-            held.update(zip(ids, lengths))
-            tokens.update([(i, 100 + (1_000_003 * i + 7_919 * n) % span) for i, n in zip(ids, lengths)])  # placeholder_token
-        else:
-            ctx = 0
         if self._trace_path is None:
             seconds = self.cost.fast_seconds(chunks, len(step.decodes), ctx, n_emit)
         else:
