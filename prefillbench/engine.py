@@ -36,6 +36,7 @@ class StepRecord:
     prefill_chunks: list[tuple[int, int]]  # (start position, length) of each chunk
     n_pad: int
     decode_contexts: list[int]  # context length each decode token attends to
+    chunk_emits: int = 0  # prompt chunks that were their prompt's last, so emitted a token (the decodes all do)
 
     @property
     def seconds(self) -> float:
@@ -93,7 +94,7 @@ def _step_record(step: Step, start: float, end: float) -> StepRecord:
     if not prefills:  # most steps on the sim: one record per simulated step
         return StepRecord(start, end, [], 0, [d.position + 1 for d in step.decodes])
     return StepRecord(start, end, [(c.start, len(c.tokens)) for c in prefills], step.n_pad_tokens,
-                      [d.position + 1 for d in step.decodes])
+                      [d.position + 1 for d in step.decodes], sum([c.is_last for c in prefills]))
 
 
 def _check_arrivals(requests: list[Request]) -> bool:

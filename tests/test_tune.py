@@ -11,12 +11,17 @@ import math
 
 import pytest
 
+from strategies import make_strategy
+
+from prefillbench import engine
 from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.backends.sim.calibration import at_speed
 from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
 from prefillbench.bench import tune
 from prefillbench.bench.capacity import Criteria, Probe, SearchResult
-from prefillbench.bench.workloads import TestSpec
+from prefillbench.bench.pricing import pricer
+from prefillbench.bench.workloads import TestSpec, make_requests
 from prefillbench.report import tune as report
 from fake_backend import FakeBackend
 
@@ -258,3 +263,51 @@ def test_ctrl_c_during_the_pool_keeps_every_reported_probe():
         assert r.interrupted == (r.config in grid.left)
         for s in r.searches:
             assert len({p.seed for p in s.probes}) == 1  # one search per seed, the unfinished one kept as partial
+
+
+# ---- the measured stage's steps priced by the calibrated sim -------------------------------------------------
+CAL = {"fitted": {"compute_fraction": 0.5, "memory_fraction": 0.6, "step_overhead_s": 1e-3}}
+
+
+def calibrated(slowdown: float = 1.0) -> SimBackend:
+    return SimBackend(load_model_spec("mistral-7b"), load_gpu_spec("a100"), calibration=at_speed(CAL, slowdown))
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "chunked", "sarathi-serve", "orca"])
+def test_a_sim_run_priced_by_its_own_cost_model_costs_what_it_took(strategy):
+    sim = calibrated()
+    requests = make_requests(TestSpec(700, 20, spread=0.5), 12, sim.vocab_size, 7)
+    run = engine.run(sim, make_strategy(strategy, 256), requests, 4)
+    price = pricer(sim.cost)
+    assert any(s.chunk_emits for s in run.steps) and any(s.decode_contexts for s in run.steps)
+    for s in run.steps:
+        assert price(s) == pytest.approx(s.seconds, rel=1e-9)
+
+
+def test_at_speed_scales_every_step_price_by_the_slowdown():
+    batches = [Batch(((0, 512, True),)), Batch((), (900,) * 16), Batch(((256, 256, False),), (300,) * 4)]
+    for b in batches:
+        assert calibrated(1.3).cost.seconds(b) == pytest.approx(1.3 * calibrated().cost.seconds(b), rel=1e-12)
+
+
+def test_the_measured_stage_prices_its_steps_and_repredicts_at_the_speed_they_ran():
+    # The "real" backend is the calibrated sim with every step 25% longer: its measured steps cost 1.25x their
+    # price, and the sim slowed by that much finds the measured capacities, probe for probe.
+    s = sim_settings(repeats=1)
+    chosen = tune.grid(["sequential", "chunked"], [256, 1024])
+    predicted = tune.run_grid(calibrated(), chosen, s).results
+    measured = tune.measure_picks(calibrated(1.25), predicted, s, top_k=1, price=pricer(calibrated().cost)).results
+    assert len(measured) == 2
+    for m in measured:
+        assert m.step_speed == pytest.approx(1.25, rel=1e-9) and all(p.busy_s > 0 for p in m.probes)
+        assert m.capacity < [p for p in predicted if p.config == m.config][0].capacity  # slower: less capacity
+    again = tune.repredict(calibrated, predicted, measured, s)
+    assert [(r.config, f"{r.capacity:.9g}") for r in again] == [(m.config, f"{m.capacity:.9g}") for m in measured]
+    assert all(r.stage == "sim at measured speed" for r in again)
+    table = report.render_ranked(measured, 100.0, predicted, again)
+    assert "steps vs sim" in table and "1.25x" in table
+    assert "at the speed its steps ran (1.25x" in report.verdict(measured, s.criteria[0], predicted, again)
+    assert any(line.startswith("at the speed the measured steps ran") and "+0%" in line
+               for line in report.stage_notes(predicted, measured, again))
+    records = report.config_records(measured, 100.0)
+    assert all(r["step_time_vs_sim"] == pytest.approx(1.25) for r in records)

@@ -28,6 +28,7 @@ from prefillbench.backends.base import Backend
 from prefillbench.bench.cases import BenchConfig, Case, warm_up, request_tokens
 from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, percentile, sched_delay_ms, summarize, tbts_ms,
                                         tpot_ms, ttft_ms, ttfts_ms)
+from prefillbench.bench.pricing import Pricer
 from prefillbench.engine import Progress, RunRecord
 from prefillbench.sequence import Request
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
@@ -120,6 +121,9 @@ class Probe:
     stopped_early: bool = False
     #: When stopped early: the keys each watched criteria had certainly exceeded.
     certain: dict[Criteria, list[str]] = field(default_factory=dict)
+    #: When priced (tune's measured stage): seconds its steps took, and what the calibrated sim charges for them.
+    busy_s: float = 0.0
+    priced_s: float = 0.0
 
 
 class CertainFailure:
@@ -385,13 +389,13 @@ class CapacityResult:
 
 def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float,
                on_tokens: Callable[[int], None] | None = None, seed: int | None = None,
-               watch: list[Criteria] | None = None) -> Probe:
+               watch: list[Criteria] | None = None, price: Pricer | None = None) -> Probe:
     """One run of the case's requests at `rate`, checked against the criteria.
 
     The trace is the seed's (the config's unless given): its arrival times at rate r are those at rate 1 over r,
     so every probe of every case under one seed replays the same requests (common random numbers). The run
     stops once every criteria in `watch` (default: the config's) has certainly failed (CertainFailure); [] runs
-    it to the end."""
+    it to the end. `price`: each step's seconds on a calibrated sim, summed beside the measured ones."""
     seed = config.seed if seed is None else seed
     strategy = make_strategy(case.strategy, case.chunk_size or 256)
     spec = ArrivalSpec(config.arrival, rate, config.burstiness)
@@ -405,11 +409,14 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
                     slo=config.row_slo)
     values = config.criteria.values(run)
+    priced = {}
+    if price is not None:
+        priced = {"busy_s": sum(s.seconds for s in run.steps), "priced_s": sum(price(s) for s in run.steps)}
     if run.stopped:
         found = certain.found
-        return Probe(rate, False, row, found.get(config.criteria, []), seed, values, True, found)
+        return Probe(rate, False, row, found.get(config.criteria, []), seed, values, True, found, **priced)
     over = config.criteria.exceeded(values)
-    return Probe(rate, not over, row, over, seed, values)
+    return Probe(rate, not over, row, over, seed, values, **priced)
 
 
 def find_capacity(backend: Backend, case: Case, config: CapacityConfig,

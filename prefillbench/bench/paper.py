@@ -15,6 +15,7 @@ from strategies import make_strategy
 from prefillbench import engine
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.engine import RunRecord, StepRecord
+from prefillbench.bench.pricing import batch_of
 from prefillbench.bench.workloads import TestSpec, make_requests
 
 from prefillbench.backends.sim.cost import Batch
@@ -25,14 +26,6 @@ def workload(seq_len: int, pd_ratio: float) -> TestSpec:
     """A sequence of `seq_len` tokens split into prompt and generation at P:D = `pd_ratio`."""
     n_gen = max(1, round(seq_len / (pd_ratio + 1)))
     return TestSpec(seq_len - n_gen, n_gen)
-
-
-def batch_of(rec: StepRecord, with_decodes: bool = True) -> Batch:
-    chunks = tuple((start, length, False) for start, length in rec.prefill_chunks)
-    if chunks and rec.n_pad:
-        s, n, e = chunks[-1]
-        chunks = chunks[:-1] + ((s, n + rec.n_pad, e),)
-    return Batch(chunks, tuple(rec.decode_contexts) if with_decodes else ())
 
 
 def decode_only_ms_per_token(run: RunRecord) -> float:

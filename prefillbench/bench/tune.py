@@ -27,6 +27,7 @@ from prefillbench.backends.base import Backend
 from prefillbench.bench.capacity import DEFAULT_START_RATE, CapacityConfig, Criteria, Probe, SearchResult, probe_case, search
 from prefillbench.bench.cases import BenchConfig, Case, warm_up
 from prefillbench.bench.metrics import SLO, strategy_label
+from prefillbench.bench.pricing import Pricer
 from prefillbench.bench.workloads import TestSpec, make_requests, request_lengths
 
 #: Seeds of the repeats: far apart, so that no two traces share a stream.
@@ -213,6 +214,13 @@ class ConfigResult:
     def limited_by(self) -> str:
         return self.median_search.limited_by if self.searches else ""
 
+    @property
+    def step_speed(self) -> float:
+        """Its probes' step time over the calibrated sim's price for the same steps (NaN when not priced): 1.25
+        means the machine ran these steps 25% slower than the calibration said it would."""
+        priced = sum(p.priced_s for p in self.probes)
+        return sum(p.busy_s for p in self.probes) / priced if priced > 0 else math.nan
+
     def ties(self, other: "ConfigResult") -> bool:
         """Whether the two capacity intervals overlap."""
         return self.low < other.high and other.low < self.high
@@ -223,12 +231,14 @@ ProbeCallback = Callable[[Config, int, Probe], None]  # configuration, criteria 
 
 def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_probe: ProbeCallback | None = None,
                 hint: float | None = None, deadline: float | None = None, stage: str = "sim",
-                seeds: list[int] | None = None, firsts: list[float] | None = None) -> list[ConfigResult]:
+                seeds: list[int] | None = None, firsts: list[float] | None = None,
+                price: Pricer | None = None) -> list[ConfigResult]:
     """The configuration's capacity under each criteria. A run's figures serve every criteria (and a rate probed
     again under another criteria is not run again); so a list of SLOs costs little more than one.
 
     `seeds`: which of the settings' seeds to search (their indices; default all), so that a pool can search a
     configuration's further seeds apart; `firsts`: then, each criteria's first-seed capacity, where they start.
+    `price`: every probe's steps are priced by it too (the calibrated sim, in the measured stage).
     A Ctrl-C or the deadline raises Stopped with what was finished, the search under way included."""
     case = Case(settings.test, config.strategy, settings.concurrency, config.budget)
     base = settings.capacity_config(settings.criteria[0], config.strategy)
@@ -250,7 +260,8 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
         if raw is None:
             if deadline is not None and time.monotonic() + (settings.requests - 1) / rate + last_e2e_s > deadline:
                 raise OutOfTime(f"{config.label} at {rate:.3g} req/s would end past the time budget")
-            raw = cache[(rate, seed)] = probe_case(backend, case, base, rate, seed=seed, watch=settings.criteria)
+            raw = cache[(rate, seed)] = probe_case(backend, case, base, rate, seed=seed, watch=settings.criteria,
+                                                   price=price)
             last_e2e_s = raw.row.e2e_p50_ms / 1e3 if not math.isnan(raw.row.e2e_p50_ms) else last_e2e_s
         over = raw.certain[criteria] if raw.stopped_early else criteria.exceeded(raw.values)
         p = replace(raw, passed=not over, limited_by=over)
@@ -322,7 +333,8 @@ def chains(configs: list[Config]) -> list[list[Config]]:
 
 def _run_chain(backend: Backend, chain: list[Config], settings: TuneSettings, on_probe: ProbeCallback | None,
                on_config: Callable[[Config, list[ConfigResult]], None] | None, hints: dict[Config, float],
-               deadline: float | None, stage: str, seeds: list[int] | None = None) -> list[ConfigResult]:
+               deadline: float | None, stage: str, seeds: list[int] | None = None,
+               price: Pricer | None = None) -> list[ConfigResult]:
     """One strategy's budgets in turn; without a hint of its own a budget's search starts at the previous budget's
     first-seed capacity, bracketing near it (adjacent budgets' capacities differ by tens of percent: two or three
     probes instead of the climb from the start rate). The first seed's, not the median: a pool that searches the
@@ -332,7 +344,7 @@ def _run_chain(backend: Backend, chain: list[Config], settings: TuneSettings, on
     for config in chain:
         try:
             found = tune_config(backend, config, settings, on_probe, hints.get(config) or previous or None, deadline,
-                                stage, seeds)
+                                stage, seeds, price=price)
         except Stopped as e:
             raise Stopped(results + e.results, e.cause) from None
         results += found
@@ -344,16 +356,17 @@ def _run_chain(backend: Backend, chain: list[Config], settings: TuneSettings, on
 
 def run_grid(backend: Backend, configs: list[Config], settings: TuneSettings, on_probe: ProbeCallback | None = None,
              on_config: Callable[[Config], None] | None = None, hints: dict[Config, float] | None = None,
-             deadline: float | None = None, stage: str = "sim", jobs: int = 1) -> GridResult:
-    """Every configuration's capacity; a Ctrl-C or the deadline keeps what finished, probes included."""
+             deadline: float | None = None, stage: str = "sim", jobs: int = 1, price: Pricer | None = None) -> GridResult:
+    """Every configuration's capacity; a Ctrl-C or the deadline keeps what finished, probes included. `price`
+    prices every probe's steps too (one process: the measured stage, never the sim's pool)."""
     groups = chains(configs)
-    if jobs > 1 and len(groups) > 1 and backend.name == "sim":
+    if jobs > 1 and len(groups) > 1 and backend.name == "sim" and price is None:
         return _run_pool(backend, groups, settings, on_probe, on_config, hints or {}, stage, jobs)
     out = GridResult()
     done = (lambda c, found: on_config(c)) if on_config is not None else None
     for i, chain in enumerate(groups):
         try:
-            out.results += _run_chain(backend, chain, settings, on_probe, done, hints or {}, deadline, stage)
+            out.results += _run_chain(backend, chain, settings, on_probe, done, hints or {}, deadline, stage, price=price)
         except Stopped as e:
             out.results += e.results
             out.stopped = "interrupted" if e.interrupted else f"time budget: {e}"
@@ -499,14 +512,29 @@ def pick_for_measurement(predicted: list[ConfigResult], top_k: int, baseline: st
 
 def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
                   on_probe: ProbeCallback | None = None, on_config: Callable[[Config], None] | None = None,
-                  deadline: float | None = None, on_picked: Callable[[list[Config]], None] | None = None) -> GridResult:
+                  deadline: float | None = None, on_picked: Callable[[list[Config]], None] | None = None,
+                  price: Pricer | None = None) -> GridResult:
     """The sim-first stage's second half: the sim's top K (and sequential) under each criteria, measured on the
-    real backend, each search starting at the sim's prediction for the first criteria."""
+    real backend, each search starting at the sim's prediction for the first criteria; `price`: the sim's
+    price of each measured step, kept beside its time (ConfigResult.step_speed)."""
     picks = list(dict.fromkeys(c for k in settings.criteria for c in pick_for_measurement(by_criteria(predicted, k), top_k)))
     if on_picked is not None:
         on_picked(picks)
     hints = {r.config: r.capacity for r in by_criteria(predicted, settings.criteria[0]) if r.capacity}
-    return run_grid(real, picks, settings, on_probe, on_config, hints, deadline, "measured")
+    return run_grid(real, picks, settings, on_probe, on_config, hints, deadline, "measured", price=price)
+
+
+def repredict(sim_at: Callable[[float], Backend], predicted: list[ConfigResult], measured: list[ConfigResult],
+              settings: TuneSettings) -> list[ConfigResult]:
+    """Each measured configuration searched again on the sim slowed to the speed its measured steps ran
+    (`sim_at(step_speed)`), from the hint its measurement started at: the prediction with the machine's drift
+    since the calibration taken out. Where the sim's scheduling is right, this finds the measured capacity."""
+    hints = {r.config: r.capacity for r in by_criteria(predicted, settings.criteria[0]) if r.capacity}
+    out: list[ConfigResult] = []
+    for m in by_criteria(measured, settings.criteria[0]):
+        if not math.isnan(m.step_speed):
+            out += run_grid(sim_at(m.step_speed), [m.config], settings, hints=hints, stage="sim at measured speed").results
+    return out
 
 
 @dataclass

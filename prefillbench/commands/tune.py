@@ -16,9 +16,10 @@ import pandas as pd
 
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.backends.sim.backend import SimBackend
-from prefillbench.backends.sim.calibration import calibrate, calibration_specs, load_calibration
+from prefillbench.backends.sim.calibration import at_speed, calibrate, calibration_specs, load_calibration
 from prefillbench.bench import tune
 from prefillbench.bench.capacity import Criteria, Probe
+from prefillbench.bench.pricing import pricer
 from prefillbench.commands.calibrate import sim_specs_for
 from prefillbench.commands.options import TuneOptions
 from prefillbench.commands.runner import open_backend
@@ -79,43 +80,53 @@ def run_tune(o: TuneOptions) -> int:
 
     predicted: tune.GridResult | None = None
     measured: tune.GridResult | None = None
+    repredicted: list[tune.ConfigResult] = []
     try:
         with bar.bar:
             if on_sim or o.no_sim:
                 measured = stage(backend, configs, "measuring" if not on_sim else "sim")
             else:
-                sim = _calibrated_sim(o, backend, err)
-                predicted = stage(sim, configs, "sim")
+                cal = _calibration(o, backend, err)
+                predicted = stage(_sim(o, cal), configs, "sim")
                 if not o.sim_only and not predicted.stopped:
                     bar.stage("measuring", o.top_k + 1, tune.EXPECTED_NEAR_PROBES * settings.repeats)
                     measured = tune.measure_picks(
                         backend, predicted.results, settings, o.top_k, bar.probe, lambda c: bar.config_done(len(criteria)),
                         deadline, lambda picks: print(f"prefillbench: measuring the sim's top {o.top_k} and sequential on "
-                                                      f"{backend.label}: {', '.join(c.label for c in picks)}", file=err))
+                                                      f"{backend.label}: {', '.join(c.label for c in picks)}", file=err),
+                        price=pricer(_sim(o, cal).cost))
+                    if measured.stopped != "interrupted":
+                        repredicted = tune.repredict(lambda slowdown: _sim(o, at_speed(cal, slowdown)), predicted.results,
+                                                     measured.results, settings)
     except BackendError as e:
         raise UsageError(str(e)) from None
-    return _report(o, out, err, settings, criteria, predicted, measured, backend)
+    return _report(o, out, err, settings, criteria, predicted, measured, backend, repredicted)
 
 
-def _calibrated_sim(o: TuneOptions, real: Backend, err) -> SimBackend:
+def _calibration(o: TuneOptions, real: Backend, err) -> dict:
     if o.calibration:
         cal = load_calibration(o.calibration)
         print(f"prefillbench: the sim calibrated by {o.calibration}", file=err)
-    else:
-        spec, nominal = sim_specs_for(real, o.load.model, o.sim_model, o.sim_gpu)
-        print(f"prefillbench: calibrating the sim on {real.label} (a quick sweep; --calibration FILE skips it)", file=err)
-        cal = calibrate(real, spec, nominal, quick=True)
+        return cal
+    spec, nominal = sim_specs_for(real, o.load.model, o.sim_model, o.sim_gpu)
+    print(f"prefillbench: calibrating the sim on {real.label} (a quick sweep; --calibration FILE skips it)", file=err)
+    return calibrate(real, spec, nominal, quick=True)
+
+
+def _sim(o: TuneOptions, cal: dict) -> SimBackend:
     model, gpu = calibration_specs(cal)
     return SimBackend(model, gpu, calibration=cal, calibration_path=o.calibration or "this run's calibration")
 
 
 def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: list[Criteria],
-            predicted: tune.GridResult | None, measured: tune.GridResult | None, backend: Backend) -> int:
+            predicted: tune.GridResult | None, measured: tune.GridResult | None, backend: Backend,
+            repredicted: list[tune.ConfigResult]) -> int:
     tokens = settings.tokens_per_request
     final = measured if measured is not None else predicted
     assert final is not None
     pred = predicted.results if predicted is not None and measured is not None else None
-    everything = (predicted.results if predicted is not None else []) + (measured.results if measured is not None else [])
+    everything = ((predicted.results if predicted is not None else []) + (measured.results if measured is not None else [])
+                  + repredicted)
     for k in criteria:
         rows = tune.by_criteria(final.results, k)
         if not rows:
@@ -123,10 +134,10 @@ def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: lis
         if o.output == "md":
             if len(criteria) > 1:
                 print(f"\n{k.describe()}:", file=out)
-            out.write(report.render_ranked(rows, tokens, pred))
-        print(report.verdict(rows, k, pred), file=out if o.output == "md" else err)
+            out.write(report.render_ranked(rows, tokens, pred, repredicted))
+        print(report.verdict(rows, k, pred, repredicted), file=out if o.output == "md" else err)
         if pred:
-            for line in report.stage_notes(tune.by_criteria(pred, k), rows):
+            for line in report.stage_notes(tune.by_criteria(pred, k), rows, tune.by_criteria(repredicted, k)):
                 print(line, file=out if o.output == "md" else err)
     if o.output != "md":
         frame = pd.DataFrame(report.config_records(final.results, tokens))

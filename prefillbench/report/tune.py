@@ -28,13 +28,19 @@ def baseline_of(results: list[ConfigResult], strategy: str = "sequential") -> Co
     return refs[0] if refs else None
 
 
+def _slowdown(r: ConfigResult) -> str:
+    return "-" if math.isnan(r.step_speed) else f"{r.step_speed:.2f}x"
+
+
 def render_ranked(results: list[ConfigResult], tokens_per_request: float,
-                  predicted: list[ConfigResult] | None = None) -> str:
+                  predicted: list[ConfigResult] | None = None, repredicted: list[ConfigResult] | None = None) -> str:
     """One row per configuration, best first: capacity (with its interval and a tie mark), tokens/s, ratio to
-    sequential, what limits it, the latencies at capacity; predicted beside measured where both exist."""
+    sequential, what limits it, the latencies at capacity; predicted beside measured where both exist, and with
+    `repredicted`, how long the measured steps took against the sim's price and the sim's capacity at that speed."""
     order = ranked(results)
     base = baseline_of(results)
     pred = {(r.config, r.criteria): r for r in predicted or []}
+    repred = {(r.config, r.criteria): r for r in repredicted or []}
     best = order[0] if order else None
 
     def at(r: ConfigResult, field: str, digits: int) -> str:
@@ -63,10 +69,22 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
             return Comparison(p, i[1]).error_text if p is not None else "-"
 
         columns[3:3] = [("sim req/s", sim_cell, True), ("sim error", err_cell, True)]
+    if repred:
+        def resim_cell(i) -> str:
+            p = repred.get((i[1].config, i[1].criteria))
+            return fmt_number(p.capacity, 3) if p is not None else "-"
+
+        def reerr_cell(i) -> str:
+            p = repred.get((i[1].config, i[1].criteria))
+            return Comparison(p, i[1]).error_text if p is not None else "-"
+
+        columns[5:5] = [("steps vs sim", lambda i: _slowdown(i[1]), True), ("sim at that speed", resim_cell, True),
+                        ("its error", reerr_cell, True)]
     return md_table(columns, list(enumerate(order)))
 
 
-def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[ConfigResult] | None = None) -> str:
+def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[ConfigResult] | None = None,
+            repredicted: list[ConfigResult] | None = None) -> str:
     """'best within TBT p99 <= 100 ms: sarathi-serve, budget 512: 5.0 req/s, 2.96x sequential; measured ...'."""
     order = ranked(results)
     if not order or not order[0].capacity:
@@ -82,20 +100,31 @@ def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[Con
     if (c, best.criteria) in pred and best.stage == "measured":
         p = pred[(c, best.criteria)]
         text += f"; sim predicted {p.capacity:.3g} req/s ({Comparison(p, best).error_text} against the measured interval)"
+        again = {(r.config, r.criteria): r for r in repredicted or []}.get((c, best.criteria))
+        if again is not None:
+            text += (f", {again.capacity:.3g} req/s ({Comparison(again, best).error_text}) at the speed its steps ran "
+                     f"({_slowdown(best)} the calibration's step times)")
     ties = [r.config.label for r in order[1:] if r.ties(best)]
     if ties:
         text += f"; a tie (capacity intervals overlap) with {', '.join(ties)}"
     return text
 
 
-def stage_notes(predicted: list[ConfigResult], measured: list[ConfigResult]) -> list[str]:
-    """Predicted against measured: the error per configuration and whether the measured order differs."""
+def stage_notes(predicted: list[ConfigResult], measured: list[ConfigResult],
+                repredicted: list[ConfigResult] | None = None) -> list[str]:
+    """Predicted against measured: the error per configuration, again at the speed the measured steps ran, and
+    whether the measured order differs."""
     comparisons = compare_stages(predicted, measured)
     if not comparisons:
         return []
     lines = ["sim against measurement: " + "; ".join(
         f"{c.measured.config.label} {c.predicted.capacity:.3g} vs {c.measured.capacity:.3g} req/s"
         + (f" ({c.error_text})" if not math.isnan(c.error) else "") for c in comparisons)]
+    again = compare_stages(repredicted or [], measured)
+    if again:
+        lines.append("at the speed the measured steps ran (their time over the calibrated sim's price): " + "; ".join(
+            f"{c.measured.config.label} {_slowdown(c.measured)}: {c.predicted.capacity:.3g} vs {c.measured.capacity:.3g} "
+            f"req/s" + (f" ({c.error_text})" if not math.isnan(c.error) else "") for c in again))
     if order_differs(comparisons):
         pred_order = ", ".join(c.measured.config.label for c in sorted(comparisons, key=lambda c: -c.predicted.capacity))
         meas_order = ", ".join(c.measured.config.label for c in comparisons)
@@ -126,6 +155,7 @@ def config_records(results: list[ConfigResult], tokens_per_request: float) -> li
             "interrupted": r.interrupted, "limited_by": r.limited_by, "seeds": len(r.searches), "probes": len(r.probes),
             "tbt_p99_ms": p.row.tbt_p99_ms if p else math.nan, "ttft_p99_ms": p.row.ttft_p99_ms if p else math.nan,
             "sched_delay_p50_ms": p.row.sched_delay_p50_ms if p else math.nan,
+            "step_time_vs_sim": r.step_speed,
         })
     return out
 
@@ -136,6 +166,7 @@ def probe_records(results: list[ConfigResult]) -> list[dict[str, Any]]:
         for p in r.probes:
             out.append({"stage": r.stage, "strategy": r.config.strategy, "budget": r.config.budget,
                         "slo": r.criteria.describe(), "seed": p.seed, "rate": p.rate, "passed": p.passed, "stopped_early": p.stopped_early,
+                        "busy_s": p.busy_s, "priced_s": p.priced_s,
                         "limited_by": ",".join(p.limited_by), **{f"criterion_{k}": v for k, v in p.values.items()},
                         **{k: v for k, v in p.row.as_dict().items() if k not in ("strategy", "chunk_size", "rate")}})
     return out

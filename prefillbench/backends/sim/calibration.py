@@ -53,6 +53,17 @@ def calibration_specs(cal: dict[str, Any]) -> tuple[ModelSpec | None, GPUSpec | 
     return model, gpu
 
 
+def at_speed(cal: dict[str, Any], slowdown: float) -> dict[str, Any]:
+    """The calibration of the same machine running every step `slowdown` times as long: each fitted fraction
+    divided by it and the per-step overhead multiplied (every term of a single device's step time is one of
+    the two, so each step's price scales by exactly `slowdown`)."""
+    fitted = dict(cal["fitted"])
+    fitted["compute_fraction"] /= slowdown
+    fitted["memory_fraction"] /= slowdown
+    fitted["step_overhead_s"] *= slowdown
+    return {**cal, "fitted": fitted}
+
+
 # ---- the sweep ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Point:
