@@ -13,6 +13,7 @@ Configurations are independent: on the sim a pool of processes searches them sid
 from __future__ import annotations
 
 import concurrent.futures as cf
+import gc
 import math
 import queue as queue_mod
 import signal
@@ -384,6 +385,7 @@ _worker_queue = None
 def _worker_init(backend: Backend, messages) -> None:
     global _worker_backend, _worker_queue
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends the workers
+    gc.freeze()  # the parent's heap, inherited: out of the collector's full passes (see commands.runner.open_backend)
     _worker_backend, _worker_queue = backend, messages
     # The parent says each clamp once for the whole pool.
     backend.say_clamp = lambda asked, allowed: messages.put(("clamp", None, asked, allowed))
