@@ -32,6 +32,16 @@ def _slowdown(r: ConfigResult) -> str:
     return "-" if math.isnan(r.step_speed) else f"{r.step_speed:.2f}x"
 
 
+def _prediction_columns(by_key: dict, capacity_name: str, error_name: str) -> list:
+    """A prediction's capacity and its error against the row's measured interval ('-' where it has none)."""
+    def cell(i, text) -> str:
+        p = by_key.get((i[1].config, i[1].criteria))
+        return text(p, i[1]) if p is not None else "-"
+
+    return [(capacity_name, lambda i: cell(i, lambda p, m: fmt_number(p.capacity, 3)), True),
+            (error_name, lambda i: cell(i, lambda p, m: Comparison(p, m).error_text), True)]
+
+
 def render_ranked(results: list[ConfigResult], tokens_per_request: float,
                   predicted: list[ConfigResult] | None = None, repredicted: list[ConfigResult] | None = None) -> str:
     """One row per configuration, best first: capacity (with its interval and a tie mark), tokens/s, ratio to
@@ -60,26 +70,10 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
         ("probes", lambda i: str(len(i[1].probes)), True),
     ]
     if pred:
-        def sim_cell(i) -> str:
-            p = pred.get((i[1].config, i[1].criteria))
-            return fmt_number(p.capacity, 3) if p is not None else "-"
-
-        def err_cell(i) -> str:
-            p = pred.get((i[1].config, i[1].criteria))
-            return Comparison(p, i[1]).error_text if p is not None else "-"
-
-        columns[3:3] = [("sim req/s", sim_cell, True), ("sim error", err_cell, True)]
+        columns[3:3] = _prediction_columns(pred, "sim req/s", "sim error")
     if repred:
-        def resim_cell(i) -> str:
-            p = repred.get((i[1].config, i[1].criteria))
-            return fmt_number(p.capacity, 3) if p is not None else "-"
-
-        def reerr_cell(i) -> str:
-            p = repred.get((i[1].config, i[1].criteria))
-            return Comparison(p, i[1]).error_text if p is not None else "-"
-
-        columns[5:5] = [("steps vs sim", lambda i: _slowdown(i[1]), True), ("sim at that speed", resim_cell, True),
-                        ("its error", reerr_cell, True)]
+        columns[5:5] = [("steps vs sim", lambda i: _slowdown(i[1]), True),
+                        *_prediction_columns(repred, "sim at that speed", "its error")]
     return md_table(columns, list(enumerate(order)))
 
 
