@@ -85,3 +85,19 @@ def test_a_fraction_is_told_in_words_and_one_at_the_ceiling_says_that_roof_never
     assert describe_fraction("compute", 0.42, "CPU") == "compute fraction 0.42: the backend attains 42.0% of CPU's nominal compute roof"
     at_ceiling = describe_fraction("memory", FRACTION_CEILING, "CPU")
     assert "ceiling" in at_ceiling and "never lets memory limit a step" in at_ceiling and "1000" in at_ceiling
+
+
+def test_a_workloads_step_shapes_join_the_sweep():
+    from prefillbench.backends.sim.backend import SimBackend
+    from prefillbench.backends.sim.calibration import Point, calibrate, workload_points
+
+    points = workload_points(256, 32, [512, 32, 64], 8192)
+    # the whole prompt; each budget's chunk at a boundary halfway in, beside 4 decodes halfway through; decodes alone
+    assert points == [Point((0, 256), 0, 0), Point((96, 32), 4, 272), Point((64, 64), 4, 272), Point((0, 256), 4, 272),
+                      Point(None, 4, 272), Point(None, 8, 272)]
+    assert workload_points(0, 32, [32], 8192) == []
+    # A backend with the sim's own times: its calibration keeps every point it was given, each once.
+    model, gpu = load_model_spec("mistral-7b"), load_gpu_spec("a6000")
+    cal = calibrate(SimBackend(model, gpu), model, gpu, quick=True, repeats=1, extra=points + points[:1])
+    labels = [s["point"] for s in cal["steps"]]
+    assert {p.label for p in points} <= set(labels) and len(labels) == len(set(labels))

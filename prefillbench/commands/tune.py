@@ -16,7 +16,7 @@ import pandas as pd
 
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.backends.sim.backend import SimBackend
-from prefillbench.backends.sim.calibration import at_speed, calibrate, calibration_specs, load_calibration
+from prefillbench.backends.sim.calibration import at_speed, calibrate, calibration_specs, load_calibration, workload_points
 from prefillbench.bench import tune
 from prefillbench.bench.capacity import Criteria, Probe
 from prefillbench.bench.pricing import pricer
@@ -109,8 +109,12 @@ def _calibration(o: TuneOptions, real: Backend, err) -> dict:
         print(f"prefillbench: the sim calibrated by {o.calibration}", file=err)
         return cal
     spec, nominal = sim_specs_for(real, o.load.model, o.sim_model, o.sim_gpu)
-    print(f"prefillbench: calibrating the sim on {real.label} (a quick sweep; --calibration FILE skips it)", file=err)
-    return calibrate(real, spec, nominal, quick=True)
+    print(f"prefillbench: calibrating the sim on {real.label} (a quick sweep and this workload's step shapes; "
+          f"--calibration FILE skips it)", file=err)
+    test = o.settings.test
+    budgets = sorted({c.budget for c in o.configs if c.budget})
+    return calibrate(real, spec, nominal, quick=True,
+                     extra=workload_points(test.n_prompt, test.n_gen, budgets, min(real.context_length, spec.max_context)))
 
 
 def _sim(o: TuneOptions, cal: dict) -> SimBackend:

@@ -152,6 +152,23 @@ class _Runner:
         return samples
 
 
+def workload_points(prompt: int, n_gen: int, budgets: list[int], context_length: int) -> list[Point]:
+    """The step shapes a serving run of this workload is made of, for a calibration to add to its sweep: the
+    whole prompt; each budget's chunk at a chunk boundary halfway into the prompt, beside a few decodes halfway
+    through their generation; decode-only batches there. Priced by the quick sweep alone, chunked's steps ran
+    1.1-1.3x their price on gguf and sequential's 1.05-1.15x (benchmarks.gguf.priced_steps)."""
+    if prompt < 1:
+        return []
+    limit = max(64, context_length - 64)
+    ctx = min(prompt + max(n_gen // 2, 1), limit)
+    pts = [Point((0, prompt), 0, 0)] if prompt <= limit else []
+    for b in sorted({min(b, prompt) for b in budgets}):
+        start = (prompt - b) // 2 // b * b
+        if start + b <= limit:
+            pts.append(Point((start, b), 4, ctx))
+    return pts + [Point(None, n, ctx) for n in (4, 8)]
+
+
 def measure(backend, points: list[Point], repeats: int = 3, progress=None) -> list[Sample]:
     max_ctx = max([p.ctx + repeats + 1 for p in points] + [(p.chunk[0] + p.chunk[1] + 1) if p.chunk else 0 for p in points])
     max_seqs = max(p.n_decodes for p in points) + 2
@@ -287,8 +304,10 @@ def medians(samples: list[Sample]) -> list[Sample]:
 
 
 def calibrate(backend, model: ModelSpec, nominal: GPUSpec, *, quick: bool = False, repeats: int = 3,
-              progress=None) -> dict[str, Any]:
+              progress=None, extra: list[Point] = ()) -> dict[str, Any]:
+    """`extra`: points beside the sweep's, such as a workload's own step shapes (workload_points)."""
     points = sweep_points(min(backend.context_length, model.max_context), quick)
+    points += [p for p in extra if p not in points]
     samples = medians(measure(backend, points, repeats, progress))
     fitted = fit(model, nominal, samples)
     gpu = nominal.with_calibration(fitted)
