@@ -420,20 +420,18 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
     found: dict[tuple[Config, int], dict[int, SearchResult]] = {}  # (configuration, criteria index): seed k's search
     seeds_left: dict[Config, int] = {}
     out = GridResult()
-    tasks = len(groups) + sum(map(len, groups)) * (settings.repeats - 1)
+    n_configs = sum(map(len, groups))
+    tasks = len(groups) + n_configs * (settings.repeats - 1)
     pool = cf.ProcessPoolExecutor(min(jobs, tasks), mp_context=ctx,
                                   initializer=_worker_init, initargs=(backend, messages))
     futures: dict[cf.Future, tuple[Config | None, int]] = {}
 
-    def seed_done(c: Config) -> None:
-        seeds_left[c] -= 1
-        if not seeds_left[c] and on_config is not None:
-            on_config(c)
-
     def keep(c: Config, k: int, results: list[ConfigResult]) -> None:
         for index, r in enumerate(results):
             found.setdefault((c, index), {})[k] = r.searches[0]
-        seed_done(c)
+        seeds_left[c] -= 1
+        if not seeds_left[c] and on_config is not None:
+            on_config(c)
 
     def drain() -> None:
         while True:
@@ -457,7 +455,6 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
     # The longest chains first: their first seeds are the grid's longest run of work that cannot be split.
     for chain in sorted(groups, key=len, reverse=True):
         futures[pool.submit(_worker_first_seeds, chain, settings, hints, stage)] = (None, 0)
-    n_configs = sum(map(len, groups))
     try:
         # A chain's future can be done before the parent has read its last configuration's results: wait for both.
         while futures or len(seeds_left) < n_configs:
@@ -515,6 +512,11 @@ def pick_for_measurement(predicted: list[ConfigResult], top_k: int, baseline: st
     return chosen
 
 
+def _predicted_starts(predicted: list[ConfigResult], settings: TuneSettings) -> dict[Config, float]:
+    """Where a configuration's search starts after the sim's: its predicted capacity under the first criteria."""
+    return {r.config: r.capacity for r in by_criteria(predicted, settings.criteria[0]) if r.capacity}
+
+
 def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
                   on_probe: ProbeCallback | None = None, on_config: Callable[[Config], None] | None = None,
                   deadline: float | None = None, on_picked: Callable[[list[Config]], None] | None = None,
@@ -525,7 +527,7 @@ def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSe
     picks = list(dict.fromkeys(c for k in settings.criteria for c in pick_for_measurement(by_criteria(predicted, k), top_k)))
     if on_picked is not None:
         on_picked(picks)
-    hints = {r.config: r.capacity for r in by_criteria(predicted, settings.criteria[0]) if r.capacity}
+    hints = _predicted_starts(predicted, settings)
     return run_grid(real, picks, settings, on_probe, on_config, hints, deadline, "measured", price=price)
 
 
@@ -534,7 +536,7 @@ def repredict(sim_at: Callable[[float], Backend], predicted: list[ConfigResult],
     """Each measured configuration searched again on the sim slowed to the speed its measured steps ran
     (`sim_at(step_speed)`), from the hint its measurement started at: the prediction with the machine's drift
     since the calibration taken out. Where the sim's scheduling is right, this finds the measured capacity."""
-    hints = {r.config: r.capacity for r in by_criteria(predicted, settings.criteria[0]) if r.capacity}
+    hints = _predicted_starts(predicted, settings)
     out: list[ConfigResult] = []
     for m in by_criteria(measured, settings.criteria[0]):
         if not math.isnan(m.step_speed):

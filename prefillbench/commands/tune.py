@@ -87,14 +87,15 @@ def run_tune(o: TuneOptions) -> int:
                 measured = stage(backend, configs, "measuring" if not on_sim else "sim")
             else:
                 cal = _calibration(o, backend, err)
-                predicted = stage(_sim(o, cal), configs, "sim")
+                sim = _sim(o, cal)
+                predicted = stage(sim, configs, "sim")
                 if not o.sim_only and not predicted.stopped:
                     bar.stage("measuring", o.top_k + 1, tune.EXPECTED_NEAR_PROBES * settings.repeats)
                     measured = tune.measure_picks(
                         backend, predicted.results, settings, o.top_k, bar.probe, lambda c: bar.config_done(len(criteria)),
                         deadline, lambda picks: print(f"prefillbench: measuring the sim's top {o.top_k} and sequential on "
                                                       f"{backend.label}: {', '.join(c.label for c in picks)}", file=err),
-                        price=pricer(_sim(o, cal).cost))
+                        price=pricer(sim.cost))
                     if measured.stopped != "interrupted":
                         repredicted = tune.repredict(lambda slowdown: _sim(o, at_speed(cal, slowdown)), predicted.results,
                                                      measured.results, settings)
