@@ -6,7 +6,8 @@ import json
 import pytest
 
 from prefillbench.cli import main
-from prefillbench.backends.sim.calibration import Sample, errors, fit, load_calibration, sweep_points
+from prefillbench.backends.sim.calibration import (FITTED_KEYS, SHAPE_KEYS, Sample, errors, fit, load_calibration,
+                                                   sweep_points)
 from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.specs import SimConfigError, load_gpu_spec, load_model_spec
 
@@ -24,16 +25,43 @@ def synthetic_samples(model, gpu, truth):
 @pytest.mark.parametrize("truth", [
     {"compute_fraction": 0.55, "memory_fraction": 0.7, "step_overhead_s": 0.004},
     {"compute_fraction": 0.05, "memory_fraction": 0.3, "step_overhead_s": 0.0},
+    # llama.cpp on a CPU: decode attention far below the GEMMs, mixed steps cut into micro-batches
+    {"compute_fraction": 0.04, "memory_fraction": 0.3, "step_overhead_s": 0.003, "decode_attention_fraction": 0.05,
+     "mixed_step_factor": 1.2},
 ])
 def test_fit_recovers_known_fractions(truth):
     model, gpu = load_model_spec("mistral-7b"), load_gpu_spec("a6000")
     samples = synthetic_samples(model, gpu, truth)
     fitted = fit(model, gpu, samples)
+    assert set(fitted) == set(FITTED_KEYS + SHAPE_KEYS)
     assert fitted["compute_fraction"] == pytest.approx(truth["compute_fraction"], rel=0.02)
     assert fitted["memory_fraction"] == pytest.approx(truth["memory_fraction"], rel=0.02)
     assert fitted["step_overhead_s"] == pytest.approx(truth["step_overhead_s"], abs=2e-4)
+    # a device the roofline already prices gets no shape terms (1 is the spec sheet's)
+    assert fitted["decode_attention_fraction"] == pytest.approx(truth.get("decode_attention_fraction", 1.0), rel=0.05)
+    assert fitted["mixed_step_factor"] == pytest.approx(truth.get("mixed_step_factor", 1.0), rel=0.01)
     errs = errors(model, gpu.with_calibration(fitted), samples)
     assert max(abs(e["error"]) for e in errs) < 0.02
+
+
+def test_a_calibration_from_before_the_shape_terms_prices_as_the_roofline_did(tmp_path):
+    from prefillbench.backends.sim.backend import SimBackend
+
+    model, gpu = load_model_spec("mistral-7b"), load_gpu_spec("a6000")
+    old = {"compute_fraction": 0.3, "memory_fraction": 0.6, "step_overhead_s": 0.002}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"fitted": old}))
+    sim = SimBackend(model, gpu, calibration=load_calibration(path))
+    assert (sim.gpu.decode_attention_fraction, sim.gpu.mixed_step_factor) == (1.0, 1.0)
+    mixed = Batch(((0, 256, True),), (300, 900))
+    assert sim.cost.seconds(mixed) == CostModel(model, gpu.with_calibration(old)).seconds(mixed)
+    # and the terms, once fitted, do what they say: decode attention 20x slower, the mixed step 1.25x its operators
+    new = SimBackend(model, gpu, calibration={"fitted": {**old, "decode_attention_fraction": 0.05, "mixed_step_factor": 1.25}})
+    ops = new.cost.step_cost(mixed).breakdown()
+    assert ops["decode_attention"]["seconds"] == pytest.approx(20 * sim.cost.step_cost(mixed).breakdown()["decode_attention"]["seconds"])
+    assert new.cost.seconds(mixed) == pytest.approx(1.25 * (new.cost.seconds(mixed) - ops["mixed_step"]["seconds"]))
+    decode_only = Batch((), (300, 900))
+    assert "mixed_step" not in new.cost.step_cost(decode_only).breakdown()
 
 
 def test_bad_calibration_file(tmp_path):
@@ -62,13 +90,14 @@ def test_calibrate_on_a_tiny_torch_model_then_run_the_sim(tiny_checkpoint, tmp_p
     assert main(["calibrate", "--backend", "torch", "-m", str(tiny_checkpoint), "--device", "cpu", "--quick",
                  "--repeats", "1", "--export", str(out), "--errors", str(errs)]) == 0
     cal = json.loads(out.read_text())
-    assert set(cal["fitted"]) == {"compute_fraction", "memory_fraction", "step_overhead_s"}
+    assert set(cal["fitted"]) == set(FITTED_KEYS + SHAPE_KEYS)
     assert cal["model"]["hidden"] == 64 and cal["model"]["dtype_bytes"] == 4 and cal["gpu"]["name"] == "CPU"
     assert len(cal["steps"]) == len(errs.read_text().splitlines()) - 1 > 5
     printed = capsys.readouterr().out
     assert "per-step error" in printed
     # Each fraction in words (a fraction at the fit's ceiling says that roof never bound a step), and the next command.
     assert "compute fraction" in printed and "memory fraction" in printed
+    assert "decode attention" in printed and "mixed-step factor" in printed
     assert f"next: prefillbench run --backend sim --calibration {out}" in printed
 
     # The calibrated sim runs the same model on the same device, and says it is calibrated.

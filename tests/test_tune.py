@@ -200,9 +200,9 @@ def test_criteria_at_another_percentile_name_what_they_exceed():
     assert c.exceeded({"tbt": 50, "ttft": 600, "tpot": math.nan, "e2e": math.nan, "sched": 3000}) == ["ttft", "sched"]
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_the_sims_fast_step_price_is_step_costs(tp):
-    cost = CostModel(load_model_spec("mistral-7b"), load_gpu_spec("a100"), tp=tp)
+@pytest.mark.parametrize("tp,shape_terms", [(1, {}), (2, {}), (1, {"decode_attention_fraction": 0.05, "mixed_step_factor": 1.3})])
+def test_the_sims_fast_step_price_is_step_costs(tp, shape_terms):
+    cost = CostModel(load_model_spec("mistral-7b"), load_gpu_spec("a100").with_calibration(shape_terms), tp=tp)
     for chunks, decodes in [(((0, 512, False),), ()), (((1024, 300, True), (0, 212, False)), (700, 1500, 33)),
                             ((), (1,) * 130), (((0, 40, True),), (2048,))]:
         batch = Batch(chunks, decodes)

@@ -20,7 +20,8 @@ from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.commands.options import CalibrateOptions
 from prefillbench.models import default_model_path
 from prefillbench.report.tables import check_writable, write_atomic
-from prefillbench.backends.sim.calibration import calibrate, calibration_specs, describe_fraction, model_spec_of
+from prefillbench.backends.sim.calibration import (calibrate, calibration_specs, describe_fraction, describe_shape_terms,
+                                                   model_spec_of)
 from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
 from prefillbench.bench.workloads import TestSpec, make_requests
 
@@ -87,6 +88,8 @@ def cmd_calibrate(options: CalibrateOptions) -> int:
     print(describe_fraction("compute", f["compute_fraction"], nominal.name))
     print(describe_fraction("memory", f["memory_fraction"], nominal.name))
     print(f"step overhead {f['step_overhead_s'] * 1e3:.3f} ms: the fixed cost of one step beyond its compute and memory time")
+    for line in describe_shape_terms(f):
+        print(line)
     print(f"per-step error over {len(cal['steps'])} steps: median {cal['median_abs_error']:.1%}, "
           f"p90 {cal['p90_abs_error']:.1%}")
     if options.check:

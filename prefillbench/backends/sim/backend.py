@@ -232,6 +232,8 @@ class SimBackend(Backend):
             "sim_compute_fraction": self.gpu.compute_fraction,
             "sim_memory_fraction": self.gpu.memory_fraction,
             "sim_step_overhead_s": self.gpu.step_overhead_s,
+            "sim_decode_attention_fraction": self.gpu.decode_attention_fraction,
+            "sim_mixed_step_factor": self.gpu.mixed_step_factor,
             "sim_kv_capacity_tokens": self.cost.kv_capacity_tokens(),
         }
         if self.clamped:

@@ -7,8 +7,12 @@ batches at several contexts, mixed chunk + decode steps) runs on any Backend:
 state is built the honest way (untimed prefills up to each context, positions
 kept consecutive, so llama.cpp accepts them too), then each timed step is
 recorded with its shape. The cost model's operators are priced once with unit
-fractions; the fit then searches compute fraction, memory fraction and per-step
-overhead for the least squares of log(predicted / measured) step time.
+fractions; the fit then searches compute fraction, memory fraction, per-step
+overhead, decode attention's own fraction and the factor on steps that mix
+chunks with decodes for the least squares of log(predicted / measured) step
+time. The last two are what a roofline of three parameters could not price on
+llama.cpp's CPU backend: decodes at 64 and 320 positions were off by +65% and
+-37%, chunks beside decodes by -5..-13% (the quick sweep, pp256 workload).
 """
 from __future__ import annotations
 
@@ -27,6 +31,10 @@ from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.specs import GPUSpec, ModelSpec, SimConfigError, model_from_config
 
 FITTED_KEYS = ("compute_fraction", "memory_fraction", "step_overhead_s")
+#: Fitted since 2026-12-01; a calibration file without them prices as before (GPUSpec's 1.0).
+SHAPE_KEYS = ("decode_attention_fraction", "mixed_step_factor")
+#: A mixed step costs at least its operators' sum (nothing measured ran faster mixed) and at most this factor.
+MIXED_CEILING = 4.0
 #: The fit keeps each attainable fraction within these; one at FRACTION_CEILING means that roof never bound a step.
 FRACTION_FLOOR, FRACTION_CEILING = 1e-5, 1e3
 
@@ -56,7 +64,8 @@ def calibration_specs(cal: dict[str, Any]) -> tuple[ModelSpec | None, GPUSpec | 
 def at_speed(cal: dict[str, Any], slowdown: float) -> dict[str, Any]:
     """The calibration of the same machine running every step `slowdown` times as long: each fitted fraction
     divided by it and the per-step overhead multiplied (every term of a single device's step time is one of
-    the two, so each step's price scales by exactly `slowdown`)."""
+    the two, so each step's price scales by exactly `slowdown`; decode attention's share and the mixed-step
+    factor are ratios between terms, which a uniform slowdown keeps)."""
     fitted = dict(cal["fitted"])
     fitted["compute_fraction"] /= slowdown
     fitted["memory_fraction"] /= slowdown
@@ -189,9 +198,10 @@ class _Design:
     """Every sample's operators priced once with unit fractions; predictions are then vectorized."""
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, batches: list[Batch], tp: int = 1, pp: int = 1) -> None:
-        unit = replace(gpu, compute_fraction=1.0, memory_fraction=1.0, step_overhead_s=0.0)
+        unit = replace(gpu, compute_fraction=1.0, memory_fraction=1.0, step_overhead_s=0.0,
+                       decode_attention_fraction=1.0, mixed_step_factor=1.0)
         cm = CostModel(model, unit, tp, pp)
-        names: dict[str, int] = {}
+        names: dict[str, int] = {"decode_attention": 0}
         rows = []
         for b in batches:
             row: dict[str, tuple[float, float, float]] = {}
@@ -210,6 +220,7 @@ class _Design:
         self.t_compute = np.zeros((n, k))
         self.t_memory = np.zeros((n, k))
         self.fixed = np.zeros(n)
+        self.mixed = np.array([bool(b.chunks and b.decodes) for b in batches])
         for i, row in enumerate(rows):
             for name, (f, by, s) in row.items():
                 if name == "_fixed":
@@ -217,9 +228,13 @@ class _Design:
                 else:
                     self.t_compute[i, names[name]] = f / gpu.flops
                     self.t_memory[i, names[name]] = by / gpu.mem_bw
+        # Column 0 is decode attention, whose share of the roofs is fitted on its own.
+        self.share = np.ones(k)
 
-    def predict(self, cf: float, mf: float, overhead: float) -> np.ndarray:
-        return overhead + self.fixed + np.maximum(self.t_compute / cf, self.t_memory / mf).sum(axis=1)
+    def predict(self, cf: float, mf: float, overhead: float, attention: float = 1.0, mixed: float = 1.0) -> np.ndarray:
+        self.share[0] = attention
+        t = overhead + self.fixed + (np.maximum(self.t_compute / cf, self.t_memory / mf) / self.share).sum(axis=1)
+        return np.where(self.mixed, t * mixed, t)
 
 
 def _nelder_mead(f, x0: np.ndarray, step: float = 0.5, iters: int = 400) -> np.ndarray:
@@ -253,7 +268,9 @@ def _nelder_mead(f, x0: np.ndarray, step: float = 0.5, iters: int = 400) -> np.n
 
 
 def fit(model: ModelSpec, gpu: GPUSpec, samples: list[Sample]) -> dict[str, float]:
-    """Least squares on log step time over compute fraction, memory fraction and per-step overhead."""
+    """Least squares on log step time over compute fraction, memory fraction, per-step overhead, decode
+    attention's share and the mixed-step factor. A sweep without decodes or without mixed steps leaves the
+    parameter it cannot see at 1 (the least squares does not move it)."""
     design = _Design(model, gpu, [s.batch for s in samples])
     measured = np.array([s.seconds for s in samples])
     log_meas = np.log(measured)
@@ -262,23 +279,33 @@ def fit(model: ModelSpec, gpu: GPUSpec, samples: list[Sample]) -> dict[str, floa
     # that live in a CPU's caches), and the value is reported as the bound rather than drifting to 1e7.
     lo, hi = math.log(FRACTION_FLOOR), math.log(FRACTION_CEILING)
 
+    def params(x: np.ndarray) -> tuple[float, float, float, float, float]:
+        cf, mf, af = (math.exp(min(max(v, lo), hi)) for v in x[:3])
+        oh = max(math.exp(min(x[3], 0.0)) - floor, 0.0)
+        mx = math.exp(min(max(x[4], 0.0), math.log(MIXED_CEILING)))
+        return cf, mf, oh, af, mx
+
     def loss(x: np.ndarray) -> float:
-        cf, mf = math.exp(min(max(x[0], lo), hi)), math.exp(min(max(x[1], lo), hi))
-        oh = math.exp(min(x[2], 0.0)) - floor
-        return float(np.sum((np.log(design.predict(cf, mf, max(oh, 0.0))) - log_meas) ** 2))
+        return float(np.sum((np.log(design.predict(*params(x))) - log_meas) ** 2))
 
     best = None
     for lcf in np.linspace(math.log(1e-4), math.log(2.0), 12):
         for lmf in np.linspace(math.log(1e-3), math.log(2.0), 12):
-            for oh in (0.0, 1e-5, 1e-4, 1e-3, 1e-2):
-                x = np.array([lcf, lmf, math.log(oh + floor)])
-                v = loss(x)
-                if best is None or v < best[0]:
-                    best = (v, x)
+            for laf in np.linspace(math.log(1e-3), 0.0, 5):
+                for oh in (0.0, 1e-5, 1e-4, 1e-3, 1e-2):
+                    x = np.array([lcf, lmf, laf, math.log(oh + floor), 0.0])
+                    v = loss(x)
+                    if best is None or v < best[0]:
+                        best = (v, x)
     x = _nelder_mead(loss, best[1])
     x = _nelder_mead(loss, x)  # a restart, cheap, and it often still improves
-    return {"compute_fraction": math.exp(min(max(x[0], lo), hi)), "memory_fraction": math.exp(min(max(x[1], lo), hi)),
-            "step_overhead_s": max(math.exp(min(x[2], 0.0)) - floor, 0.0)}
+    cf, mf, oh, af, mx = params(x)
+    if not any(s.batch.decodes for s in samples):
+        af = 1.0
+    if not design.mixed.any():
+        mx = 1.0
+    return {"compute_fraction": cf, "memory_fraction": mf, "step_overhead_s": oh,
+            "decode_attention_fraction": af, "mixed_step_factor": mx}
 
 
 def errors(model: ModelSpec, gpu: GPUSpec, samples: list[Sample]) -> list[dict[str, Any]]:
@@ -350,3 +377,20 @@ def describe_fraction(kind: str, value: float, nominal: str) -> str:
         return (f"{kind} fraction at its ceiling ({value:.4g}): no measured step was limited by {kind} on this backend, "
                 f"so the calibrated sim never lets {kind} limit a step")
     return f"{kind} fraction {value:.4g}: the backend attains {value:.1%} of {nominal}'s nominal {kind} roof"
+
+
+def describe_shape_terms(fitted: dict[str, float]) -> list[str]:
+    """The calibration's two step-shape terms in words (a file from before them has neither: nothing to say)."""
+    lines = []
+    if "decode_attention_fraction" in fitted:
+        af = fitted["decode_attention_fraction"]
+        if af >= FRACTION_CEILING * 0.999:
+            lines.append(f"decode attention's share at its ceiling ({af:.4g}): it cost next to nothing in every measured step")
+        else:
+            lines.append(f"decode attention attains {af:.3g}x the other operators' share of the roofs"
+                         + (": as the roofline has it" if af == 1.0 else f", so it takes {1 / af:.3g}x the roofline's time"))
+    if "mixed_step_factor" in fitted:
+        mx = fitted["mixed_step_factor"]
+        lines.append(f"mixed-step factor {mx:.3f}: a step carrying prompt chunks and decodes together costs "
+                     + ("its operators' sum" if mx == 1.0 else f"{mx - 1:.1%} more than its operators' sum"))
+    return lines

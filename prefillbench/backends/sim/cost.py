@@ -4,6 +4,9 @@ Every operator has FLOPs and bytes moved; its time is the larger of
 FLOPs / attained FLOP/s and bytes / attained bandwidth (collectives and
 pipeline sends: bytes / link bandwidth plus a latency). A step's time is
 the sum over its operators, its pipeline stages, and a per-step overhead.
+A calibration can add two terms the roofline does not know: decode attention
+attaining its own share of the roofs, and a factor on steps that mix prompt
+chunks with decodes (GPUSpec.decode_attention_fraction, mixed_step_factor).
 
 Tensor parallelism splits heads and FFN columns over `tp` GPUs (Megatron
 style, two all-reduces per layer); pipeline parallelism splits layers over
@@ -106,9 +109,9 @@ class CostModel:
         self._lm_head: dict[int, float] = {}
 
     # ---- roofline primitives ------------------------------------------------
-    def _roof(self, name: str, flops: float, nbytes: float) -> Op:
-        t_c = flops / (self.gpu.flops * self.gpu.compute_fraction)
-        t_m = nbytes / (self.gpu.mem_bw * self.gpu.memory_fraction)
+    def _roof(self, name: str, flops: float, nbytes: float, share: float = 1.0) -> Op:
+        t_c = flops / (self.gpu.flops * self.gpu.compute_fraction * share)
+        t_m = nbytes / (self.gpu.mem_bw * self.gpu.memory_fraction * share)
         return Op(name, flops, nbytes, max(t_c, t_m), "compute" if t_c >= t_m else "memory")
 
     def _link(self, name: str, nbytes: float, bw: float) -> Op:
@@ -147,6 +150,7 @@ class CostModel:
                 "decode_attention",
                 4.0 * m.head_dim * self.heads_local * ctx,
                 b * (2 * ctx * self.kv_local + 2 * k * self.q_local + 2 * k * self.kv_local),
+                self.gpu.decode_attention_fraction,
             ))
         # Norms, residual adds, rotary, activation: memory-bound elementwise passes.
         act = (3 if m.gated_mlp else 2) * ffn_local
@@ -174,6 +178,8 @@ class CostModel:
                 ops.append(self._linear("lm_head", batch.n_emit, m.hidden, vocab_local))
         else:
             ops.append(self._link("pp_send", n * m.hidden * b, self.send_bw[stage]))
+        if batch.chunks and batch.decodes and self.gpu.mixed_step_factor != 1.0:
+            ops.append(Op("mixed_step", 0.0, 0.0, (self.gpu.mixed_step_factor - 1.0) * sum(op.seconds for op in ops), "overhead"))
         return StageCost(ops)
 
     def step_cost(self, batch: Batch) -> StepCost:
@@ -212,7 +218,7 @@ class CostModel:
             m, b = self.model, self.model.dtype_bytes
             total += self._roof_seconds(4.0 * m.head_dim * self.heads_local * decode_ctx,
                                         b * (2 * decode_ctx * self.kv_local + 2 * n_decodes * self.q_local
-                                             + 2 * n_decodes * self.kv_local)) * layers
+                                             + 2 * n_decodes * self.kv_local), self.gpu.decode_attention_fraction) * layers
         total += norms
         if reduce is not None:
             total += reduce
@@ -221,10 +227,13 @@ class CostModel:
             if lm is None:
                 lm = self._lm_head[n_emit] = self._linear("lm_head", n_emit, self.model.hidden, -(-self.model.vocab // self.tp)).seconds
             total += lm
+        if chunks and n_decodes and self.gpu.mixed_step_factor != 1.0:
+            total += (self.gpu.mixed_step_factor - 1.0) * total
         return total
 
-    def _roof_seconds(self, flops: float, nbytes: float) -> float:
-        return max(flops / (self.gpu.flops * self.gpu.compute_fraction), nbytes / (self.gpu.mem_bw * self.gpu.memory_fraction))
+    def _roof_seconds(self, flops: float, nbytes: float, share: float = 1.0) -> float:
+        return max(flops / (self.gpu.flops * self.gpu.compute_fraction * share),
+                   nbytes / (self.gpu.mem_bw * self.gpu.memory_fraction * share))
 
     def _token_terms(self, n: int) -> tuple[float, float, float | None]:
         """The terms of a step of n tokens that its shape does not change: (the partial sum up to and including

@@ -108,6 +108,12 @@ class GPUSpec:
     memory_fraction: float = 0.85  # streaming kernels reach ~85% of DRAM peak
     network_fraction: float = 0.8
     step_overhead_s: float = 0.0  # per step (scheduling, launches); 0 on spec sheets alone
+    # Fitted by a calibration, 1 on spec sheets. Decode attention (one query row against a whole context) runs
+    # other kernels than the GEMMs: on a CPU's llama.cpp it attained 1/20 of what they did (tune's calibration).
+    decode_attention_fraction: float = 1.0  # share of the other operators' attained roofs it attains
+    # A step carrying prompt chunks and decodes together can cost more than its operators: llama.cpp with one KV
+    # stream per sequence cuts it into micro-batches, one more pass over the weights (backends/gguf.py).
+    mixed_step_factor: float = 1.0  # such a step's time over its operators' sum
     collective_latency_s: float = 10e-6  # per all-reduce / send
     memory_reserve_bytes: float = 1 * GiB  # CUDA context, library workspaces
     source: str = ""
