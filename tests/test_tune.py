@@ -311,3 +311,9 @@ def test_the_measured_stage_prices_its_steps_and_repredicts_at_the_speed_they_ra
                for line in report.stage_notes(predicted, measured, again))
     records = report.config_records(measured, 100.0)
     assert all(r["step_time_vs_sim"] == pytest.approx(1.25) for r in records)
+    # A machine at one speed throughout gets no drift line; one whose speed moved between probes does.
+    assert not any("speed moved" in line for line in report.stage_notes(predicted, measured, again))
+    slow = measured[0].probes[0]
+    slow.busy_s *= 1.2
+    drift = [line for line in report.stage_notes(predicted, measured, again) if "speed moved" in line]
+    assert len(drift) == 1 and "1.25x to 1.50x" in drift[0]

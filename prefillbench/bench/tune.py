@@ -582,6 +582,13 @@ def compare_stages(predicted: list[ConfigResult], measured: list[ConfigResult]) 
     return [Comparison(pred[(m.config, m.criteria)], m) for m in ranked(measured) if (m.config, m.criteria) in pred]
 
 
+def probe_speeds(results: list[ConfigResult]) -> list[float]:
+    """Each priced probe's step time over the calibrated sim's price for the same steps, once per probe: how the
+    machine's speed moved from probe to probe while it was measured."""
+    speeds = {id(p): p.busy_s / p.priced_s for r in results for p in r.probes if p.priced_s > 0}
+    return list(speeds.values())
+
+
 def order_differs(comparisons: list[Comparison]) -> bool:
     """Whether the measured order of the measured configurations differs from the predicted one, past ties."""
     by_pred = sorted(comparisons, key=lambda c: -c.predicted.capacity)

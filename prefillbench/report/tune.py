@@ -9,7 +9,8 @@ from typing import Any
 import pandas as pd
 
 from prefillbench.bench.capacity import Criteria
-from prefillbench.bench.tune import Comparison, ConfigResult, by_criteria, compare_stages, order_differs, ranked
+from prefillbench.bench.tune import (Comparison, ConfigResult, by_criteria, compare_stages, order_differs, probe_speeds,
+                                     ranked)
 from prefillbench.report.capacity import capacity_text
 from prefillbench.report.tables import fmt_number, md_table, write_atomic
 
@@ -30,6 +31,10 @@ def baseline_of(results: list[ConfigResult], strategy: str = "sequential") -> Co
 
 def _slowdown(r: ConfigResult) -> str:
     return "-" if math.isnan(r.step_speed) else f"{r.step_speed:.2f}x"
+
+
+#: Probe speeds further apart than this get a line: the measurement moved with the machine, not only the load.
+DRIFT_NOTE = 1.10
 
 
 def _prediction_columns(by_key: dict, capacity_name: str, error_name: str) -> list:
@@ -119,6 +124,11 @@ def stage_notes(predicted: list[ConfigResult], measured: list[ConfigResult],
         lines.append("at the speed the measured steps ran (their time over the calibrated sim's price): " + "; ".join(
             f"{c.measured.config.label} {_slowdown(c.measured)}: {c.predicted.capacity:.3g} vs {c.measured.capacity:.3g} "
             f"req/s" + (f" ({c.error_text})" if not math.isnan(c.error) else "") for c in again))
+    speeds = probe_speeds(measured)
+    if len(speeds) > 1 and max(speeds) > DRIFT_NOTE * min(speeds):
+        lines.append(f"the machine's speed moved during the measurement: probe by probe, its steps took {min(speeds):.2f}x "
+                     f"to {max(speeds):.2f}x the calibration's price, so a measured capacity moves with the minute it was "
+                     f"measured in; measure on a quiet machine, or repeat (--repeats)")
     if order_differs(comparisons):
         pred_order = ", ".join(c.measured.config.label for c in sorted(comparisons, key=lambda c: -c.predicted.capacity))
         meas_order = ", ".join(c.measured.config.label for c in comparisons)
