@@ -267,10 +267,11 @@ def _nelder_mead(f, x0: np.ndarray, step: float = 0.5, iters: int = 400) -> np.n
     return simplex[int(np.argmin(values))]
 
 
-def fit(model: ModelSpec, gpu: GPUSpec, samples: list[Sample]) -> dict[str, float]:
+def fit(model: ModelSpec, gpu: GPUSpec, samples: list[Sample], shape_terms: bool = True) -> dict[str, float]:
     """Least squares on log step time over compute fraction, memory fraction, per-step overhead, decode
     attention's share and the mixed-step factor. A sweep without decodes or without mixed steps leaves the
-    parameter it cannot see at 1 (the least squares does not move it)."""
+    parameter it cannot see at 1 (the least squares does not move it). `shape_terms=False` holds the last two
+    at 1: the three-parameter roofline, for comparison."""
     design = _Design(model, gpu, [s.batch for s in samples])
     measured = np.array([s.seconds for s in samples])
     log_meas = np.log(measured)
@@ -283,7 +284,7 @@ def fit(model: ModelSpec, gpu: GPUSpec, samples: list[Sample]) -> dict[str, floa
         cf, mf, af = (math.exp(min(max(v, lo), hi)) for v in x[:3])
         oh = max(math.exp(min(x[3], 0.0)) - floor, 0.0)
         mx = math.exp(min(max(x[4], 0.0), math.log(MIXED_CEILING)))
-        return cf, mf, oh, af, mx
+        return (cf, mf, oh, af, mx) if shape_terms else (cf, mf, oh, 1.0, 1.0)
 
     def loss(x: np.ndarray) -> float:
         return float(np.sum((np.log(design.predict(*params(x))) - log_meas) ** 2))
@@ -291,7 +292,7 @@ def fit(model: ModelSpec, gpu: GPUSpec, samples: list[Sample]) -> dict[str, floa
     best = None
     for lcf in np.linspace(math.log(1e-4), math.log(2.0), 12):
         for lmf in np.linspace(math.log(1e-3), math.log(2.0), 12):
-            for laf in np.linspace(math.log(1e-3), 0.0, 5):
+            for laf in np.linspace(math.log(1e-3), 0.0, 5) if shape_terms else (0.0,):
                 for oh in (0.0, 1e-5, 1e-4, 1e-3, 1e-2):
                     x = np.array([lcf, lmf, laf, math.log(oh + floor), 0.0])
                     v = loss(x)
