@@ -102,22 +102,54 @@ def test_a_list_of_slos_gives_capacity_against_the_slo_from_shared_runs():
     assert "chunked (4)" in table and table.count("|") > 6
 
 
-def test_ctrl_c_keeps_finished_configurations_and_probes():
-    calls = []
+class InterruptedBackend(FakeBackend):
+    """Ctrl-C in the middle of the `at`-th engine run (warm-ups count): where a real one arrives, in the backend."""
 
-    def interrupt_at_twelve(config, index, p):
-        calls.append(p)
-        if len(calls) == 12:
+    def __init__(self, at: int) -> None:
+        super().__init__(0.0, 0.1)
+        self.runs, self.at = 0, at
+
+    def prepare(self, *args):
+        self.runs += 1
+        super().prepare(*args)
+
+    def execute(self, step, return_logits=False):
+        if self.runs == self.at:
             raise KeyboardInterrupt
+        return super().execute(step, return_logits)
 
-    grid = tune.run_grid(FakeBackend(0.0, 0.1), configs(), settings(), on_probe=interrupt_at_twelve)
+
+def test_ctrl_c_keeps_finished_configurations_and_probes():
+    reported = []
+    grid = tune.run_grid(InterruptedBackend(at=14), configs(), settings(),
+                         on_probe=lambda config, index, p: reported.append((config, p)))
     assert grid.stopped == "interrupted"
-    done, partial = grid.results
-    assert not done.interrupted and partial.interrupted
-    assert len(done.probes) + len(partial.probes) == 12  # every probe that finished is kept
-    assert grid.left[0] == partial.config and len(grid.left) == len(TRUE) - 1
-    passed = [p.rate for p in partial.probes if p.passed]
-    assert partial.capacity == (max(passed) if passed else 0.0)
+    # Every probe that finished is kept, under its configuration; each chain keeps its finished configurations.
+    assert sorted((r.config.label, p.rate) for r in grid.results for p in r.probes) == sorted(
+        (c.label, p.rate) for c, p in reported)
+    assert len(reported) >= 10
+    by = {r.config: r for r in grid.results}
+    assert set(grid.left) == {c for c in configs() if c not in by or by[c].interrupted}
+    assert any(r.interrupted for r in grid.results)
+    for r in grid.results:
+        passed = [p.rate for p in r.probes if p.passed]
+        if r.interrupted:
+            assert r.capacity == (max(passed) if passed else 0.0)
+
+
+def test_the_measured_stage_takes_turns_a_probe_each_and_finds_what_it_finds_alone():
+    s = settings()
+    chosen = [tune.Config("sequential", None), tune.Config("chunked", 2), tune.Config("chunked", 4)]
+    order = []
+    turns = tune.run_grid(FakeBackend(0.0, 0.1), chosen, s, on_probe=lambda c, i, p: order.append(c.strategy))
+    # Alone: one chain at a time (the sim's path, and a single chain's).
+    alone = [tune.run_grid(FakeBackend(0.0, 0.1), [c for c in chosen if c.strategy == k], s).results
+             for k in ("sequential", "chunked")]
+    assert [(r.config, [(p.rate, p.passed) for p in r.probes]) for r in turns.results] == [
+        (r.config, [(p.rate, p.passed) for p in r.probes]) for rs in alone for r in rs]
+    # The two chains alternated, probe by probe, while both were searching.
+    n_seq = order.count("sequential")
+    assert order[:2 * n_seq] == ["sequential", "chunked"] * n_seq
 
 
 def test_the_time_budget_stops_before_a_probe_that_would_end_past_it():

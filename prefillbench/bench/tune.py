@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from strategies import make_strategy
 
@@ -29,7 +30,10 @@ from prefillbench.bench.capacity import DEFAULT_START_RATE, CapacityConfig, Crit
 from prefillbench.bench.cases import BenchConfig, Case, warm_up
 from prefillbench.bench.metrics import SLO, strategy_label
 from prefillbench.bench.pricing import Pricer
+from prefillbench.bench.turns import BackendCall, take_turns
 from prefillbench.bench.workloads import TestSpec, make_requests, request_lengths
+
+T = TypeVar("T")
 
 #: Seeds of the repeats: far apart, so that no two traces share a stream.
 SEED_STRIDE = 1000
@@ -233,19 +237,21 @@ ProbeCallback = Callable[[Config, int, Probe], None]  # configuration, criteria 
 def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_probe: ProbeCallback | None = None,
                 hint: float | None = None, deadline: float | None = None, stage: str = "sim",
                 seeds: list[int] | None = None, firsts: list[float] | None = None,
-                price: Pricer | None = None) -> list[ConfigResult]:
+                price: Pricer | None = None, call: BackendCall | None = None) -> list[ConfigResult]:
     """The configuration's capacity under each criteria. A run's figures serve every criteria (and a rate probed
     again under another criteria is not run again); so a list of SLOs costs little more than one.
 
     `seeds`: which of the settings' seeds to search (their indices; default all), so that a pool can search a
     configuration's further seeds apart; `firsts`: then, each criteria's first-seed capacity, where they start.
-    `price`: every probe's steps are priced by it too (the calibrated sim, in the measured stage).
+    `price`: every probe's steps are priced by it too (the calibrated sim, in the measured stage). `call` runs
+    each piece of backend work (warm-up, probe) when searches take turns (bench.turns); default: here, now.
     A Ctrl-C or the deadline raises Stopped with what was finished, the search under way included."""
+    on_backend = call or _now
     case = Case(settings.test, config.strategy, settings.concurrency, config.budget)
     base = settings.capacity_config(settings.criteria[0], config.strategy)
     if settings.warmup and backend.name != "sim":
-        warm_up(backend, make_strategy(config.strategy, config.budget or 256), case,
-                BenchConfig([case.test], [config.strategy], [case.concurrency], seed=settings.seed))
+        on_backend(lambda: warm_up(backend, make_strategy(config.strategy, config.budget or 256), case,
+                                   BenchConfig([case.test], [config.strategy], [case.concurrency], seed=settings.seed)))
     cache: dict[tuple[float, int], Probe] = {}
     near = 1 + NEAR_GROWTH_PRECISIONS * settings.precision
     step = 1 + REPEAT_GROWTH_PRECISIONS * settings.precision
@@ -261,8 +267,8 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
         if raw is None:
             if deadline is not None and time.monotonic() + (settings.requests - 1) / rate + last_e2e_s > deadline:
                 raise OutOfTime(f"{config.label} at {rate:.3g} req/s would end past the time budget")
-            raw = cache[(rate, seed)] = probe_case(backend, case, base, rate, seed=seed, watch=settings.criteria,
-                                                   price=price)
+            raw = cache[(rate, seed)] = on_backend(lambda: probe_case(backend, case, base, rate, seed=seed,
+                                                                      watch=settings.criteria, price=price))
             last_e2e_s = raw.row.e2e_p50_ms / 1e3 if not math.isnan(raw.row.e2e_p50_ms) else last_e2e_s
         over = raw.certain[criteria] if raw.stopped_early else criteria.exceeded(raw.values)
         p = replace(raw, passed=not over, limited_by=over)
@@ -284,7 +290,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
                 elif settings.start_rate:
                     start, growth = settings.start_rate, 2.0
                 else:
-                    start, growth = saturated_rate(backend, case, settings, seed), 2.0
+                    start, growth = on_backend(lambda: saturated_rate(backend, case, settings, seed)), 2.0
                 result.searches.append(search(lambda r: probe(index, seed, r), start, settings.precision, growth))
     except (KeyboardInterrupt, OutOfTime) as e:
         for result in results:
@@ -292,6 +298,10 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
                 result.searches.append(SearchResult.partial(current))
         raise Stopped([r for r in results if r.searches], e) from None
     return results
+
+
+def _now(work: Callable[[], T]) -> T:
+    return work()
 
 
 def saturated_rate(backend: Backend, case: Case, settings: TuneSettings, seed: int) -> float:
@@ -335,7 +345,7 @@ def chains(configs: list[Config]) -> list[list[Config]]:
 def _run_chain(backend: Backend, chain: list[Config], settings: TuneSettings, on_probe: ProbeCallback | None,
                on_config: Callable[[Config, list[ConfigResult]], None] | None, hints: dict[Config, float],
                deadline: float | None, stage: str, seeds: list[int] | None = None,
-               price: Pricer | None = None) -> list[ConfigResult]:
+               price: Pricer | None = None, call: BackendCall | None = None) -> list[ConfigResult]:
     """One strategy's budgets in turn; without a hint of its own a budget's search starts at the previous budget's
     first-seed capacity, bracketing near it (adjacent budgets' capacities differ by tens of percent: two or three
     probes instead of the climb from the start rate). The first seed's, not the median: a pool that searches the
@@ -345,7 +355,7 @@ def _run_chain(backend: Backend, chain: list[Config], settings: TuneSettings, on
     for config in chain:
         try:
             found = tune_config(backend, config, settings, on_probe, hints.get(config) or previous or None, deadline,
-                                stage, seeds, price=price)
+                                stage, seeds, price=price, call=call)
         except Stopped as e:
             raise Stopped(results + e.results, e.cause) from None
         results += found
@@ -359,12 +369,32 @@ def run_grid(backend: Backend, configs: list[Config], settings: TuneSettings, on
              on_config: Callable[[Config], None] | None = None, hints: dict[Config, float] | None = None,
              deadline: float | None = None, stage: str = "sim", jobs: int = 1, price: Pricer | None = None) -> GridResult:
     """Every configuration's capacity; a Ctrl-C or the deadline keeps what finished, probes included. `price`
-    prices every probe's steps too (one process: the measured stage, never the sim's pool)."""
+    prices every probe's steps too (one process: the measured stage, never the sim's pool). On a real backend
+    the strategies' chains take turns, a probe each (bench.turns): the machine's drift falls on all alike."""
     groups = chains(configs)
     if jobs > 1 and len(groups) > 1 and backend.name == "sim" and price is None:
         return _run_pool(backend, groups, settings, on_probe, on_config, hints or {}, stage, jobs)
     out = GridResult()
     done = (lambda c, found: on_config(c)) if on_config is not None else None
+    if backend.name != "sim" and len(groups) > 1:
+        outcomes = take_turns([
+            lambda call, chain=chain: _run_chain(backend, chain, settings, on_probe, done, hints or {}, deadline, stage,
+                                                 price=price, call=call)
+            for chain in groups])
+        for chain, outcome in zip(groups, outcomes):
+            if isinstance(outcome, Stopped):
+                out.results += outcome.results
+                out.stopped = out.stopped or ("interrupted" if outcome.interrupted else f"time budget: {outcome}")
+                finished = {r.config for r in outcome.results if not r.interrupted}
+                out.left += [c for c in chain if c not in finished]
+            elif isinstance(outcome, KeyboardInterrupt):  # never started
+                out.stopped = out.stopped or "interrupted"
+                out.left += chain
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                out.results += outcome
+        return out
     for i, chain in enumerate(groups):
         try:
             out.results += _run_chain(backend, chain, settings, on_probe, done, hints or {}, deadline, stage, price=price)
