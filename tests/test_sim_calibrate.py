@@ -6,8 +6,8 @@ import json
 import pytest
 
 from prefillbench.cli import main
-from prefillbench.backends.sim.calibration import (FITTED_KEYS, SHAPE_KEYS, Sample, errors, fit, load_calibration,
-                                                   sweep_points)
+from prefillbench.backends.sim.calibration import (FITTED_KEYS, JITTER_KEY, SHAPE_KEYS, Sample, errors, fit, jitter,
+                                                   load_calibration, sweep_points)
 from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.specs import SimConfigError, load_gpu_spec, load_model_spec
 
@@ -64,6 +64,38 @@ def test_a_calibration_from_before_the_shape_terms_prices_as_the_roofline_did(tm
     assert "mixed_step" not in new.cost.step_cost(decode_only).breakdown()
 
 
+def test_the_jitter_is_the_pooled_spread_of_log_time_among_repeats_and_the_sim_draws_from_it():
+    import math
+    import statistics
+
+    from strategies import make_strategy
+
+    from prefillbench import engine
+    from prefillbench.backends.sim.backend import SimBackend
+    from prefillbench.bench.pricing import pricer
+    from prefillbench.bench.workloads import TestSpec, make_requests
+
+    a, b = sweep_points(2048)[:2]
+    batch = Batch(((0, 8, True),))
+    samples = [Sample(a, batch, t) for t in (1.0, math.exp(0.1), math.exp(-0.1))] + [Sample(b, batch, 2.0)] * 2
+    assert jitter(samples) == pytest.approx(math.sqrt(0.02 / 3))  # 5 samples of 2 points: 3 degrees of freedom
+    assert jitter(samples[:1] + samples[3:4]) == 0.0  # no repeats, no spread known
+
+    model, gpu = load_model_spec("mistral-7b"), load_gpu_spec("a100")
+    fitted = {"compute_fraction": 0.5, "memory_fraction": 0.6, "step_overhead_s": 0.002, JITTER_KEY: 0.1}
+    sim = SimBackend(model, gpu, calibration={"fitted": fitted})
+    requests = make_requests(TestSpec(700, 60, spread=0.5), 24, sim.vocab_size, 3)
+    runs = [engine.run(sim, make_strategy("chunked", 256), requests, 4) for _ in range(2)]
+    assert [s.seconds for s in runs[0].steps] == pytest.approx([s.seconds for s in runs[1].steps], rel=1e-9)  # same draws
+    price = pricer(sim.cost)
+    logs = [math.log(s.seconds / price(s)) for s in runs[0].steps]
+    assert len(logs) > 300
+    assert statistics.median(logs) == pytest.approx(0.0, abs=0.02) and statistics.stdev(logs) == pytest.approx(0.1, rel=0.15)
+    exact = SimBackend(model, gpu, calibration={"fitted": {**fitted, JITTER_KEY: 0.0}})
+    run = engine.run(exact, make_strategy("chunked", 256), requests, 4)
+    assert [s.seconds for s in run.steps] == pytest.approx([pricer(exact.cost)(s) for s in run.steps], rel=1e-9)
+
+
 def test_bad_calibration_file(tmp_path):
     path = tmp_path / "cal.json"
     path.write_text(json.dumps({"fitted": {"compute_fraction": 0.5}}))
@@ -90,7 +122,7 @@ def test_calibrate_on_a_tiny_torch_model_then_run_the_sim(tiny_checkpoint, tmp_p
     assert main(["calibrate", "--backend", "torch", "-m", str(tiny_checkpoint), "--device", "cpu", "--quick",
                  "--repeats", "1", "--export", str(out), "--errors", str(errs)]) == 0
     cal = json.loads(out.read_text())
-    assert set(cal["fitted"]) == set(FITTED_KEYS + SHAPE_KEYS)
+    assert set(cal["fitted"]) == set(FITTED_KEYS + SHAPE_KEYS + (JITTER_KEY,)) and cal["fitted"][JITTER_KEY] == 0.0  # one repeat: no spread
     assert cal["model"]["hidden"] == 64 and cal["model"]["dtype_bytes"] == 4 and cal["gpu"]["name"] == "CPU"
     assert len(cal["steps"]) == len(errs.read_text().splitlines()) - 1 > 5
     printed = capsys.readouterr().out

@@ -7,6 +7,8 @@ comparison of prefillbench works for GPUs and models that are not here.
 from __future__ import annotations
 
 import json
+import math
+import random
 import sys
 from itertools import repeat
 from pathlib import Path
@@ -19,6 +21,8 @@ from prefillbench.backends.sim.specs import GiB, GPUSpec, ModelSpec, load_gpu_sp
 from prefillbench.step import Step, StepResult
 
 from prefillbench.backends.base import Backend, BackendError, Launched
+
+JITTER_SEED = 7
 
 
 def placeholder_token(seq_id: int, length: int, span: int) -> int:
@@ -65,6 +69,7 @@ class SimBackend(Backend):
         self._held = 0  # their sum, kept as they change: summing every step was a share of the sim's time
         self.pipeline: Pipeline | None = None  # the current run's stage timelines, with --pp > 1
         self.pipeline_stats: dict[str, Any] | None = None  # the last finished run's
+        self._jitter: random.Random | None = None  # each run's draws of step jitter, from the same seed
         self._trace_path = Path(trace) if trace else None
         self._trace: TextIO | None = None
 
@@ -98,6 +103,8 @@ class SimBackend(Backend):
             )
         self._seq_tokens.clear()
         self._held = 0
+        # The same draws in every run: configurations compared on one trace also meet the same jitter, step by step.
+        self._jitter = random.Random(JITTER_SEED) if self.gpu.step_jitter else None
         self.n_runs += 1
         self.pipeline = Pipeline(self.pp, self.clock) if self.pp > 1 else None
 
@@ -147,6 +154,8 @@ class SimBackend(Backend):
             cost = self.step_cost(step)
             self.trace_step(step, self.clock, cost)
             seconds = cost.seconds
+        if self._jitter is not None:  # median-preserving: the calibration fits the medians of its repeats
+            seconds *= math.exp(self.gpu.step_jitter * self._jitter.gauss(0.0, 1.0))
         self.clock += seconds
         self.n_steps += 1
         if self._held > self._kv_capacity:
@@ -234,6 +243,7 @@ class SimBackend(Backend):
             "sim_step_overhead_s": self.gpu.step_overhead_s,
             "sim_decode_attention_fraction": self.gpu.decode_attention_fraction,
             "sim_mixed_step_factor": self.gpu.mixed_step_factor,
+            "sim_step_jitter": self.gpu.step_jitter,
             "sim_kv_capacity_tokens": self.cost.kv_capacity_tokens(),
         }
         if self.clamped:

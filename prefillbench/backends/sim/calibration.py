@@ -33,6 +33,8 @@ from prefillbench.backends.sim.specs import GPUSpec, ModelSpec, SimConfigError, 
 FITTED_KEYS = ("compute_fraction", "memory_fraction", "step_overhead_s")
 #: Fitted since 2026-12-01; a calibration file without them prices as before (GPUSpec's 1.0).
 SHAPE_KEYS = ("decode_attention_fraction", "mixed_step_factor")
+#: Also since then: the spread of step times around their price (GPUSpec.step_jitter), from the repeats.
+JITTER_KEY = "step_jitter"
 #: A mixed step costs at least its operators' sum (nothing measured ran faster mixed) and at most this factor.
 MIXED_CEILING = 4.0
 #: The fit keeps each attainable fraction within these; one at FRACTION_CEILING means that roof never bound a step.
@@ -65,7 +67,7 @@ def at_speed(cal: dict[str, Any], slowdown: float) -> dict[str, Any]:
     """The calibration of the same machine running every step `slowdown` times as long: each fitted fraction
     divided by it and the per-step overhead multiplied (every term of a single device's step time is one of
     the two, so each step's price scales by exactly `slowdown`; decode attention's share and the mixed-step
-    factor are ratios between terms, which a uniform slowdown keeps)."""
+    factor are ratios between terms, and the jitter a spread of log time, all of which a uniform slowdown keeps)."""
     fitted = dict(cal["fitted"])
     fitted["compute_fraction"] /= slowdown
     fitted["memory_fraction"] /= slowdown
@@ -331,13 +333,26 @@ def medians(samples: list[Sample]) -> list[Sample]:
     return out
 
 
+def jitter(samples: list[Sample]) -> float:
+    """The pooled standard deviation of log step time among each point's repeats (0 with single repeats): the
+    spread of one shape's time from one step to the next, which a P99 TBT near a step's time is the tail of."""
+    by_point: dict[Point, list[float]] = {}
+    for s in samples:
+        by_point.setdefault(s.point, []).append(math.log(s.seconds))
+    squares = sum(float(np.sum((np.array(v) - np.mean(v)) ** 2)) for v in by_point.values())
+    dof = len(samples) - len(by_point)
+    return math.sqrt(squares / dof) if dof > 0 else 0.0
+
+
 def calibrate(backend, model: ModelSpec, nominal: GPUSpec, *, quick: bool = False, repeats: int = 3,
               progress=None, extra: list[Point] = ()) -> dict[str, Any]:
     """`extra`: points beside the sweep's, such as a workload's own step shapes (workload_points)."""
     points = sweep_points(min(backend.context_length, model.max_context), quick)
     points += [p for p in extra if p not in points]
-    samples = medians(measure(backend, points, repeats, progress))
+    measured = measure(backend, points, repeats, progress)
+    samples = medians(measured)
     fitted = fit(model, nominal, samples)
+    fitted[JITTER_KEY] = jitter(measured)
     gpu = nominal.with_calibration(fitted)
     errs = errors(model, gpu, samples)
     abs_err = sorted(abs(e["error"]) for e in errs)
@@ -381,7 +396,7 @@ def describe_fraction(kind: str, value: float, nominal: str) -> str:
 
 
 def describe_shape_terms(fitted: dict[str, float]) -> list[str]:
-    """The calibration's two step-shape terms in words (a file from before them has neither: nothing to say)."""
+    """The calibration's step-shape terms and step jitter in words (a file from before them has none of them)."""
     lines = []
     if "decode_attention_fraction" in fitted:
         af = fitted["decode_attention_fraction"]
@@ -394,4 +409,7 @@ def describe_shape_terms(fitted: dict[str, float]) -> list[str]:
         mx = fitted["mixed_step_factor"]
         lines.append(f"mixed-step factor {mx:.3f}: a step carrying prompt chunks and decodes together costs "
                      + ("its operators' sum" if mx == 1.0 else f"{mx - 1:.1%} more than its operators' sum"))
+    if fitted.get(JITTER_KEY):
+        lines.append(f"step jitter {fitted[JITTER_KEY]:.3f}: one shape's time spreads by that much (log standard deviation) "
+                     "from one step to the next; the calibrated sim draws each step's time from that spread")
     return lines

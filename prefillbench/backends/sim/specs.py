@@ -114,6 +114,9 @@ class GPUSpec:
     # A step carrying prompt chunks and decodes together can cost more than its operators: llama.cpp with one KV
     # stream per sequence cuts it into micro-batches, one more pass over the weights (backends/gguf.py).
     mixed_step_factor: float = 1.0  # such a step's time over its operators' sum
+    # A real device's step times spread around their price (threads, caches, a shared host); a P99 TBT near one
+    # step's time is that spread's tail, which a sim of exact prices never reaches. 0 on spec sheets: exact.
+    step_jitter: float = 0.0  # std of log(step time / price), from a calibration's repeats; single-stage sims
     collective_latency_s: float = 10e-6  # per all-reduce / send
     memory_reserve_bytes: float = 1 * GiB  # CUDA context, library workspaces
     source: str = ""
