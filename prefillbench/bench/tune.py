@@ -20,7 +20,6 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
 from strategies import make_strategy
 
@@ -30,10 +29,8 @@ from prefillbench.bench.capacity import DEFAULT_START_RATE, CapacityConfig, Crit
 from prefillbench.bench.cases import BenchConfig, Case, warm_up
 from prefillbench.bench.metrics import SLO, strategy_label
 from prefillbench.bench.pricing import Pricer
-from prefillbench.bench.turns import BackendCall, take_turns
+from prefillbench.bench.turns import BackendCall, run_here, take_turns
 from prefillbench.bench.workloads import TestSpec, make_requests, request_lengths
-
-T = TypeVar("T")
 
 #: Seeds of the repeats: far apart, so that no two traces share a stream.
 SEED_STRIDE = 1000
@@ -246,7 +243,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
     `price`: every probe's steps are priced by it too (the calibrated sim, in the measured stage). `call` runs
     each piece of backend work (warm-up, probe) when searches take turns (bench.turns); default: here, now.
     A Ctrl-C or the deadline raises Stopped with what was finished, the search under way included."""
-    on_backend = call or _now
+    on_backend = call or run_here
     case = Case(settings.test, config.strategy, settings.concurrency, config.budget)
     base = settings.capacity_config(settings.criteria[0], config.strategy)
     if settings.warmup and backend.name != "sim":
@@ -298,10 +295,6 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
                 result.searches.append(SearchResult.partial(current))
         raise Stopped([r for r in results if r.searches], e) from None
     return results
-
-
-def _now(work: Callable[[], T]) -> T:
-    return work()
 
 
 def saturated_rate(backend: Backend, case: Case, settings: TuneSettings, seed: int) -> float:
@@ -369,41 +362,31 @@ def run_grid(backend: Backend, configs: list[Config], settings: TuneSettings, on
              on_config: Callable[[Config], None] | None = None, hints: dict[Config, float] | None = None,
              deadline: float | None = None, stage: str = "sim", jobs: int = 1, price: Pricer | None = None) -> GridResult:
     """Every configuration's capacity; a Ctrl-C or the deadline keeps what finished, probes included. `price`
-    prices every probe's steps too (one process: the measured stage, never the sim's pool). On a real backend
-    the strategies' chains take turns, a probe each (bench.turns): the machine's drift falls on all alike."""
+    prices every probe's steps too (one process: the measured stage, never the sim's pool). In one process the
+    strategies' chains take turns, a probe each (bench.turns): on a real backend the machine's drift falls on
+    all alike; on the sim, whose clock is virtual, the order changes nothing."""
     groups = chains(configs)
     if jobs > 1 and len(groups) > 1 and backend.name == "sim" and price is None:
         return _run_pool(backend, groups, settings, on_probe, on_config, hints or {}, stage, jobs)
     out = GridResult()
     done = (lambda c, found: on_config(c)) if on_config is not None else None
-    if backend.name != "sim" and len(groups) > 1:
-        outcomes = take_turns([
-            lambda call, chain=chain: _run_chain(backend, chain, settings, on_probe, done, hints or {}, deadline, stage,
-                                                 price=price, call=call)
-            for chain in groups])
-        for chain, outcome in zip(groups, outcomes):
-            if isinstance(outcome, Stopped):
-                out.results += outcome.results
-                out.stopped = out.stopped or ("interrupted" if outcome.interrupted else f"time budget: {outcome}")
-                finished = {r.config for r in outcome.results if not r.interrupted}
-                out.left += [c for c in chain if c not in finished]
-            elif isinstance(outcome, KeyboardInterrupt):  # never started
-                out.stopped = out.stopped or "interrupted"
-                out.left += chain
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                out.results += outcome
-        return out
-    for i, chain in enumerate(groups):
-        try:
-            out.results += _run_chain(backend, chain, settings, on_probe, done, hints or {}, deadline, stage, price=price)
-        except Stopped as e:
-            out.results += e.results
-            out.stopped = "interrupted" if e.interrupted else f"time budget: {e}"
-            finished = {r.config for r in e.results if not r.interrupted}
-            out.left = [c for g in groups[i:] for c in g if c not in finished]
-            return out
+    outcomes = take_turns([
+        lambda call, chain=chain: _run_chain(backend, chain, settings, on_probe, done, hints or {}, deadline, stage,
+                                             price=price, call=call)
+        for chain in groups])
+    for chain, outcome in zip(groups, outcomes):
+        if isinstance(outcome, Stopped):
+            out.results += outcome.results
+            out.stopped = out.stopped or ("interrupted" if outcome.interrupted else f"time budget: {outcome}")
+            finished = {r.config for r in outcome.results if not r.interrupted}
+            out.left += [c for c in chain if c not in finished]
+        elif isinstance(outcome, KeyboardInterrupt):  # never started
+            out.stopped = out.stopped or "interrupted"
+            out.left += chain
+        elif isinstance(outcome, BaseException):
+            raise outcome
+        else:
+            out.results += outcome
     return out
 
 

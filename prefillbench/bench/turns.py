@@ -1,4 +1,4 @@
-"""Searches that take turns on one real backend, a backend call each in a fixed round-robin order.
+"""Searches that take turns on one backend, a backend call each in a fixed round-robin order.
 
 Measured one after another, the configurations of tune's measured stage each met the minutes they ran in: on a
 VM whose speed moved by a third from one probe to the next, the one measured second ran 1.20x slower than the
@@ -20,6 +20,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 #: What a search is given to run a piece of work on the backend: call(thunk) returns thunk().
 BackendCall = Callable[[Callable[[], T]], T]
+
+
+def run_here(work: Callable[[], T]) -> T:
+    """The BackendCall of a search that runs alone: the work, now, on this thread."""
+    return work()
 
 
 class _Search(threading.Thread):

@@ -230,12 +230,11 @@ class _Design:
                 else:
                     self.t_compute[i, names[name]] = f / gpu.flops
                     self.t_memory[i, names[name]] = by / gpu.mem_bw
-        # Column 0 is decode attention, whose share of the roofs is fitted on its own.
-        self.share = np.ones(k)
 
     def predict(self, cf: float, mf: float, overhead: float, attention: float = 1.0, mixed: float = 1.0) -> np.ndarray:
-        self.share[0] = attention
-        t = overhead + self.fixed + (np.maximum(self.t_compute / cf, self.t_memory / mf) / self.share).sum(axis=1)
+        share = np.ones(self.t_compute.shape[1])
+        share[0] = attention  # column 0 is decode attention, whose share of the roofs is fitted on its own
+        t = overhead + self.fixed + (np.maximum(self.t_compute / cf, self.t_memory / mf) / share).sum(axis=1)
         return np.where(self.mixed, t * mixed, t)
 
 
