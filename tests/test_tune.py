@@ -18,7 +18,7 @@ from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.calibration import at_speed
 from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
-from prefillbench.bench import tune
+from prefillbench.bench import sim_first, tune
 from prefillbench.bench.capacity import Criteria, Probe, SearchResult
 from prefillbench.bench.pricing import pricer
 from prefillbench.bench.workloads import TestSpec, make_requests
@@ -164,9 +164,9 @@ def test_the_sim_first_stage_measures_the_sims_top_k_and_sequential_from_its_pre
     chosen = [tune.Config("sequential", None), tune.Config("chunked", 1), tune.Config("chunked", 2), tune.Config("chunked", 4)]
     predicted = tune.run_grid(FakeBackend(0.0, 0.1), chosen, s).results
     # The "real" backend is 25% slower per step: every capacity is 0.8 times the prediction.
-    measured = tune.measure_picks(FakeBackend(0.0, 0.125), predicted, s, top_k=2).results
+    measured = sim_first.measure_picks(FakeBackend(0.0, 0.125), predicted, s, top_k=2).results
     assert [r.config for r in measured] == [tune.Config("sequential", None), tune.Config("chunked", 4)]
-    for c in tune.compare_stages(predicted, measured):
+    for c in sim_first.compare_stages(predicted, measured):
         assert c.measured.capacity == pytest.approx(0.8 * TRUE[c.measured.config], rel=2 * PRECISION)
         assert c.error == pytest.approx(0.25, abs=0.06)
         # The error against the measured interval: its top gives the low end, its bottom (the capacity) the high end.
@@ -175,7 +175,7 @@ def test_the_sim_first_stage_measures_the_sims_top_k_and_sequential_from_its_pre
         assert low <= high and c.error_text.endswith(f"{high:+.0%}")
         # Started at the prediction: bracketing near it, not from the start rate.
         assert c.measured.probes[0].rate == c.predicted.capacity
-    assert not tune.order_differs(tune.compare_stages(predicted, measured))
+    assert not sim_first.order_differs(sim_first.compare_stages(predicted, measured))
     table = report.render_ranked(measured, 8.0, predicted)
     assert "sim req/s" in table and any(f"+{pct}%" in table for pct in (24, 25, 26))
 
@@ -188,12 +188,12 @@ def _result(config: tune.Config, capacity: float, upper: float) -> tune.ConfigRe
 def test_pick_for_measurement_adds_sequential_and_order_differs_past_ties():
     a, b, seq = tune.Config("chunked", 512), tune.Config("sarathi-serve", 512), tune.Config("sequential", None)
     predicted = [_result(seq, 1.0, 1.05), _result(a, 5.0, 5.25), _result(b, 4.0, 4.2)]
-    assert tune.pick_for_measurement(predicted, 1) == [a, seq]
-    assert tune.pick_for_measurement(predicted, 3) == [a, b, seq]
+    assert sim_first.pick_for_measurement(predicted, 1) == [a, seq]
+    assert sim_first.pick_for_measurement(predicted, 3) == [a, b, seq]
     reversed_ = [_result(seq, 1.0, 1.05), _result(a, 3.0, 3.15), _result(b, 4.0, 4.2)]
-    assert tune.order_differs(tune.compare_stages(predicted, reversed_))
+    assert sim_first.order_differs(sim_first.compare_stages(predicted, reversed_))
     tied = [_result(seq, 1.0, 1.05), _result(a, 3.9, 4.1), _result(b, 4.0, 4.2)]  # overlapping intervals
-    assert not tune.order_differs(tune.compare_stages(predicted, tied))
+    assert not sim_first.order_differs(sim_first.compare_stages(predicted, tied))
     notes = report.stage_notes(predicted, reversed_)
     assert "the measured order differs" in notes[-1]
 
@@ -328,12 +328,12 @@ def test_the_measured_stage_prices_its_steps_and_repredicts_at_the_speed_they_ra
     s = sim_settings(repeats=1)
     chosen = tune.grid(["sequential", "chunked"], [256, 1024])
     predicted = tune.run_grid(calibrated(), chosen, s).results
-    measured = tune.measure_picks(calibrated(1.25), predicted, s, top_k=1, price=pricer(calibrated().cost)).results
+    measured = sim_first.measure_picks(calibrated(1.25), predicted, s, top_k=1, price=pricer(calibrated().cost)).results
     assert len(measured) == 2
     for m in measured:
         assert m.step_speed == pytest.approx(1.25, rel=1e-9) and all(p.busy_s > 0 for p in m.probes)
         assert m.capacity < [p for p in predicted if p.config == m.config][0].capacity  # slower: less capacity
-    again = tune.repredict(calibrated, predicted, measured, s)
+    again = sim_first.repredict(calibrated, predicted, measured, s)
     assert [(r.config, f"{r.capacity:.9g}") for r in again] == [(m.config, f"{m.capacity:.9g}") for m in measured]
     assert all(r.stage == "sim at measured speed" for r in again)
     table = report.render_ranked(measured, 100.0, predicted, again)

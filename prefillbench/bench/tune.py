@@ -8,7 +8,8 @@ are probed on identical traces (common random numbers), and the spread across se
 interval: [lowest seed's capacity, highest seed's lowest failing rate). Two configurations whose
 intervals overlap are a tie.
 
-Configurations are independent: on the sim a pool of processes searches them side by side.
+Configurations are independent: on the sim a pool of processes searches them side by side. On a real
+backend the sim goes first: bench.sim_first measures its top K.
 """
 from __future__ import annotations
 
@@ -507,7 +508,7 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
     return out
 
 
-# ---- ranking and the sim-first stage ------------------------------------------------------------------------
+# ---- ranking --------------------------------------------------------------------------------------------------
 def ranked(results: list[ConfigResult]) -> list[ConfigResult]:
     """Highest capacity first; at equal capacity the smaller budget (less work per step), then the name."""
     return sorted(results, key=lambda r: (-r.capacity, r.config.budget or 0, r.config.strategy))
@@ -515,99 +516,3 @@ def ranked(results: list[ConfigResult]) -> list[ConfigResult]:
 
 def by_criteria(results: list[ConfigResult], criteria: Criteria) -> list[ConfigResult]:
     return [r for r in results if r.criteria == criteria]
-
-
-def pick_for_measurement(predicted: list[ConfigResult], top_k: int, baseline: str = "sequential") -> list[Config]:
-    """The sim's top K configurations and the baseline, each once, best predicted first."""
-    order = [r.config for r in ranked(predicted)]
-    chosen = order[:top_k]
-    chosen += [c for c in order if c.strategy == baseline and c not in chosen][:1]
-    return chosen
-
-
-def _predicted_starts(predicted: list[ConfigResult], settings: TuneSettings) -> dict[Config, float]:
-    """Where a configuration's search starts after the sim's: its predicted capacity under the first criteria."""
-    return {r.config: r.capacity for r in by_criteria(predicted, settings.criteria[0]) if r.capacity}
-
-
-def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
-                  on_probe: ProbeCallback | None = None, on_config: Callable[[Config], None] | None = None,
-                  deadline: float | None = None, on_picked: Callable[[list[Config]], None] | None = None,
-                  price: Pricer | None = None) -> GridResult:
-    """The sim-first stage's second half: the sim's top K (and sequential) under each criteria, measured on the
-    real backend, each search starting at the sim's prediction for the first criteria; `price`: the sim's
-    price of each measured step, kept beside its time (ConfigResult.step_speed)."""
-    picks = list(dict.fromkeys(c for k in settings.criteria for c in pick_for_measurement(by_criteria(predicted, k), top_k)))
-    if on_picked is not None:
-        on_picked(picks)
-    hints = _predicted_starts(predicted, settings)
-    return run_grid(real, picks, settings, on_probe, on_config, hints, deadline, "measured", price=price)
-
-
-def repredict(sim_at: Callable[[float], Backend], predicted: list[ConfigResult], measured: list[ConfigResult],
-              settings: TuneSettings) -> list[ConfigResult]:
-    """Each measured configuration searched again on the sim slowed to the speed its measured steps ran
-    (`sim_at(step_speed)`), from the hint its measurement started at: the prediction with the machine's drift
-    since the calibration taken out. Where the sim's scheduling is right, this finds the measured capacity."""
-    hints = _predicted_starts(predicted, settings)
-    out: list[ConfigResult] = []
-    for m in by_criteria(measured, settings.criteria[0]):
-        if not math.isnan(m.step_speed):
-            out += run_grid(sim_at(m.step_speed), [m.config], settings, hints=hints, stage="sim at measured speed").results
-    return out
-
-
-@dataclass
-class Comparison:
-    """A configuration measured on the real backend beside the sim's prediction of the same probes."""
-
-    predicted: ConfigResult
-    measured: ConfigResult
-
-    @property
-    def error(self) -> float:
-        """predicted / measured - 1 (NaN when the measurement found no capacity)."""
-        return self.predicted.capacity / self.measured.capacity - 1 if self.measured.capacity else math.nan
-
-    @property
-    def error_range(self) -> tuple[float, float]:
-        """The error against the measured interval's top and its bottom: the measured capacity is known only to lie
-        in [low, high), so at a coarse precision the error is a range, not a number (-1 when high is unbounded)."""
-        m = self.measured
-        if not m.low:
-            return math.nan, math.nan
-        return self.predicted.capacity / m.high - 1, self.predicted.capacity / m.low - 1
-
-    @property
-    def error_text(self) -> str:
-        """'+8..+17%', or '+17%' when the interval is one point at this precision; '-' without a measurement."""
-        lo, hi = self.error_range
-        if math.isnan(hi):
-            return "-"
-        if math.isinf(self.measured.high):  # every rate tried passed: the capacity, and so the error's bottom, is open
-            return f"<={hi:+.0%}"
-        return f"{hi:+.0%}" if f"{lo:+.0%}" == f"{hi:+.0%}" else f"{lo:+.0%}..{hi:+.0%}"
-
-
-def compare_stages(predicted: list[ConfigResult], measured: list[ConfigResult]) -> list[Comparison]:
-    """Pairs (prediction, measurement), best measured first."""
-    pred = {(r.config, r.criteria): r for r in predicted}
-    return [Comparison(pred[(m.config, m.criteria)], m) for m in ranked(measured) if (m.config, m.criteria) in pred]
-
-
-def probe_speeds(results: list[ConfigResult]) -> list[float]:
-    """Each priced probe's step time over the calibrated sim's price for the same steps, once per probe: how the
-    machine's speed moved from probe to probe while it was measured."""
-    speeds = {id(p): p.busy_s / p.priced_s for r in results for p in r.probes if p.priced_s > 0}
-    return list(speeds.values())
-
-
-def order_differs(comparisons: list[Comparison]) -> bool:
-    """Whether the measured order of the measured configurations differs from the predicted one, past ties."""
-    by_pred = sorted(comparisons, key=lambda c: -c.predicted.capacity)
-    for i, a in enumerate(by_pred):
-        for b in by_pred[i + 1:]:
-            # a was predicted above b: a measured clearly below b is a reversal; a tie is not.
-            if a.measured.capacity < b.measured.capacity and not a.measured.ties(b.measured):
-                return True
-    return False

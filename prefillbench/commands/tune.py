@@ -17,7 +17,7 @@ import pandas as pd
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.calibration import at_speed, calibrate, calibration_specs, load_calibration, workload_points
-from prefillbench.bench import tune
+from prefillbench.bench import sim_first, tune
 from prefillbench.bench.capacity import Criteria, Probe
 from prefillbench.bench.pricing import pricer
 from prefillbench.commands.calibrate import sim_specs_for
@@ -91,13 +91,13 @@ def run_tune(o: TuneOptions) -> int:
                 predicted = stage(sim, configs, "sim")
                 if not o.sim_only and not predicted.stopped:
                     bar.stage("measuring", o.top_k + 1, tune.EXPECTED_NEAR_PROBES * settings.repeats)
-                    measured = tune.measure_picks(
+                    measured = sim_first.measure_picks(
                         backend, predicted.results, settings, o.top_k, bar.probe, lambda c: bar.config_done(len(criteria)),
                         deadline, lambda picks: print(f"prefillbench: measuring the sim's top {o.top_k} and sequential on "
                                                       f"{backend.label}: {', '.join(c.label for c in picks)}", file=err),
                         price=pricer(sim.cost))
                     if measured.stopped != "interrupted":
-                        repredicted = tune.repredict(lambda slowdown: _sim(o, at_speed(cal, slowdown)), predicted.results,
+                        repredicted = sim_first.repredict(lambda slowdown: _sim(o, at_speed(cal, slowdown)), predicted.results,
                                                      measured.results, settings)
     except BackendError as e:
         raise UsageError(str(e)) from None

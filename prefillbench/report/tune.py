@@ -9,8 +9,8 @@ from typing import Any
 import pandas as pd
 
 from prefillbench.bench.capacity import Criteria
-from prefillbench.bench.tune import (Comparison, ConfigResult, by_criteria, compare_stages, order_differs, probe_speeds,
-                                     ranked)
+from prefillbench.bench.sim_first import Comparison, compare_stages, order_differs, probe_speeds
+from prefillbench.bench.tune import ConfigResult, by_criteria, ranked
 from prefillbench.report.capacity import capacity_text
 from prefillbench.report.tables import fmt_number, md_table, write_atomic
 
