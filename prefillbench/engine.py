@@ -17,9 +17,12 @@ A strategy sees only `waiting` and `running`, never arrivals.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add
 
 from strategies import Strategy
 
@@ -159,6 +162,10 @@ def run(
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
     depth = max(1, backend.max_steps_in_flight)
     strategy.reset()
+    # Decode runs (decode_run) skip the strategy and the step-by-step bookkeeping; a forced token or kept logits
+    # need every step's own.
+    steady = (strategy.steady_decodes and depth == 1 and not keep_logits
+              and all(r.forced_tokens is None for r in reqs))
 
     next_id = 0
     live: dict[int, Sequence] = {}
@@ -237,16 +244,53 @@ def run(
             if moved:
                 running.extend(moved)
                 running.sort(key=lambda s: s.seq_id)  # a step may finish a younger prompt before an older one
-        # Only a sequence that just got a token can have finished; admission (seq_id) order, as live keeps it.
         if finished:
-            finished.sort(key=lambda s: s.seq_id)
-            running[:] = [s for s in running if not s.finished]
+            leave(finished)
+
+    def leave(finished: list[Sequence]) -> None:
+        """Only a sequence that just got a token can have finished; admission (seq_id) order, as live keeps it."""
+        finished.sort(key=lambda s: s.seq_id)
+        running[:] = [s for s in running if not s.finished]
         for seq in finished:
             backend.release(seq.seq_id)
             del live[seq.seq_id]
             done_ids.append(seq.seq_id)
             done.append(RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated,
                                       logits.pop(seq.seq_id, []), seq.first_scheduled))
+
+    def decode_run(step: Step) -> bool:
+        """Run the decode-only `step` and the same decodes after it, for as long as nothing could change the
+        strategy's next step: up to the first finish, the next admission, the next stop check. Whether the backend
+        could (Backend.run_decodes); the result is what launching each step alone gives, step records included."""
+        seqs = [live[d.seq_id] for d in step.decodes]
+        most = min([s.n_gen - len(s.generated) for s in seqs])  # the step that finishes the first of them ends it
+        if stop is not None:
+            most = min(most, STOP_CHECK_STEPS - len(steps) % STOP_CHECK_STEPS)
+        if most < 2:
+            return False
+        arrival = next_arrival()
+        try:
+            burst = backend.run_decodes(step, most, math.inf if arrival is None else arrival)
+        except BackendError as e:
+            raise StepFailed(f"step {len(steps)} ({step.n_tokens} tokens) failed: {e}") from None
+        if burst is None:
+            return False
+        ends, tokens = burst.ends, burst.tokens
+        contexts = [d.position + 1 for d in step.decodes]
+        n = len(contexts)
+        begin = burst.start
+        for i, end in enumerate(ends):
+            steps.append(StepRecord(begin, end, [], 0, list(map(add, contexts, repeat(i, n)))))
+            begin = end
+        for seq in seqs:
+            seq.generated.extend(tokens[seq.seq_id])
+            seq.token_times.extend(ends)
+        if on_tokens is not None:
+            on_tokens(n * len(ends))
+        finished = [s for s in seqs if s.finished]
+        if finished:
+            leave(finished)
+        return True
 
     while live or pending:
         now = backend.now()
@@ -267,11 +311,12 @@ def run(
         if ready and len(in_flight) < depth:
             step = strategy.next_step(ready_waiting, ready_running)
             if step:
-                launched = launch(step)
-                if depth == 1:
-                    retire(step, launched)  # done (Backend.launch): what the loop's next pass would do first
-                else:
-                    in_flight.append((step, launched))
+                if not (steady and not step.prefills and decode_run(step)):
+                    launched = launch(step)
+                    if depth == 1:
+                        retire(step, launched)  # done (Backend.launch): what the loop's next pass would do first
+                    else:
+                        in_flight.append((step, launched))
                 if stop is not None and len(steps) % STOP_CHECK_STEPS == 0 and (live or pending) and stop(
                         Progress(start, backend.now(), done, list(live.values()), pending)):
                     stopped = True

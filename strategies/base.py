@@ -12,6 +12,12 @@ class Strategy(ABC):
     name: str = ""
     #: Whether `chunk_size` changes what this strategy does (it is reported only then).
     uses_chunk_size: bool = False
+    #: Whether the next step depends only on which sequences wait and run and how far each prompt is. Then, after a
+    #: decode-only step that changed none of that (no arrival, no finish, no prompt chunk), the next step is the same
+    #: sequences' decodes, and the engine may have a backend run such steps in a row without asking again (the sim:
+    #: most steps of a lightly loaded run). A strategy whose choice reads positions, time or a count of its calls
+    #: must leave it False.
+    steady_decodes: bool = False
 
     def __init__(self, chunk_size: int = 256) -> None:
         if chunk_size < 1:

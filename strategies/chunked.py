@@ -15,6 +15,7 @@ from .base import Strategy, decode_tokens, prefill_chunk
 class Chunked(Strategy):
     name = "chunked"
     uses_chunk_size = True
+    steady_decodes = True
 
     def next_step(self, waiting, running):
         prefills = (prefill_chunk(waiting[0], self.chunk_size),) if waiting else ()

@@ -17,6 +17,7 @@ from .base import Strategy, decode_tokens, whole_prompts
 
 class Orca(Strategy):
     name = "orca"
+    steady_decodes = True
 
     def next_step(self, waiting, running):
         return Step(prefills=whole_prompts(waiting), decodes=decode_tokens(running))

@@ -16,6 +16,7 @@ from .base import Strategy, decode_tokens, whole_prompts
 
 class Packed(Strategy):
     name = "packed"
+    steady_decodes = True
 
     def next_step(self, waiting, running):
         if waiting:

@@ -12,6 +12,7 @@ from .base import Strategy, decode_tokens, whole_prompts
 
 class Padded(Strategy):
     name = "padded"
+    steady_decodes = True
 
     def next_step(self, waiting, running):
         if waiting:

@@ -18,6 +18,7 @@ from .base import Strategy, decode_tokens, prefill_chunk
 class SarathiServe(Strategy):
     name = "sarathi-serve"
     uses_chunk_size = True
+    steady_decodes = True
 
     def next_step(self, waiting, running):
         decodes = decode_tokens(running)

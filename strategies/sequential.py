@@ -8,6 +8,7 @@ from .base import Strategy, decode_tokens, prefill_chunk
 
 class Sequential(Strategy):
     name = "sequential"
+    steady_decodes = True
 
     def next_step(self, waiting, running):
         if waiting:

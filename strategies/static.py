@@ -20,6 +20,7 @@ from .base import Strategy, decode_tokens, whole_prompts
 
 class Static(Strategy):
     name = "static"
+    steady_decodes = True
 
     def __init__(self, chunk_size: int = 256) -> None:
         super().__init__(chunk_size)

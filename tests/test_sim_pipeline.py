@@ -15,6 +15,8 @@ TAKE_ALL = {"padded", "packed", "orca", "static"}
 class Recording:
     """Wraps a strategy and remembers the sequences of every step it builds."""
 
+    steady_decodes = False  # it must see every step
+
     def __init__(self, inner):
         self.inner, self.name, self.seq_ids = inner, inner.name, []
 

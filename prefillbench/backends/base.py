@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from prefillbench.errors import BackendError
 from prefillbench.step import Step, StepResult
 
-__all__ = ["Backend", "BackendError", "Launched", "LogitTolerance", "SlotTable", "check_cache_room"]
+__all__ = ["Backend", "BackendError", "DecodeRun", "Launched", "LogitTolerance", "SlotTable", "check_cache_room"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,16 @@ class Launched:
     start: float
     end: float
     result: StepResult
+
+
+@dataclass
+class DecodeRun:
+    """Decode-only steps of the same sequences one after another (Backend.run_decodes): the clock when the first
+    began, when each ended (the next began then), and each sequence's tokens, one a step."""
+
+    start: float
+    ends: list[float]
+    tokens: dict[int, list[int]]
 
 
 class Backend(ABC):
@@ -120,6 +130,14 @@ class Backend(ABC):
         start = self.now()
         result = self.execute(step, return_logits=return_logits)
         return Launched(start, self.now(), result)
+
+    def run_decodes(self, step: Step, max_steps: int, until: float) -> DecodeRun | None:
+        """Execute the decode-only `step`, then the same sequences' next decodes, each fed the token the one before
+        made, up to `max_steps` steps in all; stop after the first step that ends at or after `until` (the clock).
+        None: this backend executes one step at a time (a real one must run every pass; the engine then launches
+        `step` alone). The engine asks only when nothing can change the strategy's next step meanwhile (see
+        Strategy.steady_decodes): no sequence joins, leaves or advances its prompt."""
+        return None
 
     def wait_until(self, t: float, *, stalled: bool = False) -> None:
         """Let the run's clock reach `t`: sleep on a real backend, move the virtual clock on the sim.

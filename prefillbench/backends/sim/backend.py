@@ -11,6 +11,7 @@ import math
 import random
 import sys
 from itertools import repeat
+from operator import add, mod
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,7 +21,7 @@ from prefillbench.backends.sim.pipeline import Pipeline
 from prefillbench.backends.sim.specs import GiB, GPUSpec, ModelSpec, load_gpu_spec, load_model_spec
 from prefillbench.step import Step, StepResult
 
-from prefillbench.backends.base import Backend, BackendError, Launched
+from prefillbench.backends.base import Backend, BackendError, DecodeRun, Launched
 
 JITTER_SEED = 7
 
@@ -28,6 +29,12 @@ JITTER_SEED = 7
 def placeholder_token(seq_id: int, length: int, span: int) -> int:
     """The sim's token after `length` positions of a sequence: deterministic, so every strategy emits the same."""
     return 100 + (1_000_003 * seq_id + 7_919 * length) % span
+
+
+def placeholder_run(seq_id: int, length: int, n: int, span: int) -> list[int]:
+    """placeholder_token after `length`, `length` + 1, ... positions, n of them (in C: maps over a range)."""
+    first = 1_000_003 * seq_id + 7_919 * length
+    return list(map(add, map(mod, range(first, first + 7_919 * n, 7_919), repeat(span, n)), repeat(100, n)))
 
 
 class SimBackend(Backend):
@@ -162,6 +169,43 @@ class SimBackend(Backend):
             raise BackendError(f"the KV cache overflowed: {self._held} positions held, "
                                f"{self._kv_capacity} fit on {self.gpu.name}")
         return StepResult(tokens)
+
+    def run_decodes(self, step: Step, max_steps: int, until: float) -> DecodeRun | None:
+        """Decode-only steps in a row, priced and held as execute would one at a time, to the same float: the
+        engine's and strategy's work per step was most of a lightly loaded run's time, and such runs are mostly
+        decode steps that change nothing but positions (benchmarks.sim.steps)."""
+        if self.pipeline is not None or self._trace_path is not None or step.prefills or not step.decodes:
+            return None
+        decodes = step.decodes
+        n = len(decodes)
+        ids = [d[0] for d in decodes]
+        lengths = [d[2] + 1 for d in decodes]
+        held = self._seq_tokens
+        ctx = sum(lengths)
+        grown = ctx - sum(map(held.get, ids, repeat(0, n)))  # the first step's; each later one adds n
+        room = self._kv_capacity - self._held - grown
+        if room < 0:
+            return None  # the first step overflows: execute says so
+        max_steps = min(max_steps, 1 + room // n)
+        price, sigma, jitter = self.cost.fast_seconds, self.gpu.step_jitter, self._jitter
+        start = clock = self.clock
+        ends = []
+        for _ in range(max_steps):
+            seconds = price((), n, ctx, n)
+            if jitter is not None:
+                seconds *= math.exp(sigma * jitter.gauss(0.0, 1.0))
+            clock += seconds
+            ends.append(clock)
+            if clock >= until:
+                break
+            ctx += n
+        k = len(ends)
+        self.clock = clock
+        self.n_steps += k
+        self._held += grown + (k - 1) * n
+        held.update(zip(ids, map(add, lengths, repeat(k - 1, n))))
+        span = self._token_span
+        return DecodeRun(start, ends, {i: placeholder_run(i, length, k, span) for i, length in zip(ids, lengths)})
 
     def placeholder_tokens(self, step: Step) -> dict[int, int]:
         """Deterministic in (sequence, position), so every strategy emits the same tokens."""
