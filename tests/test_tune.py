@@ -349,3 +349,39 @@ def test_the_measured_stage_prices_its_steps_and_repredicts_at_the_speed_they_ra
     slow.busy_s *= 1.2
     drift = [line for line in report.stage_notes(predicted, measured, again) if "speed moved" in line]
     assert len(drift) == 1 and "1.25x to 1.50x" in drift[0]
+
+
+def test_the_slowed_sim_tells_the_configurations_at_the_edge_of_the_slo():
+    s = sim_settings(repeats=1)
+    chosen = tune.grid(["sequential", "chunked"], [256, 1024])
+    predicted = tune.run_grid(calibrated(), chosen, s).results
+    edge = sim_first.slowed(calibrated, predicted, chosen[:2], s)
+    assert not edge.stopped and [r.config for r in edge.results] == chosen[:2]
+    assert all(r.stage == "sim 10% slower" for r in edge.results)
+    pred = {r.config: r for r in predicted}
+    for r in edge.results:  # every step 10% longer: never more capacity, and the search found it on that sim
+        assert 0 < r.capacity <= pred[r.config].capacity
+        again = tune.run_grid(calibrated(1.1), [r.config], s).results[0]
+        assert again.low <= r.capacity * (1 + s.precision) and r.capacity <= again.high
+    table = report.render_ranked(predicted, 100.0, slower=edge.results)
+    assert "sim 10% slower" in table
+    row = [line for line in table.splitlines() if "| sequential " in line][0]
+    change = sim_first.capacity_change(pred[chosen[0]], edge.results[0])
+    assert f"{change:+.0%}" in row
+
+
+def test_a_capacity_that_falls_by_more_than_a_quarter_when_steps_run_10_percent_slower_is_at_the_edge():
+    k = Criteria(tbt_p99_ms=300)
+
+    def result(config, capacity):
+        return tune.ConfigResult(config, k, [SearchResult(capacity, [])])
+
+    a, b, c = tune.Config("chunked", 32), tune.Config("sarathi-serve", 32), tune.Config("sequential", None)
+    predicted = [result(a, 0.46), result(b, 0.45), result(c, 0.2)]
+    slower = [result(a, 0.26), result(b, 0.41), result(c, 0.0)]
+    edge = sim_first.at_the_edge(predicted, slower)
+    assert [p.config for p, _ in edge] == [a, c]  # -43% and -100%; -9% is about the slowdown
+    [note] = report.edge_notes(predicted, slower)
+    assert "chunked (32) -43% (0.46 -> 0.26 req/s)" in note and "sequential -100%" in note
+    assert "sarathi-serve" not in note.split(".")[0]
+    assert report.edge_notes(predicted, [slower[1]]) == []

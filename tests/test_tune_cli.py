@@ -138,8 +138,10 @@ def test_run_tune_on_a_real_backend_predicts_on_the_calibrated_sim_then_measures
     text, log = out.getvalue(), err.getvalue()
     assert "measuring the sim's top 1 and sequential on fake CPU" in log
     assert "sim req/s" in text and "sim error" in text and "sim against measurement:" in text
+    assert "sim 10% slower" in text  # how sure: the picks again on the sim with every step 10% longer
     doc = json.loads((tmp_path / "t.json").read_text())
     stages = {(c["stage"], c["strategy"], c["budget"]) for c in doc["configurations"]}
+    assert {s[1:] for s in stages if s[0] == "sim 10% slower"} == {s[1:] for s in stages if s[0] == "measured"}
     assert {s for s in stages if s[0] == "sim"} == {("sim", "sequential", None), ("sim", "chunked", 64), ("sim", "chunked", 128)}
     measured = {s[1:] for s in stages if s[0] == "measured"}
     assert len(measured) == 2 and ("sequential", None) in measured  # the sim's best and the baseline

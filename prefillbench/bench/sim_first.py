@@ -23,6 +23,11 @@ def pick_for_measurement(predicted: list[ConfigResult], top_k: int, baseline: st
     return chosen
 
 
+def picks(predicted: list[ConfigResult], settings: TuneSettings, top_k: int) -> list[Config]:
+    """What the measured stage measures: the sim's top K and the baseline under each criteria, each once."""
+    return list(dict.fromkeys(c for k in settings.criteria for c in pick_for_measurement(by_criteria(predicted, k), top_k)))
+
+
 def _predicted_starts(predicted: list[ConfigResult], settings: TuneSettings) -> dict[Config, float]:
     """Where a configuration's search starts after the sim's: its predicted capacity under the first criteria."""
     return {r.config: r.capacity for r in by_criteria(predicted, settings.criteria[0]) if r.capacity}
@@ -35,11 +40,39 @@ def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSe
     """The sim-first stage's second half: the sim's top K (and sequential) under each criteria, measured on the
     real backend, each search starting at the sim's prediction for the first criteria; `price`: the sim's
     price of each measured step, kept beside its time (ConfigResult.step_speed)."""
-    picks = list(dict.fromkeys(c for k in settings.criteria for c in pick_for_measurement(by_criteria(predicted, k), top_k)))
+    chosen = picks(predicted, settings, top_k)
     if on_picked is not None:
-        on_picked(picks)
+        on_picked(chosen)
     hints = _predicted_starts(predicted, settings)
-    return run_grid(real, picks, settings, on_probe, on_config, hints, deadline, "measured", price=price)
+    return run_grid(real, chosen, settings, on_probe, on_config, hints, deadline, "measured", price=price)
+
+
+#: How much slower `slowed` makes every step: about the calibration's error on a step shape in serving, and this
+#: kind of machine's drift over minutes (docs/history/2026-12-01e-decode-runs.md).
+EDGE_SLOWDOWN = 1.10
+#: A capacity that falls by more than this when steps run EDGE_SLOWDOWN times as long sits at the edge of its SLO.
+EDGE_DROP = 0.25
+
+
+def slowed(sim_at: Callable[[float], Backend], predicted: list[ConfigResult], configs: list[Config],
+           settings: TuneSettings, slowdown: float = EDGE_SLOWDOWN) -> GridResult:
+    """`configs` searched again on the sim with every step `slowdown` times as long, each from its prediction: how
+    far a capacity moves when the calibration is that far off, or the machine that much slower. Most move by about
+    the slowdown; one whose step with its decodes takes nearly the TBT SLO at any load falls off a cliff."""
+    return run_grid(sim_at(slowdown), configs, settings, hints=_predicted_starts(predicted, settings),
+                    stage=f"sim {slowdown - 1:.0%} slower")
+
+
+def capacity_change(predicted: ConfigResult, slower: ConfigResult) -> float:
+    """The slowed sim's capacity over the prediction, minus 1 (NaN without a predicted capacity)."""
+    return slower.capacity / predicted.capacity - 1 if predicted.capacity else math.nan
+
+
+def at_the_edge(predicted: list[ConfigResult], slower: list[ConfigResult]) -> list[tuple[ConfigResult, ConfigResult]]:
+    """(prediction, slowed) of each configuration whose capacity falls by more than EDGE_DROP on the slowed sim."""
+    pred = {(r.config, r.criteria): r for r in predicted}
+    pairs = [(pred[(r.config, r.criteria)], r) for r in slower if (r.config, r.criteria) in pred]
+    return [(p, r) for p, r in pairs if capacity_change(p, r) < -EDGE_DROP]
 
 
 def repredict(sim_at: Callable[[float], Backend], predicted: list[ConfigResult], measured: list[ConfigResult],

@@ -81,6 +81,7 @@ def run_tune(o: TuneOptions) -> int:
     predicted: tune.GridResult | None = None
     measured: tune.GridResult | None = None
     repredicted: list[tune.ConfigResult] = []
+    slower: list[tune.ConfigResult] = []
     try:
         with bar.bar:
             if on_sim or o.no_sim:
@@ -89,6 +90,11 @@ def run_tune(o: TuneOptions) -> int:
                 cal = _calibration(o, backend, err)
                 sim = _sim(o, cal)
                 predicted = stage(sim, configs, "sim")
+                if not predicted.stopped:
+                    # How sure: the picks again on the sim with every step 10% longer (sim_first.at_the_edge).
+                    edge = sim_first.slowed(lambda slowdown: _sim(o, at_speed(cal, slowdown)), predicted.results,
+                                            sim_first.picks(predicted.results, settings, o.top_k), settings)
+                    slower, predicted.stopped = edge.results, edge.stopped
                 if not o.sim_only and not predicted.stopped:
                     bar.stage("measuring", o.top_k + 1, tune.EXPECTED_NEAR_PROBES * settings.repeats)
                     measured = sim_first.measure_picks(
@@ -101,7 +107,7 @@ def run_tune(o: TuneOptions) -> int:
                                                      measured.results, settings)
     except BackendError as e:
         raise UsageError(str(e)) from None
-    return _report(o, out, err, settings, criteria, predicted, measured, backend, repredicted)
+    return _report(o, out, err, settings, criteria, predicted, measured, backend, repredicted, slower)
 
 
 def _calibration(o: TuneOptions, real: Backend, err) -> dict:
@@ -125,13 +131,13 @@ def _sim(o: TuneOptions, cal: dict) -> SimBackend:
 
 def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: list[Criteria],
             predicted: tune.GridResult | None, measured: tune.GridResult | None, backend: Backend,
-            repredicted: list[tune.ConfigResult]) -> int:
+            repredicted: list[tune.ConfigResult], slower: list[tune.ConfigResult]) -> int:
     tokens = settings.tokens_per_request
     final = measured if measured is not None else predicted
     assert final is not None
     pred = predicted.results if predicted is not None and measured is not None else None
     everything = ((predicted.results if predicted is not None else []) + (measured.results if measured is not None else [])
-                  + repredicted)
+                  + repredicted + slower)
     for k in criteria:
         rows = tune.by_criteria(final.results, k)
         if not rows:
@@ -139,11 +145,13 @@ def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: lis
         if o.output == "md":
             if len(criteria) > 1:
                 print(f"\n{k.describe()}:", file=out)
-            out.write(report.render_ranked(rows, tokens, pred, repredicted))
+            out.write(report.render_ranked(rows, tokens, pred, repredicted, slower))
         print(report.verdict(rows, k, pred, repredicted), file=out if o.output == "md" else err)
-        if pred:
-            for line in report.stage_notes(tune.by_criteria(pred, k), rows, tune.by_criteria(repredicted, k)):
-                print(line, file=out if o.output == "md" else err)
+        notes = report.stage_notes(tune.by_criteria(pred, k), rows, tune.by_criteria(repredicted, k)) if pred else []
+        if predicted is not None:
+            notes += report.edge_notes(tune.by_criteria(predicted.results, k), tune.by_criteria(slower, k))
+        for line in notes:
+            print(line, file=out if o.output == "md" else err)
     if o.output != "md":
         frame = pd.DataFrame(report.config_records(final.results, tokens))
         out.write(frame.to_csv(index=False) if o.output == "csv" else frame.to_json(orient="records", indent=1) + "\n")

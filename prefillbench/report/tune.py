@@ -9,7 +9,8 @@ from typing import Any
 import pandas as pd
 
 from prefillbench.bench.capacity import Criteria
-from prefillbench.bench.sim_first import Comparison, compare_stages, order_differs, probe_speeds
+from prefillbench.bench.sim_first import (EDGE_SLOWDOWN, Comparison, at_the_edge, capacity_change, compare_stages,
+                                          order_differs, probe_speeds)
 from prefillbench.bench.tune import ConfigResult, by_criteria, ranked
 from prefillbench.report.capacity import capacity_text
 from prefillbench.report.tables import fmt_number, md_table, write_atomic
@@ -48,14 +49,25 @@ def _prediction_columns(by_key: dict, capacity_name: str, error_name: str) -> li
 
 
 def render_ranked(results: list[ConfigResult], tokens_per_request: float,
-                  predicted: list[ConfigResult] | None = None, repredicted: list[ConfigResult] | None = None) -> str:
+                  predicted: list[ConfigResult] | None = None, repredicted: list[ConfigResult] | None = None,
+                  slower: list[ConfigResult] | None = None) -> str:
     """One row per configuration, best first: capacity (with its interval and a tie mark), tokens/s, ratio to
-    sequential, what limits it, the latencies at capacity; predicted beside measured where both exist, and with
-    `repredicted`, how long the measured steps took against the sim's price and the sim's capacity at that speed."""
+    sequential, what limits it, the latencies at capacity; predicted beside measured where both exist; with
+    `repredicted`, how long the measured steps took against the sim's price and the sim's capacity at that speed;
+    with `slower`, how the sim's capacity changes when every step runs EDGE_SLOWDOWN times as long."""
     order = ranked(results)
     base = baseline_of(results)
     pred = {(r.config, r.criteria): r for r in predicted or []}
     repred = {(r.config, r.criteria): r for r in repredicted or []}
+    slow = {(r.config, r.criteria): r for r in slower or []}
+
+    def change(r: ConfigResult) -> str:
+        key = (r.config, r.criteria)
+        p = pred.get(key) or (r if r.stage == "sim" else None)
+        if key not in slow or p is None or math.isnan(capacity_change(p, slow[key])):
+            return "-"
+        return f"{capacity_change(p, slow[key]):+.0%}"
+
     best = order[0] if order else None
 
     def at(r: ConfigResult, field: str, digits: int) -> str:
@@ -79,6 +91,9 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
     if repred:
         columns[5:5] = [("steps vs sim", lambda i: _slowdown(i[1]), True),
                         *_prediction_columns(repred, "sim at that speed", "its error")]
+    if slow:
+        where = 5 if pred else 3
+        columns[where:where] = [(f"sim {EDGE_SLOWDOWN - 1:.0%} slower", lambda i: change(i[1]), True)]
     return md_table(columns, list(enumerate(order)))
 
 
@@ -134,6 +149,21 @@ def stage_notes(predicted: list[ConfigResult], measured: list[ConfigResult],
         meas_order = ", ".join(c.measured.config.label for c in comparisons)
         lines.append(f"the measured order differs from the predicted one: predicted {pred_order}; measured {meas_order}")
     return lines
+
+
+def edge_notes(predicted: list[ConfigResult], slower: list[ConfigResult]) -> list[str]:
+    """A line for the configurations at the edge of the SLO: their capacity falls off a cliff when steps run a
+    little slower, so neither the sim's prediction nor one measurement pins it down."""
+    edge = at_the_edge(predicted, slower)
+    if not edge:
+        return []
+    slow = f"{EDGE_SLOWDOWN - 1:.0%}"
+    return [f"at the edge of the SLO: with every step {slow} longer the sim's capacity falls "
+            + "; ".join(f"{p.config.label} {capacity_change(p, r):+.0%} ({p.capacity:.3g} -> {r.capacity:.3g} req/s)"
+                        for p, r in edge)
+            + f". A step with its decodes takes nearly the SLO there at any load: a calibration {slow} off, or a "
+            f"{slow} slower minute of the machine, moves such a capacity that much, so its prediction and a single "
+            "measurement are that uncertain; a configuration that falls by about the slowdown is the safer choice"]
 
 
 def render_vs_slo(results: list[ConfigResult], criteria: list[Criteria]) -> str:
