@@ -385,24 +385,3 @@ def test_a_capacity_that_falls_by_more_than_a_quarter_when_steps_run_10_percent_
     assert "chunked (32) -43% (0.46 -> 0.26 req/s)" in note and "sequential -100%" in note
     assert "sarathi-serve" not in note.split(".")[0]
     assert report.edge_notes(predicted, [slower[1]]) == []
-
-
-def test_the_serving_check_runs_the_sims_best_loaded_and_finds_the_speed_its_steps_ran():
-    import io
-
-    from prefillbench.commands.tune import _serving_check
-
-    s = sim_settings(repeats=1)
-    chosen = tune.grid(["sequential", "chunked"], [256, 1024])
-    predicted = tune.run_grid(calibrated(), chosen, s)
-    best = tune.ranked(predicted.results)[0]
-    # The "real" backend runs every step 1.25x as long as the calibration prices it.
-    config, rate, requests, speed = sim_first.serving_speed(calibrated(1.25), predicted.results, s, pricer(calibrated().cost))
-    assert config == best.config and rate == pytest.approx(sim_first.SERVING_LOAD * best.capacity)
-    assert requests == s.requests // 2 and speed == pytest.approx(1.25, rel=1e-9)
-    err = io.StringIO()
-    cal, serving = _serving_check(calibrated(1.25), CAL, predicted, s, pricer(calibrated().cost), err)
-    assert serving["serving_speed"] == pytest.approx(1.25) and "its steps took 1.25x the calibration's price" in err.getvalue()
-    corrected = SimBackend(load_model_spec("mistral-7b"), load_gpu_spec("a100"), calibration=cal)
-    b = Batch(((0, 512, True),), (900,) * 8)
-    assert corrected.cost.seconds(b) == pytest.approx(calibrated(1.25).cost.seconds(b), rel=1e-12)

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from prefillbench.backends.base import Backend
-from prefillbench.bench.capacity import probe_case
-from prefillbench.bench.cases import Case
 from prefillbench.bench.pricing import Pricer
 from prefillbench.bench.tune import (Config, ConfigResult, GridResult, ProbeCallback, TuneSettings, by_criteria, ranked,
                                      run_grid)
@@ -33,31 +31,6 @@ def picks(predicted: list[ConfigResult], settings: TuneSettings, top_k: int) -> 
 def _predicted_starts(predicted: list[ConfigResult], settings: TuneSettings) -> dict[Config, float]:
     """Where a configuration's search starts after the sim's: its predicted capacity under the first criteria."""
     return {r.config: r.capacity for r in by_criteria(predicted, settings.criteria[0]) if r.capacity}
-
-
-#: The serving check: the sim's best configuration at this share of its predicted capacity (loaded, but within it),
-#: with this share of a probe's requests, on a seed no probe uses.
-SERVING_LOAD = 0.8
-SERVING_REQUESTS = 0.5
-SERVING_SEED_OFFSET = 500
-
-
-def serving_speed(real: Backend, predicted: list[ConfigResult], settings: TuneSettings,
-                  price: Pricer) -> tuple[Config, float, int, float] | None:
-    """One short open-loop run of the sim's best configuration on the real backend, its steps priced by the
-    calibrated sim: (configuration, rate, requests, their time over that price). A calibration measures each step shape in
-    repeats back to back; in serving, shapes interleave, sequences come and go, the machine idles between
-    arrivals, and llama.cpp's CPU steps then took 1.05-1.2x their calibrated price (docs/history). None when the
-    sim found no capacity to run at."""
-    best = next((r for r in ranked(by_criteria(predicted, settings.criteria[0])) if r.capacity), None)
-    if best is None:
-        return None
-    case = Case(settings.test, best.config.strategy, settings.concurrency, best.config.budget)
-    base = replace(settings.capacity_config(settings.criteria[0], best.config.strategy),
-                   requests=max(2, round(SERVING_REQUESTS * settings.requests)))
-    rate = SERVING_LOAD * best.capacity
-    p = probe_case(real, case, base, rate, seed=settings.seed + SERVING_SEED_OFFSET, watch=[], price=price)
-    return (best.config, rate, base.requests, p.busy_s / p.priced_s) if p.priced_s > 0 else None
 
 
 def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSettings, top_k: int,

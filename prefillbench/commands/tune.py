@@ -82,7 +82,6 @@ def run_tune(o: TuneOptions) -> int:
     measured: tune.GridResult | None = None
     repredicted: list[tune.ConfigResult] = []
     slower: list[tune.ConfigResult] = []
-    serving: dict = {}  # the serving check's configuration, rate and speed, for the metadata
     try:
         with bar.bar:
             if on_sim or o.no_sim:
@@ -91,11 +90,6 @@ def run_tune(o: TuneOptions) -> int:
                 cal = _calibration(o, backend, err)
                 sim = _sim(o, cal)
                 predicted = stage(sim, configs, "sim")
-                if not o.calibration and not predicted.stopped:
-                    cal, serving = _serving_check(backend, cal, predicted, settings, pricer(sim.cost), err)
-                    if serving:
-                        sim = _sim(o, cal)
-                        predicted = stage(sim, configs, "sim")
                 if not predicted.stopped:
                     # How sure: the picks again on the sim with every step 10% longer (sim_first.at_the_edge).
                     edge = sim_first.slowed(lambda slowdown: _sim(o, at_speed(cal, slowdown)), predicted.results,
@@ -113,7 +107,7 @@ def run_tune(o: TuneOptions) -> int:
                                                      measured.results, settings)
     except BackendError as e:
         raise UsageError(str(e)) from None
-    return _report(o, out, err, settings, criteria, predicted, measured, backend, repredicted, slower, serving)
+    return _report(o, out, err, settings, criteria, predicted, measured, backend, repredicted, slower)
 
 
 def _calibration(o: TuneOptions, real: Backend, err) -> dict:
@@ -130,20 +124,6 @@ def _calibration(o: TuneOptions, real: Backend, err) -> dict:
                      extra=workload_points(test.n_prompt, test.n_gen, budgets, min(real.context_length, spec.max_context)))
 
 
-def _serving_check(real: Backend, cal: dict, predicted: tune.GridResult, settings: tune.TuneSettings,
-                   price, err) -> tuple[dict, dict]:
-    """The calibration at the speed a short serving run's steps ran against it (sim_first.serving_speed), and
-    what the run was, for the metadata; unchanged (and {}) when the run could not tell."""
-    check = sim_first.serving_speed(real, predicted.results, settings, price)
-    if check is None:
-        return cal, {}
-    config, rate, requests, speed = check
-    print(f"prefillbench: serving check: {config.label}, {requests} requests at {rate:.3g} req/s: its steps took "
-          f"{speed:.2f}x the calibration's price; the sim runs at that speed", file=err)
-    serving = {"serving_check": config.label, "serving_check_rps": rate, "serving_speed": speed}
-    return {**at_speed(cal, speed), **serving}, serving
-
-
 def _sim(o: TuneOptions, cal: dict) -> SimBackend:
     model, gpu = calibration_specs(cal)
     return SimBackend(model, gpu, calibration=cal, calibration_path=o.calibration or "this run's calibration")
@@ -151,7 +131,7 @@ def _sim(o: TuneOptions, cal: dict) -> SimBackend:
 
 def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: list[Criteria],
             predicted: tune.GridResult | None, measured: tune.GridResult | None, backend: Backend,
-            repredicted: list[tune.ConfigResult], slower: list[tune.ConfigResult], serving: dict) -> int:
+            repredicted: list[tune.ConfigResult], slower: list[tune.ConfigResult]) -> int:
     tokens = settings.tokens_per_request
     final = measured if measured is not None else predicted
     assert final is not None
@@ -181,7 +161,7 @@ def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: lis
     meta = {"backend": backend.label, "model": backend.model_name, "test": settings.test.name,
             "requests_per_probe": settings.requests, "seeds": settings.seeds, "precision": settings.precision,
             "arrival": settings.arrival, "slo": [k.describe() for k in criteria],
-            "max_sched_delay_ms": criteria[0].sched_delay_p50_ms, "percentile": criteria[0].percentile, **serving}
+            "max_sched_delay_ms": criteria[0].sched_delay_p50_ms, "percentile": criteria[0].percentile}
     if o.export:
         for path in report.export(o.export, everything, tokens, meta):
             print(f"prefillbench: wrote {path}", file=err)
