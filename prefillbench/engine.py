@@ -162,9 +162,9 @@ def run(
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
     depth = max(1, backend.max_steps_in_flight)
     strategy.reset()
-    # Decode runs (decode_run) skip the strategy and the step-by-step bookkeeping; a forced token or kept logits
-    # need every step's own.
-    steady = (strategy.steady_decodes and depth == 1 and not keep_logits
+    # Decode runs (decode_run) skip the strategy and the step-by-step bookkeeping, where the backend can run them;
+    # a forced token or kept logits need every step's own.
+    steady = (strategy.steady_decodes and backend.runs_decodes and depth == 1 and not keep_logits
               and all(r.forced_tokens is None for r in reqs))
 
     next_id = 0
@@ -199,11 +199,14 @@ def run(
             (running if seq.prefill_done else waiting).append(seq)
             next_id += 1
 
+    def failed(step: Step, e: BackendError) -> StepFailed:
+        return StepFailed(f"step {len(steps)} ({step.n_tokens} tokens) failed: {e}")
+
     def launch(step: Step) -> Launched:
         try:
             launched = backend.launch(step, return_logits=keep_logits)
         except BackendError as e:
-            raise StepFailed(f"step {len(steps)} ({step.n_tokens} tokens) failed: {e}") from None
+            raise failed(step, e) from None
         steps.append(_step_record(step, launched.start, launched.end))
         # A decoding sequence had its prompt in an earlier step: only a prompt chunk can be a first schedule.
         for chunk in step.prefills:
@@ -272,7 +275,7 @@ def run(
         try:
             burst = backend.run_decodes(step, most, math.inf if arrival is None else arrival)
         except BackendError as e:
-            raise StepFailed(f"step {len(steps)} ({step.n_tokens} tokens) failed: {e}") from None
+            raise failed(step, e) from None
         if burst is None:
             return False
         ends, tokens = burst.ends, burst.tokens

@@ -89,3 +89,21 @@ def test_a_strategy_that_is_not_steady_is_asked_for_every_step():
 def test_every_shipped_strategy_lets_the_engine_run_decodes():
     # Each of them chooses from which sequences wait and run and how far each prompt is, nothing else.
     assert all(cls.steady_decodes for cls in STRATEGIES.values())
+
+
+def test_a_backend_that_runs_every_pass_is_never_asked_for_a_decode_run():
+    from fake_backend import FakeBackend
+
+    backend = FakeBackend(0.0, 0.01)
+    backend.run_decodes = lambda *a: pytest.fail("asked a backend whose runs_decodes is False")
+    record = engine.run(backend, make_strategy("sequential"), requests(10, 2.0), 0)
+    assert len(record.steps) == len(backend.steps)
+
+
+def test_a_sim_with_pipeline_stages_or_a_trace_runs_every_step(tmp_path):
+    traced = SimBackend(load_model_spec("mistral-7b"), load_gpu_spec("a100"), trace=str(tmp_path / "t.jsonl"))
+    staged = SimBackend(load_model_spec("mistral-7b"), load_gpu_spec("a100"), pp=2)
+    for backend in (traced, staged):
+        backend.prepare(4, 1024, 1024)
+        assert not backend.runs_decodes
+    assert sim().runs_decodes

@@ -131,12 +131,18 @@ class Backend(ABC):
         result = self.execute(step, return_logits=return_logits)
         return Launched(start, self.now(), result)
 
+    @property
+    def runs_decodes(self) -> bool:
+        """Whether `run_decodes` can run decode steps in a row in this run (asked once a run, after `prepare`).
+        A real backend must run every pass: no."""
+        return False
+
     def run_decodes(self, step: Step, max_steps: int, until: float) -> DecodeRun | None:
         """Execute the decode-only `step`, then the same sequences' next decodes, each fed the token the one before
         made, up to `max_steps` steps in all; stop after the first step that ends at or after `until` (the clock).
-        None: this backend executes one step at a time (a real one must run every pass; the engine then launches
-        `step` alone). The engine asks only when nothing can change the strategy's next step meanwhile (see
-        Strategy.steady_decodes): no sequence joins, leaves or advances its prompt."""
+        None: not this time (the engine then launches `step` alone). The engine asks only when `runs_decodes` and
+        nothing can change the strategy's next step meanwhile (see Strategy.steady_decodes): no sequence joins,
+        leaves or advances its prompt."""
         return None
 
     def wait_until(self, t: float, *, stalled: bool = False) -> None:

@@ -81,7 +81,7 @@ def run_tune(o: TuneOptions) -> int:
     predicted: tune.GridResult | None = None
     measured: tune.GridResult | None = None
     repredicted: list[tune.ConfigResult] = []
-    slower: list[tune.ConfigResult] = []
+    edge: tune.GridResult | None = None  # the sim's picks with every step slower (sim_first.slowed)
     try:
         with bar.bar:
             if on_sim or o.no_sim:
@@ -94,8 +94,7 @@ def run_tune(o: TuneOptions) -> int:
                     # How sure: the picks again on the sim with every step 10% longer (sim_first.at_the_edge).
                     edge = sim_first.slowed(lambda slowdown: _sim(o, at_speed(cal, slowdown)), predicted.results,
                                             sim_first.picks(predicted.results, settings, o.top_k), settings)
-                    slower, predicted.stopped = edge.results, edge.stopped
-                if not o.sim_only and not predicted.stopped:
+                if not o.sim_only and not predicted.stopped and not (edge and edge.stopped):
                     bar.stage("measuring", o.top_k + 1, tune.EXPECTED_NEAR_PROBES * settings.repeats)
                     measured = sim_first.measure_picks(
                         backend, predicted.results, settings, o.top_k, bar.probe, lambda c: bar.config_done(len(criteria)),
@@ -107,7 +106,7 @@ def run_tune(o: TuneOptions) -> int:
                                                      measured.results, settings)
     except BackendError as e:
         raise UsageError(str(e)) from None
-    return _report(o, out, err, settings, criteria, predicted, measured, backend, repredicted, slower)
+    return _report(o, out, err, settings, criteria, predicted, measured, backend, repredicted, edge)
 
 
 def _calibration(o: TuneOptions, real: Backend, err) -> dict:
@@ -131,8 +130,9 @@ def _sim(o: TuneOptions, cal: dict) -> SimBackend:
 
 def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: list[Criteria],
             predicted: tune.GridResult | None, measured: tune.GridResult | None, backend: Backend,
-            repredicted: list[tune.ConfigResult], slower: list[tune.ConfigResult]) -> int:
+            repredicted: list[tune.ConfigResult], edge: tune.GridResult | None) -> int:
     tokens = settings.tokens_per_request
+    slower = edge.results if edge is not None else []
     final = measured if measured is not None else predicted
     assert final is not None
     pred = predicted.results if predicted is not None and measured is not None else None
@@ -169,7 +169,7 @@ def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: lis
         for path in tune_plots.write(final.results, criteria[0], o.plot):
             print(f"prefillbench: wrote {path}", file=err)
     out.flush()
-    stopped = [g for g in (predicted, measured) if g is not None and g.stopped]
+    stopped = [g for g in (predicted, edge, measured) if g is not None and g.stopped]
     for g in stopped:
         left = ", ".join(c.label for c in g.left)
         print(f"prefillbench: {g.stopped}; kept {len(g.results)} configuration result(s) and their probes"

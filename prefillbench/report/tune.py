@@ -64,9 +64,8 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
     def change(r: ConfigResult) -> str:
         key = (r.config, r.criteria)
         p = pred.get(key) or (r if r.stage == "sim" else None)
-        if key not in slow or p is None or math.isnan(capacity_change(p, slow[key])):
-            return "-"
-        return f"{capacity_change(p, slow[key]):+.0%}"
+        moved = capacity_change(p, slow[key]) if key in slow and p is not None else math.nan
+        return "-" if math.isnan(moved) else f"{moved:+.0%}"
 
     best = order[0] if order else None
 

@@ -26,15 +26,20 @@ from prefillbench.backends.base import Backend, BackendError, DecodeRun, Launche
 JITTER_SEED = 7
 
 
+#: placeholder_token's: 100 + (SEQ_STRIDE * seq_id + POSITION_STRIDE * length) % span.
+SEQ_STRIDE, POSITION_STRIDE = 1_000_003, 7_919
+
+
 def placeholder_token(seq_id: int, length: int, span: int) -> int:
     """The sim's token after `length` positions of a sequence: deterministic, so every strategy emits the same."""
-    return 100 + (1_000_003 * seq_id + 7_919 * length) % span
+    return 100 + (SEQ_STRIDE * seq_id + POSITION_STRIDE * length) % span
 
 
 def placeholder_run(seq_id: int, length: int, n: int, span: int) -> list[int]:
     """placeholder_token after `length`, `length` + 1, ... positions, n of them (in C: maps over a range)."""
-    first = 1_000_003 * seq_id + 7_919 * length
-    return list(map(add, map(mod, range(first, first + 7_919 * n, 7_919), repeat(span, n)), repeat(100, n)))
+    first = SEQ_STRIDE * seq_id + POSITION_STRIDE * length
+    return list(map(add, map(mod, range(first, first + POSITION_STRIDE * n, POSITION_STRIDE), repeat(span, n)),
+                    repeat(100, n)))
 
 
 class SimBackend(Backend):
@@ -143,7 +148,7 @@ class SimBackend(Backend):
             ctx = sum(lengths)
             self._held += ctx - sum(map(held.get, ids, repeat(0, n_emit)))
             held.update(zip(ids, lengths))
-            tokens = dict(zip(ids, [100 + (1_000_003 * i + 7_919 * n) % span for i, n in zip(ids, lengths)]))  # placeholder_token
+            tokens = dict(zip(ids, [100 + (SEQ_STRIDE * i + POSITION_STRIDE * n) % span for i, n in zip(ids, lengths)]))  # placeholder_token
         else:
             tokens, ctx = {}, 0
         chunks = []
@@ -170,11 +175,16 @@ class SimBackend(Backend):
                                f"{self._kv_capacity} fit on {self.gpu.name}")
         return StepResult(tokens)
 
+    @property
+    def runs_decodes(self) -> bool:
+        # Pipeline stages hold several steps at once, and a trace writes each step's operators.
+        return self.pipeline is None and self._trace_path is None
+
     def run_decodes(self, step: Step, max_steps: int, until: float) -> DecodeRun | None:
         """Decode-only steps in a row, priced and held as execute would one at a time, to the same float: the
         engine's and strategy's work per step was most of a lightly loaded run's time, and such runs are mostly
         decode steps that change nothing but positions (benchmarks.sim.steps)."""
-        if self.pipeline is not None or self._trace_path is not None or step.prefills or not step.decodes:
+        if not self.runs_decodes or step.prefills or not step.decodes:
             return None
         decodes = step.decodes
         n = len(decodes)
