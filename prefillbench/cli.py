@@ -30,7 +30,7 @@ from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PAN
                                          MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
                                          NoTuneLinear, NoVerdict, NoWarmup, NPrompt, Output, PipelineStages, ProbeArrival,
                                          PromptGen, Rate, RelativeTo, Repetitions, Requests, RequestShape, ResultsDir, Seed,
-                                         SimGpu, SimModel, SLOOption, Strategy, TensorParallel, Threads, Trace, UBatch,
+                                         SimGpu, SkipIdle, SimModel, SLOOption, Strategy, TensorParallel, Threads, Trace, UBatch,
                                          Verify, Workload, flag, option)
 from prefillbench.commands.options import (DEFAULT_PRESET, QUICK, TUNE_OUTPUTS, ABOptions, BackendOptions, CalibrateOptions,
                                            CapacityOptions, CompareOptions, PlotOptions, RunOptions, TuneOptions)
@@ -141,6 +141,7 @@ def _model_and_backend(
     pp: PipelineStages = B.pp,
     calibration: Calibration = None,
     trace: Trace = None,
+    skip_idle: SkipIdle = None,
 ) -> None:
     """The model-and-backend flags of run, capacity and tune, declared once (see model_flags)."""
 

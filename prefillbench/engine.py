@@ -331,7 +331,7 @@ def run(
             events.append(t)
         if not events:
             raise RuntimeError(f"strategy {strategy.name} produced an empty step with work left")
-        backend.wait_until(min(events), stalled=ready and len(in_flight) >= depth)
+        backend.wait_until(min(events), stalled=ready and len(in_flight) >= depth, idle=not in_flight)
     if stopped:  # the steps in flight are left unretired: their sequences are dropped with the rest
         for seq_id in list(live):
             backend.release(seq_id)

@@ -38,5 +38,5 @@ class FakeBackend(Backend):
     def now(self):
         return self.clock
 
-    def wait_until(self, t, *, stalled=False):
+    def wait_until(self, t, *, stalled=False, idle=False):
         self.clock = max(self.clock, t)

@@ -67,6 +67,12 @@ class Backend(ABC):
     options: ClassVar[frozenset[str]] = frozenset()
     #: (asked, allowed) concurrencies the engine clamped to (`note_clamp`); replaced, never appended to in place.
     clamped: list[tuple[int, int]] = []
+    #: When nothing runs until the next arrival, the clock jumps there rather than sleeping (`--skip-idle`): a run
+    #: at low load then takes the time its steps take, not its arrivals' span. Every step is still measured; what
+    #: it leaves out is whatever idling does to the step after it (a cold cache, a clock ramping back up).
+    skip_idle: bool = False
+    #: Seconds the clock has jumped over so far (added to every reading of it).
+    idle_skipped: float = 0.0
 
     @classmethod
     def unusable_options(cls) -> dict[str, str]:
@@ -145,14 +151,19 @@ class Backend(ABC):
         leaves or advances its prompt."""
         return None
 
-    def wait_until(self, t: float, *, stalled: bool = False) -> None:
+    def wait_until(self, t: float, *, stalled: bool = False, idle: bool = False) -> None:
         """Let the run's clock reach `t`: sleep on a real backend, move the virtual clock on the sim.
 
         `stalled`: sequences were ready but the backend could take no more steps
-        (the sim charges that idle time to its pipeline bubbles).
+        (the sim charges that idle time to its pipeline bubbles). `idle`: no step is in flight, so with
+        `skip_idle` the clock may jump to `t`; a wait for a step in flight is always real.
         """
         delay = t - self.now()
-        if delay > 0:
+        if delay <= 0:
+            return
+        if idle and self.skip_idle:
+            self.idle_skipped += delay
+        else:
             time.sleep(delay)
 
     def end_run(self) -> None:
@@ -164,7 +175,7 @@ class Backend(ABC):
     def now(self) -> float:
         """Seconds on the run's clock, read only after the device is idle."""
         self.synchronize()
-        return time.perf_counter()
+        return time.perf_counter() + self.idle_skipped
 
     @property
     def label(self) -> str:

@@ -130,6 +130,11 @@ Burstiness = Annotated[float, option(
 SLOOption = Annotated[Optional[str], option(
     "--slo", panel=LOAD_PANEL, callback=slo_spec, metavar="ttft=MS,tpot=MS,tbt=MS,e2e=MS",
     help="latency objectives (any subset): adds goodput, the requests/s that met them all, and their share")]
+SkipIdle = Annotated[Optional[bool], option(
+    "--skip-idle/--no-skip-idle", panel=LOAD_PANEL, show_default=False,
+    help="open loop on a real backend: when no step runs until the next arrival, jump the clock there instead of "
+    "sleeping (every step is still measured; a probe at low load takes its steps' time, not its arrivals' span). "
+    "Default: on with tune --quick, off elsewhere")]
 Interleave = Annotated[bool, flag(
     "--interleave", TESTS_PANEL,
     help="measure the strategies of each test and concurrency in turns (ABBA), so drift cancels out of their ratios")]

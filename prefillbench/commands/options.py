@@ -107,6 +107,7 @@ class BackendOptions:
     pp: int = _backend_option(1, "--pp", "pp")
     calibration: str | None = _backend_option(None, "--calibration", "calibration")
     trace: str | None = _backend_option(None, "--trace", "trace")
+    skip_idle: bool | None = None  # the engine's clock, not a load option: None leaves it to the command (tune --quick)
 
     @classmethod
     def pick(cls, flags: dict[str, Any]) -> BackendOptions:
@@ -143,6 +144,8 @@ class BackendOptions:
                 shown = f.metadata["flag"] if isinstance(value, bool) else f"{f.metadata['flag']} {value}"
                 why = f" ({ignored[option]})" if ignored[option] else ""
                 note(f"warning: {shown} is ignored by the {name} backend{why}")
+        if self.skip_idle and name == "sim":
+            note("warning: --skip-idle is ignored by the sim backend (its clock never sleeps)")
 
     def check_concurrency(self, most: int) -> None:
         """Refuse a -c the backend cannot hold, before loading a model to find out."""
@@ -253,6 +256,8 @@ class RunOptions(Measuring):
                              f"never has more requests in flight than it has requests; raise --requests or lower -c")
         self.load.check_concurrency(max(self.config.concurrency))
         self.load.validate()
+        if self.load.skip_idle and not self.config.open_loop:
+            note("warning: --skip-idle does nothing in a closed loop (no step there waits for an arrival)")
 
     def bench_config(self) -> BenchConfig:
         strategies = strategy_names(self.strategy)
@@ -346,7 +351,7 @@ DEFAULT_TOP_K = 3
 #: --quick on a real backend: short requests and few of them, one seed, a coarse precision; about 15 minutes
 #: for the shipped model on a 2-core CPU.
 QUICK = dict(pg=(256, 32), slo="tbt=300", requests=20, precision=10.0, budgets=[32, 64, 128, 256], top_k=2,
-             strategies=["sequential", "chunked", "sarathi-serve", "packed"])
+             strategies=["sequential", "chunked", "sarathi-serve", "packed"], skip_idle=True)
 #: The flags that, on a real backend, describe the sim that carries tune's search rather than the backend.
 SIM_OF_TUNE = ("sim_model", "sim_gpu", "calibration")
 TUNE_OUTPUTS = ("md", "csv", "json")
@@ -423,6 +428,8 @@ class TuneOptions(Measuring):
         self.chunk_size = self.chunk_size or QUICK["budgets"]
         self.strategy = self.strategy or QUICK["strategies"]
         self.top_k = QUICK["top_k"] if self.top_k == DEFAULT_TOP_K else self.top_k
+        if self.load.skip_idle is None and self.load.name != "sim":
+            self.load.skip_idle = QUICK["skip_idle"]  # the baseline's probes at its low capacity are two-thirds idle
 
     def validate(self) -> None:
         if self.quick:

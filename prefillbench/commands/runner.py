@@ -25,12 +25,16 @@ def error_prefix() -> str:
 
 def open_backend(options: BackendOptions) -> Backend:
     backend = load_backend(options.backend, options.model, **options.load_options())
+    backend.skip_idle = bool(options.skip_idle)
     # What is loaded by now (the libraries, the model) lives as long as the process: keep it out of the
     # collector's full passes, which walk every object each time (with torch imported, 18% of a sim probe).
     gc.collect()
     gc.freeze()
     if is_rank_zero():
         print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)
+        if backend.skip_idle and backend.name != "sim":
+            print("prefillbench: --skip-idle: where no step runs until the next arrival, the clock jumps there "
+                  "(--no-skip-idle sleeps through it)", file=sys.stderr)
     return backend
 
 

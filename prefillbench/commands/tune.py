@@ -161,7 +161,8 @@ def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: lis
     meta = {"backend": backend.label, "model": backend.model_name, "test": settings.test.name,
             "requests_per_probe": settings.requests, "seeds": settings.seeds, "precision": settings.precision,
             "arrival": settings.arrival, "slo": [k.describe() for k in criteria],
-            "max_sched_delay_ms": criteria[0].sched_delay_p50_ms, "percentile": criteria[0].percentile}
+            "max_sched_delay_ms": criteria[0].sched_delay_p50_ms, "percentile": criteria[0].percentile,
+            "skip_idle": backend.skip_idle}
     if o.export:
         for path in report.export(o.export, everything, tokens, meta):
             print(f"prefillbench: wrote {path}", file=err)

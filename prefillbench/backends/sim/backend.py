@@ -124,7 +124,7 @@ class SimBackend(Backend):
     def now(self) -> float:
         return self.clock
 
-    def wait_until(self, t: float, *, stalled: bool = False) -> None:
+    def wait_until(self, t: float, *, stalled: bool = False, idle: bool = False) -> None:
         if stalled and self.pipeline is not None:
             self.pipeline.stall(self.clock)
         self.clock = max(self.clock, t)

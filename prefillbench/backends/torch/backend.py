@@ -345,7 +345,7 @@ class TorchBackend(Backend):
             return super().now()
         # After this rank's device is idle, every rank waits for the slowest and reads rank 0's clock.
         self.synchronize()
-        return self.parallel.clock()
+        return self.parallel.clock() + self.idle_skipped  # every rank skipped the same: it waited on this clock
 
     def _layout(self, step: Step, packed: PackedStep) -> "StepLayout | RouteLayout":
         dev, dtype = self.torch_device, self.dtype

@@ -1,0 +1,99 @@
+"""--skip-idle: on a real backend's clock, the time no step runs is jumped over, not slept through; the steps
+themselves are timed as before."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from fake_backend import FakeBackend
+from strategies import make_strategy
+
+from prefillbench import cli, engine
+from prefillbench.backends.base import Backend
+from prefillbench.sequence import Request
+
+STEP_S = 0.004
+
+
+class TimedSteps(FakeBackend):
+    """Wall time like a real backend: each step sleeps STEP_S, waits go through Backend's own clock."""
+
+    def execute(self, step, return_logits=False):
+        time.sleep(STEP_S)
+        return super().execute(step, return_logits)
+
+    now = Backend.now
+    wait_until = Backend.wait_until
+
+
+ARRIVALS = (0.0, 0.4, 0.8, 1.2)
+
+
+def _run(skip: bool):
+    backend = TimedSteps(seconds_per_token=0.0, seconds_per_step=0.0)
+    backend.skip_idle = skip
+    requests = [Request((1, 2, 3), 3, t) for t in ARRIVALS]
+    began = time.perf_counter()
+    record = engine.run(backend, make_strategy("chunked", 8), requests, 0)
+    return record, time.perf_counter() - began, backend
+
+
+def test_the_clock_jumps_over_idle_time_and_keeps_every_step_timed():
+    slept, slept_wall, _ = _run(False)
+    skipped, skipped_wall, backend = _run(True)
+    assert slept_wall >= ARRIVALS[-1] and skipped_wall < ARRIVALS[-1] / 2  # the 1.2 s of arrivals not waited out
+    # on the run's clock both saw the same schedule: each request starts at its arrival, as the sleeping run did
+    assert skipped.wall >= ARRIVALS[-1]
+    assert backend.idle_skipped == pytest.approx(skipped.wall - sum(s.seconds for s in skipped.steps), abs=0.05)
+    for a, b, t in zip(slept.requests, skipped.requests, ARRIVALS):
+        assert b.arrival == pytest.approx(skipped.start + t)
+        assert b.first_scheduled == pytest.approx(b.arrival, abs=0.02)
+        # per-request latencies agree with the sleeping run's to within the steps' own jitter
+        assert b.token_times[0] - b.arrival == pytest.approx(a.token_times[0] - a.arrival, abs=0.02)
+    assert all(s.seconds >= STEP_S for s in skipped.steps)  # the steps themselves still ran in real time
+
+
+def test_a_wait_for_a_step_in_flight_is_never_skipped():
+    backend = TimedSteps()
+    backend.skip_idle = True
+    start = backend.now()
+    backend.wait_until(start + 0.05, idle=False)
+    assert backend.idle_skipped == 0.0 and backend.now() - start >= 0.05
+    backend.wait_until(backend.now() + 10.0, idle=True)
+    assert backend.idle_skipped == pytest.approx(10.0, abs=0.01)
+
+
+def test_the_flag_reaches_the_backend_and_the_export(tmp_path, capsys, monkeypatch):
+    from prefillbench.commands import runner
+    from prefillbench.commands.options import TuneOptions
+
+    loaded = []
+
+    def load(*args, **kwargs):
+        loaded.append(TimedSteps(seconds_per_token=0.0, seconds_per_step=0.0))
+        return loaded[-1]
+
+    monkeypatch.setattr(runner, "load_backend", load)
+    assert TuneOptions.from_flags(backend="gguf", quick=True).load.skip_idle is True  # --quick on a real backend
+    assert TuneOptions.from_flags(backend="gguf", quick=True, skip_idle=False).load.skip_idle is False
+    assert TuneOptions.from_flags(backend="gguf", slo="tbt=300").load.skip_idle is None
+    assert TuneOptions.from_flags(backend="sim", sim_model="mistral-7b", sim_gpu="a100", quick=True).load.skip_idle is None
+    out = tmp_path / "run.json"
+    code = cli.main(["run", "--backend", "gguf", "--pg", "8,2", "--arrival", "poisson", "--rate", "2", "--requests", "4",
+                     "-s", "sequential", "--no-warmup", "--skip-idle", "--no-results-file", "--no-progress",
+                     "--export", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert loaded[-1].skip_idle and loaded[-1].idle_skipped > 0 and "--skip-idle: where no step runs" in err
+    assert json.loads(out.read_text())["metadata"]["skip_idle"] is True
+
+
+def test_the_flag_is_named_where_it_does_nothing(capsys):
+    code = cli.main(["run", "--backend", "sim", "--sim-model", "mistral-7b", "--sim-gpu", "a100", "-p", "64", "-n", "4",
+                     "-c", "1", "-r", "1", "--skip-idle", "--no-results-file", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "--skip-idle is ignored by the sim backend" in err
+    assert "--skip-idle does nothing in a closed loop" in err
