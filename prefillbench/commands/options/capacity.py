@@ -1,0 +1,64 @@
+"""`prefillbench capacity`'s options."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prefillbench.bench import capacity
+from prefillbench.bench.metrics import SLO
+from prefillbench.commands.options.common import (BackendOptions, Measuring, check_export, check_relative_to,
+                                                 check_seed, check_precision, request_shape, strategy_names,
+                                                 test_specs, unique)
+from prefillbench.errors import UsageError
+
+
+@dataclass
+class CapacityOptions(Measuring):
+    """`prefillbench capacity`, validated; `config` needs the backend's name only, so it is known before loading."""
+
+    load: BackendOptions
+    pg: list[tuple[int, int]] | None = None
+    len_spread: float = 0.0
+    workload: str | None = None
+    strategy: list[str] | None = None
+    chunk_size: list[int] | None = None
+    concurrency: int = 0
+    seed: int = 42
+    no_warmup: bool = False
+    slo: SLO | None = None
+    max_sched_delay: float = capacity.DEFAULT_MAX_SCHED_DELAY_MS
+    requests: int | None = None
+    precision: float = 100 * capacity.DEFAULT_PRECISION  # percent
+    start_rate: float = capacity.DEFAULT_START_RATE
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    relative_to: str | None = None
+    output: str = "md"
+    export: str | None = None
+    no_progress: bool = False
+    config: capacity.CapacityConfig = field(init=False, repr=False)
+
+    def validate(self) -> None:
+        check_seed(self.seed)
+        if self.slo is None or self.slo.tbt_ms is None:
+            raise UsageError("capacity needs --slo tbt=MS: the highest rate whose P99 time between tokens stays within it")
+        tests = test_specs(None, None, request_shape(self.pg, self.workload), self.arrival, self.len_spread, self.workload)
+        if len(tests) != 1:
+            raise UsageError("capacity searches one test: give one --pg or a --workload")
+        strategies = strategy_names(self.strategy)
+        check_relative_to(self.relative_to, strategies, "searched")
+        check_precision(self.precision)
+        check_export(self.export)
+        sim = self.load.name == "sim"
+        self.config = capacity.CapacityConfig(
+            tests[0], strategies, unique(self.chunk_size, "--chunk-size") or [256],
+            capacity.Criteria(self.slo.tbt_ms, self.max_sched_delay),
+            requests=self.requests or (capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS),
+            concurrency=self.concurrency, arrival=self.arrival, burstiness=self.burstiness, seed=self.seed,
+            start_rate=self.start_rate, precision=self.precision / 100, warmup=not self.no_warmup, slo=self.slo,
+        )
+        try:
+            self.config.validate()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        self.load.check_concurrency(self.concurrency)
+        self.load.validate()

@@ -1,0 +1,194 @@
+"""What every command's options share: the backend's flags (BackendOptions), the tests a run's flags describe,
+the checks more than one command makes, and `note`, the one way a warning reaches stderr."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from strategies import STRATEGIES
+
+from prefillbench.backends import backend_class, check_options, choose_backend
+from prefillbench.backends.distributed import is_rank_zero
+from prefillbench.bench.workloads import TestSpec, load_workload, make_tests, workload_test
+from prefillbench.errors import BackendError, UsageError
+from prefillbench.report.tables import format_for_path
+
+
+def note(text: str) -> None:
+    """A line on stderr about how the input was read; under torchrun, from rank 0 only."""
+    if is_rank_zero():
+        print(f"prefillbench: {text}", file=sys.stderr)
+
+
+def unique(values: list[Any] | None, flag: str) -> list[Any] | None:
+    """The values in their order, each once; a note names the flag when some were given twice."""
+    if values is None:
+        return None
+    once = list(dict.fromkeys(values))
+    if len(once) < len(values):
+        twice = [v for i, v in enumerate(once) if values.count(v) > 1]
+        shown = ", ".join(",".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in twice)
+        note(f"note: {flag} lists {shown} more than once; each value runs once")
+    return once
+
+
+def check_export(path: str | None) -> None:
+    if path:
+        try:
+            format_for_path(path)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+
+def check_seed(seed: int) -> None:
+    if seed < 0:
+        raise UsageError(f"--seed must be 0 or more, got {seed}")
+
+
+def check_precision(pct: float) -> None:
+    """--precision is a percentage of the capacity: 5 means bisect to within 5%."""
+    if not 0 < pct < 100:
+        raise UsageError(f"--precision is a percentage of the capacity between 0 and 100 (5 means 5%), got {pct:g}")
+
+
+def check_relative_to(strategy: str | None, strategies: list[str], what: str) -> None:
+    if strategy and strategy not in strategies:
+        raise UsageError(f"--relative-to {strategy}: not among the strategies {what} ({', '.join(strategies)})")
+
+
+def strategy_names(given: list[str] | None) -> list[str]:
+    names = unique(given, "-s") or list(STRATEGIES)
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown:
+        raise UsageError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
+    return names
+
+
+# ---------------------------------------------------------------- the backend
+
+
+def _backend_option(default: Any, flag: str, option: str, negated: bool = False) -> Any:
+    """A field that stands for load option `option` of the backends; `negated`: a --no-X flag for X=False."""
+    return field(default=default, metadata={"flag": flag, "option": option, "negated": negated})
+
+
+@dataclass
+class BackendOptions:
+    """What loads the backend: shared by run, capacity and calibrate."""
+
+    model: str | None = None
+    backend: str = "auto"
+    device: str = _backend_option("auto", "--device", "device")
+    dtype: str = _backend_option("float32", "--dtype", "dtype")
+    threads: int | None = _backend_option(None, "-t", "threads")
+    n_gpu_layers: int | None = _backend_option(None, "-ngl", "n_gpu_layers")
+    ubatch: int | None = _backend_option(None, "--ubatch", "n_ubatch")
+    flash_attn: str | None = _backend_option(None, "-fa", "flash_attn")
+    no_cuda_graphs: bool = _backend_option(False, "--no-cuda-graphs", "cuda_graphs", negated=True)
+    no_tune_linear: bool = _backend_option(False, "--no-tune-linear", "tune_linear", negated=True)
+    compile_decode: bool = _backend_option(False, "--compile", "compile_decode")
+    kernels: str = _backend_option("auto", "--kernels", "kernels")
+    sim_model: str | None = _backend_option(None, "--sim-model", "sim_model")
+    sim_gpu: str | None = _backend_option(None, "--sim-gpu", "sim_gpu")
+    tp: int = _backend_option(1, "--tp", "tp")
+    pp: int = _backend_option(1, "--pp", "pp")
+    calibration: str | None = _backend_option(None, "--calibration", "calibration")
+    trace: str | None = _backend_option(None, "--trace", "trace")
+    skip_idle: bool | None = None  # the engine's clock, not a load option: None leaves it to the command (tune --quick)
+
+    @classmethod
+    def pick(cls, flags: dict[str, Any]) -> BackendOptions:
+        """The backend's options out of a command's flags (those this class has a field for)."""
+        return cls(**{f.name: flags[f.name] for f in fields(cls) if f.name in flags})
+
+    @property
+    def name(self) -> str:
+        """The backend that runs: --backend with auto resolved for this model."""
+        return choose_backend(self.backend, self.model, self.tp)
+
+    def _given(self) -> list[tuple[Any, Any]]:
+        """(field, value) of each option set away from its default."""
+        return [(f, getattr(self, f.name)) for f in fields(self) if "option" in f.metadata and getattr(self, f.name) != f.default]
+
+    def load_options(self) -> dict[str, Any]:
+        """The load_backend options the flags stand for: only those given, so each backend keeps its own defaults."""
+        return {f.metadata["option"]: (not v if f.metadata["negated"] else v) for f, v in self._given()}
+
+    def validate(self) -> None:
+        """Refuse what cannot run and warn, once each, about every flag the backend will not use."""
+        name = self.name
+        if name != "sim" and self.model and Path(self.model).is_dir():
+            folder = Path(self.model)
+            if not (folder / "config.json").is_file() and not any(folder.glob("*.gguf")):
+                raise UsageError(f"-m {self.model}: the folder holds no model (no config.json and no .gguf file)")
+        try:
+            ignored = check_options(name, self.load_options())
+        except BackendError as e:
+            raise UsageError(str(e)) from None
+        for f, value in self._given():
+            option = f.metadata["option"]
+            if option in ignored:
+                shown = f.metadata["flag"] if isinstance(value, bool) else f"{f.metadata['flag']} {value}"
+                why = f" ({ignored[option]})" if ignored[option] else ""
+                note(f"warning: {shown} is ignored by the {name} backend{why}")
+        if self.skip_idle and name == "sim":
+            note("warning: --skip-idle is ignored by the sim backend (its clock never sleeps)")
+
+    def check_concurrency(self, most: int) -> None:
+        """Refuse a -c the backend cannot hold, before loading a model to find out."""
+        limit = backend_class(self.name).sequence_limit
+        if limit is not None and most > limit:
+            raise UsageError(f"-c {most}: the {self.name} backend runs at most {limit} sequences at once")
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_specs(n_prompt: list[int] | None, n_gen: list[int] | None, pg: list[tuple[int, int]] | None,
+               arrival: str | None, len_spread: float, workload: str | None) -> list[TestSpec]:
+    """-p/-n/--pg with --len-spread, or the one test a --workload file makes.
+
+    In an open loop, --pg alone means just that test: pp-only and tg-only requests are not what a server sees.
+    """
+    try:
+        if workload:
+            if n_prompt or n_gen or pg or len_spread:
+                raise UsageError("--workload gives the lengths: drop -p, -n, --pg and --len-spread")
+            return [workload_test(load_workload(workload))]
+        defaults = not (pg and arrival not in (None, "closed"))
+        return make_tests(unique(n_prompt, "-p") or ([512] if defaults else []), unique(n_gen, "-n") or ([128] if defaults else []),
+                          unique(pg, "--pg") or [], len_spread)
+    except UsageError:
+        raise
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def request_shape(pg: list[tuple[int, int]] | None, workload: str | None) -> list[tuple[int, int]]:
+    """capacity's and tune's --pg: 512,128 unless given, or none with a --workload, which gives the lengths."""
+    return pg or ([] if workload else [(512, 128)])
+
+
+class Measuring:
+    """What run and capacity share: options built around the backend they load, and requests made from a seed."""
+
+    load: BackendOptions
+    seed: int
+    len_spread: float
+    workload: str | None
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> Any:
+        own = {f.name for f in fields(cls) if f.init} - {"load"}  # type: ignore[arg-type]
+        options = cls(BackendOptions.pick(flags), **{k: v for k, v in flags.items() if k in own})  # type: ignore[call-arg]
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        raise NotImplementedError
+
+    def workload_settings(self) -> dict[str, Any]:
+        """What made the requests, for the export's metadata (arrival, rate and SLO are columns of every row)."""
+        return {"seed": self.seed, "len_spread": self.len_spread, "workload": self.workload or ""}

@@ -1,0 +1,144 @@
+"""`prefillbench tune`'s options, and the --quick preset."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from prefillbench.bench import capacity, tune
+from prefillbench.commands.options.common import (BackendOptions, Measuring, check_seed, check_precision,
+                                                 request_shape, strategy_names, test_specs, unique)
+from prefillbench.errors import UsageError
+
+
+#: Sarathi-Serve's budgets around its 512 (and vLLM's 2048 default): 128 to 4096.
+DEFAULT_BUDGETS = [128, 256, 512, 1024, 2048, 4096]
+DEFAULT_TOP_K = 3
+#: --quick on a real backend: short requests and few of them, one seed, a coarse precision, idle time skipped;
+#: about 10 minutes for the shipped model on a 2-core CPU.
+QUICK = dict(pg=(256, 32), slo="tbt=300", requests=20, precision=10.0, budgets=[32, 64, 128, 256], top_k=2,
+             strategies=["sequential", "chunked", "sarathi-serve", "packed"], skip_idle=True)
+#: The flags that, on a real backend, describe the sim that carries tune's search rather than the backend.
+SIM_OF_TUNE = ("sim_model", "sim_gpu", "calibration")
+TUNE_OUTPUTS = ("md", "csv", "json")
+
+
+@dataclass
+class TuneOptions(Measuring):
+    """`prefillbench tune`, validated: `settings` (how every configuration is probed), `criteria` (one per SLO
+    listed) and `configs` (the grid of strategy x budget) are known before loading the backend.
+
+    On a real backend --sim-model, --sim-gpu and --calibration are the calibrated sim's, kept here; on the sim
+    they stay in `load`, the sim backend's own."""
+
+    load: BackendOptions
+    pg: list[tuple[int, int]] | None = None
+    len_spread: float = 0.0
+    workload: str | None = None
+    strategy: list[str] | None = None
+    chunk_size: list[int] | None = None  # token budgets
+    concurrency: int = 0
+    seed: int = 42
+    no_warmup: bool = False
+    slo: str | None = None  # KEY=MS[,MS...][,KEY=MS]
+    percentile: float = 99.0
+    max_sched_delay: float = capacity.DEFAULT_MAX_SCHED_DELAY_MS
+    requests: int | None = None
+    repeats: int | None = None
+    precision: float = 100 * capacity.DEFAULT_PRECISION  # percent
+    start_rate: float | None = None  # None: the saturated throughput on the sim, DEFAULT_START_RATE elsewhere
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    top_k: int = DEFAULT_TOP_K
+    no_sim: bool = False
+    sim_only: bool = False
+    time_budget: float | None = None  # seconds
+    quick: bool = False
+    jobs: int | None = None
+    output: str = "md"
+    export: str | None = None
+    plot: str | None = None
+    no_progress: bool = False
+    sim_model: str | None = None  # a real backend's sim: shapes (default: read from the backend's model)
+    sim_gpu: str | None = None  # a real backend's sim: the nominal spec
+    calibration: str | None = None  # a real backend's sim: a calibration file instead of a quick sweep
+    out: Any = field(default=None, repr=False)  # stdout, replaceable in tests
+    err: Any = field(default=None, repr=False)
+    settings: tune.TuneSettings = field(init=False, repr=False)
+    criteria: list[capacity.Criteria] = field(init=False, repr=False)
+    configs: list[tune.Config] = field(init=False, repr=False)
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> TuneOptions:
+        load = BackendOptions.pick(flags)
+        own = {f.name for f in fields(cls) if f.init} - {"load"}
+        if load.name == "sim":
+            own -= set(SIM_OF_TUNE)
+        else:
+            load = replace(load, **{k: None for k in SIM_OF_TUNE})
+        options = cls(load, **{k: v for k, v in flags.items() if k in own})
+        options.validate()
+        return options
+
+    @property
+    def on_sim(self) -> bool:
+        return self.load.name == "sim"
+
+    def apply_quick(self) -> None:
+        """--quick's preset, under whatever was given."""
+        if not self.pg and not self.workload:
+            self.pg = [QUICK["pg"]]
+        self.slo = self.slo or QUICK["slo"]
+        self.requests = QUICK["requests"] if self.requests is None else self.requests
+        self.precision = QUICK["precision"] if self.precision == 100 * capacity.DEFAULT_PRECISION else self.precision
+        self.chunk_size = self.chunk_size or QUICK["budgets"]
+        self.strategy = self.strategy or QUICK["strategies"]
+        self.top_k = QUICK["top_k"] if self.top_k == DEFAULT_TOP_K else self.top_k
+        if self.load.skip_idle is None and self.load.name != "sim":
+            self.load.skip_idle = QUICK["skip_idle"]  # the baseline's probes at its low capacity are two-thirds idle
+
+    def validate(self) -> None:
+        if self.quick:
+            self.apply_quick()
+        check_seed(self.seed)
+        if self.no_sim and self.sim_only:
+            raise UsageError("--no-sim and --sim-only exclude each other")
+        if self.top_k < 1:
+            raise UsageError(f"--top-k must be at least 1, got {self.top_k}")
+        if self.jobs is not None and self.jobs < 1:
+            raise UsageError(f"--jobs must be at least 1, got {self.jobs}")
+        if self.start_rate is not None and not self.start_rate > 0:
+            raise UsageError(f"--start-rate must be positive, got {self.start_rate:g}")
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise UsageError(f"--time-budget must be positive, got {self.time_budget:g}")
+        if self.slo is None:
+            raise UsageError("tune needs --slo, e.g. --slo tbt=100 (P99 time between tokens within 100 ms)")
+        try:
+            slos = tune.parse_slo_list(self.slo)
+            self.criteria = [capacity.Criteria.from_slo(s, self.max_sched_delay, self.percentile) for s in slos]
+        except ValueError as e:
+            raise UsageError(f"--slo: {e}") from None
+        check_precision(self.precision)
+        tests = test_specs(None, None, request_shape(self.pg, self.workload), self.arrival, self.len_spread, self.workload)
+        if len(tests) != 1:
+            raise UsageError("tune searches one test: give one --pg or a --workload")
+        strategies = strategy_names(self.strategy)
+        if self.output not in TUNE_OUTPUTS:
+            raise UsageError(f"-o {self.output}: tune prints {', '.join(TUNE_OUTPUTS)}")
+        if self.export and not self.export.endswith((".json", ".csv")):
+            raise UsageError(f"--export writes .json or .csv, not {self.export}")
+        sim = self.on_sim
+        requests = self.requests if self.requests is not None else (
+            capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS)
+        repeats = self.repeats if self.repeats is not None else (3 if sim else 1)
+        try:
+            self.settings = tune.TuneSettings(tests[0], self.criteria, requests, self.concurrency, self.arrival,
+                                              self.burstiness, self.seed, repeats,
+                                              self.start_rate or (None if sim else capacity.DEFAULT_START_RATE),
+                                              self.precision / 100,
+                                              not self.no_warmup)
+            self.settings.capacity_config(self.criteria[0])  # validates requests, concurrency, arrival
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        self.configs = tune.grid(strategies, unique(self.chunk_size, "--chunk-size") or DEFAULT_BUDGETS)
+        self.load.check_concurrency(self.concurrency)
+        self.load.validate()
