@@ -381,7 +381,14 @@ def test_a_capacity_that_falls_by_more_than_a_quarter_when_steps_run_10_percent_
     slower = [result(a, 0.26), result(b, 0.41), result(c, 0.0)]
     edge = sim_first.at_the_edge(predicted, slower)
     assert [p.config for p, _ in edge] == [a, c]  # -43% and -100%; -9% is about the slowdown
-    [note] = report.edge_notes(predicted, slower)
+    note, safer = report.edge_notes(predicted, slower)
     assert "chunked (32) -43% (0.46 -> 0.26 req/s)" in note and "sequential -100%" in note
     assert "sarathi-serve" not in note.split(".")[0]
+    # the sim's best is at the edge, and another holds more with slower steps: that one is named
+    assert [(a.config, b.config) for a, b in sim_first.safer_choices(predicted, slower)] == [(a, b)]
+    assert safer == ("the safer choice within TBT p99 <= 300 ms: sarathi-serve (32), 0.41 req/s with every step "
+                     "10% longer, where chunked (32) holds 0.26")
     assert report.edge_notes(predicted, [slower[1]]) == []
+    # a best that is not at the edge needs no safer choice, nor does one that still holds the most
+    assert sim_first.safer_choices([result(b, 0.46), result(a, 0.45)], [result(b, 0.41), result(a, 0.26)]) == []
+    assert sim_first.safer_choices(predicted, [result(a, 0.26), result(b, 0.2)]) == []

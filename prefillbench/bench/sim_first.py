@@ -75,6 +75,23 @@ def at_the_edge(predicted: list[ConfigResult], slower: list[ConfigResult]) -> li
     return [(p, r) for p, r in pairs if capacity_change(p, r) < -EDGE_DROP]
 
 
+def safer_choices(predicted: list[ConfigResult], slower: list[ConfigResult]) -> list[tuple[ConfigResult, ConfigResult]]:
+    """Per criteria whose best predicted configuration sits at the edge (at_the_edge): (its slowed result, the
+    slowed result of the one that holds the most with every step slower), where that is another configuration.
+    A capacity that a slower minute halves is poor advice however high it is."""
+    edge = {(p.config, p.criteria) for p, _ in at_the_edge(predicted, slower)}
+    out = []
+    for k in dict.fromkeys(r.criteria for r in slower):
+        best = ranked(by_criteria(predicted, k))[:1]
+        if not best or (best[0].config, k) not in edge:
+            continue
+        slow = ranked(by_criteria(slower, k))
+        its = next(r for r in slow if r.config == best[0].config)
+        if slow[0].config != its.config and slow[0].capacity > its.capacity:
+            out.append((its, slow[0]))
+    return out
+
+
 def repredict(sim_at: Callable[[float], Backend], predicted: list[ConfigResult], measured: list[ConfigResult],
               settings: TuneSettings) -> list[ConfigResult]:
     """Each measured configuration searched again on the sim slowed to the speed its measured steps ran

@@ -10,7 +10,7 @@ import pandas as pd
 
 from prefillbench.bench.capacity import Criteria
 from prefillbench.bench.sim_first import (EDGE_SLOWDOWN, Comparison, at_the_edge, capacity_change, compare_stages,
-                                          order_differs, probe_speeds)
+                                          order_differs, probe_speeds, safer_choices)
 from prefillbench.bench.tune import ConfigResult, by_criteria, ranked
 from prefillbench.report.capacity import capacity_text
 from prefillbench.report.tables import fmt_number, md_table, write_atomic
@@ -162,7 +162,10 @@ def edge_notes(predicted: list[ConfigResult], slower: list[ConfigResult]) -> lis
                         for p, r in edge)
             + f". A step with its decodes takes nearly the SLO there at any load: a calibration {slow} off, or a "
             f"{slow} slower minute of the machine, moves such a capacity that much, so its prediction and a single "
-            "measurement are that uncertain; a configuration that falls by about the slowdown is the safer choice"]
+            "measurement are that uncertain; a configuration that falls by about the slowdown is the safer choice"] + [
+        f"the safer choice within {its.criteria.describe()}: {safe.config.label}, {safe.capacity:.3g} req/s with every "
+        f"step {slow} longer, where {its.config.label} holds {its.capacity:.3g}"
+        for its, safe in safer_choices(predicted, slower)]
 
 
 def render_vs_slo(results: list[ConfigResult], criteria: list[Criteria]) -> str:
