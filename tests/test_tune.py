@@ -343,6 +343,24 @@ def test_the_measured_stage_prices_its_steps_and_repredicts_at_the_speed_they_ra
                for line in report.stage_notes(predicted, measured, again))
     records = report.config_records(measured, 100.0)
     assert all(r["step_time_vs_sim"] == pytest.approx(1.25) for r in records)
+    # by step kind: the kinds add up to the probe, and each ran 1.25x too
+    for m in measured:
+        for p in m.probes:
+            assert sum(t for t, _ in p.by_kind.values()) == pytest.approx(p.busy_s, rel=1e-12)
+            assert sum(q for _, q in p.by_kind.values()) == pytest.approx(p.priced_s, rel=1e-12)
+        assert set(m.kind_speeds()) >= {"decode"} and all(v == pytest.approx(1.25) for v in m.kind_speeds().values())
+    chunked = [m for m in measured if m.config.strategy == "chunked"][0]
+    assert {"prompt", "mixed", "decode"} <= set(chunked.kind_speeds())
+    [kinds] = [line for line in report.stage_notes(predicted, measured, again) if line.startswith("their steps by kind")]
+    assert f"{chunked.config.label} prompt alone 1.25x, prompt + decodes 1.25x, decode-only 1.25x" in kinds
+    probe = report.probe_records(measured)[0]
+    assert probe["busy_decode_s"] + probe["busy_mixed_s"] + probe["busy_prompt_s"] == pytest.approx(probe["busy_s"])
+    # a kind that ran slower than the rest shows as such
+    p0 = chunked.probes[0]
+    took, priced = p0.by_kind["mixed"]
+    p0.by_kind["mixed"] = (took * 1.2, priced)
+    assert chunked.kind_speeds()["mixed"] > 1.25 and chunked.kind_speeds()["decode"] == pytest.approx(1.25)
+    p0.by_kind["mixed"] = (took, priced)
     # A machine at one speed throughout gets no drift line; one whose speed moved between probes does.
     assert not any("speed moved" in line for line in report.stage_notes(predicted, measured, again))
     slow = measured[0].probes[0]

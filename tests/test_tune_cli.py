@@ -139,7 +139,11 @@ def test_run_tune_on_a_real_backend_predicts_on_the_calibrated_sim_then_measures
     assert "measuring the sim's top 1 and sequential on fake CPU" in log
     assert "sim req/s" in text and "sim error" in text and "sim against measurement:" in text
     assert "sim 10% slower" in text  # how sure: the picks again on the sim with every step 10% longer
+    assert "their steps by kind against the calibration's price: chunked (" in text and "prompt + decodes" in text
     doc = json.loads((tmp_path / "t.json").read_text())
+    priced = [p for p in doc["probes"] if p["stage"] == "measured"]
+    assert priced and all(p["busy_prompt_s"] + p["busy_mixed_s"] + p["busy_decode_s"] == pytest.approx(p["busy_s"])
+                          for p in priced)
     stages = {(c["stage"], c["strategy"], c["budget"]) for c in doc["configurations"]}
     assert {s[1:] for s in stages if s[0] == "sim 10% slower"} == {s[1:] for s in stages if s[0] == "measured"}
     assert {s for s in stages if s[0] == "sim"} == {("sim", "sequential", None), ("sim", "chunked", 64), ("sim", "chunked", 128)}

@@ -19,7 +19,7 @@ from prefillbench import engine
 from prefillbench.backends import load_backend
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.calibration import errors, fit, measure, medians, sweep_points, workload_points
-from prefillbench.bench.pricing import pricer
+from prefillbench.bench.pricing import STEP_KINDS, priced_by_kind, pricer
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests
 from prefillbench.commands.calibrate import sim_specs_for
 
@@ -32,12 +32,6 @@ RUNS = (("chunked", 32, 0.55), ("sequential", None, 0.23))
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=10)
-
-
-def _kind(s) -> str:
-    if not s.prefill_chunks:
-        return "decode-only"
-    return "prompt alone" if not s.decode_contexts else "prompt + decodes"
 
 
 def main(args: argparse.Namespace) -> None:
@@ -64,14 +58,9 @@ def main(args: argparse.Namespace) -> None:
             seed = 42 + rnd
             times = ArrivalSpec("poisson", rate).times(args.requests, seed, test)
             run = engine.run(real, make_strategy(strategy, budget or 256), make_requests(test, args.requests, real.vocab_size, seed, times), 0)
-            kinds: dict[str, list[float]] = {}
-            for s in run.steps:
-                k = kinds.setdefault(_kind(s), [0.0, 0.0])
-                k[0] += s.seconds
-                k[1] += price(s)
             print(f"round {rnd} {strategy:>10}: " + "; ".join(
-                f"{name} {took:5.1f} s / priced {priced:5.1f} s = {took / priced:.2f}x"
-                for name, (took, priced) in kinds.items() if priced), flush=True)
+                f"{STEP_KINDS[kind]} {took:5.1f} s / priced {priced:5.1f} s = {took / priced:.2f}x"
+                for kind, (took, priced) in priced_by_kind(run.steps, price).items() if priced), flush=True)
 
 
 if __name__ == "__main__":

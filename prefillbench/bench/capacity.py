@@ -28,7 +28,7 @@ from prefillbench.backends.base import Backend
 from prefillbench.bench.cases import BenchConfig, Case, warm_up, request_tokens
 from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, percentile, sched_delay_ms, summarize, tbts_ms,
                                         tpot_ms, ttft_ms, ttfts_ms)
-from prefillbench.bench.pricing import Pricer
+from prefillbench.bench.pricing import Pricer, priced_by_kind
 from prefillbench.engine import Progress, RunRecord
 from prefillbench.sequence import Request
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
@@ -124,6 +124,8 @@ class Probe:
     #: When priced (tune's measured stage): seconds its steps took, and what the calibrated sim charges for them.
     busy_s: float = 0.0
     priced_s: float = 0.0
+    #: The same by step kind (pricing.STEP_KINDS): (seconds taken, seconds priced).
+    by_kind: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class CertainFailure:
@@ -411,7 +413,9 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
     values = config.criteria.values(run)
     priced = {}
     if price is not None:
-        priced = {"busy_s": sum(s.seconds for s in run.steps), "priced_s": sum(price(s) for s in run.steps)}
+        by_kind = priced_by_kind(run.steps, price)
+        priced = {"busy_s": sum(t for t, _ in by_kind.values()), "priced_s": sum(p for _, p in by_kind.values()),
+                  "by_kind": by_kind}
     if run.stopped:
         found = certain.found
         return Probe(rate, False, row, found.get(config.criteria, []), seed, values, True, found, **priced)

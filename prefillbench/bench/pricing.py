@@ -11,6 +11,9 @@ from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.engine import StepRecord
 
 Pricer = Callable[[StepRecord], float]
+#: What a step is, for its time against its price: in serving these ran at different ratios to a calibration
+#: that times each shape back to back (docs/history/2026-12-01f), and P99 TBT is set by the mixed steps alone.
+STEP_KINDS = {"prompt": "prompt alone", "mixed": "prompt + decodes", "decode": "decode-only"}
 
 
 def batch_of(rec: StepRecord, with_decodes: bool = True) -> Batch:
@@ -27,3 +30,20 @@ def batch_of(rec: StepRecord, with_decodes: bool = True) -> Batch:
 def pricer(cost: CostModel) -> Pricer:
     """Seconds the cost model gives one recorded step."""
     return lambda rec: cost.seconds(batch_of(rec))
+
+
+def step_kind(rec: StepRecord) -> str:
+    """The STEP_KINDS key of a recorded step."""
+    if not rec.prefill_chunks:
+        return "decode"
+    return "mixed" if rec.decode_contexts else "prompt"
+
+
+def priced_by_kind(steps: list[StepRecord], price: Pricer) -> dict[str, tuple[float, float]]:
+    """(seconds the steps took, seconds the sim charges for them) per step kind present."""
+    out: dict[str, list[float]] = {}
+    for rec in steps:
+        sums = out.setdefault(step_kind(rec), [0.0, 0.0])
+        sums[0] += rec.seconds
+        sums[1] += price(rec)
+    return {k: (took, priced) for k, (took, priced) in out.items()}

@@ -224,6 +224,16 @@ class ConfigResult:
         priced = sum(p.priced_s for p in self.probes)
         return sum(p.busy_s for p in self.probes) / priced if priced > 0 else math.nan
 
+    def kind_speeds(self) -> dict[str, float]:
+        """step_speed by step kind (pricing.STEP_KINDS), over all its probes; kinds never priced left out."""
+        sums: dict[str, list[float]] = {}
+        for p in self.probes:
+            for kind, (took, priced) in p.by_kind.items():
+                s = sums.setdefault(kind, [0.0, 0.0])
+                s[0] += took
+                s[1] += priced
+        return {k: took / priced for k, (took, priced) in sums.items() if priced > 0}
+
     def ties(self, other: "ConfigResult") -> bool:
         """Whether the two capacity intervals overlap."""
         return self.low < other.high and other.low < self.high

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from prefillbench.bench.capacity import Criteria
+from prefillbench.bench.pricing import STEP_KINDS
 from prefillbench.bench.sim_first import (EDGE_SLOWDOWN, Comparison, at_the_edge, capacity_change, compare_stages,
                                           order_differs, probe_speeds, safer_choices)
 from prefillbench.bench.tune import ConfigResult, by_criteria, ranked
@@ -138,6 +139,12 @@ def stage_notes(predicted: list[ConfigResult], measured: list[ConfigResult],
         lines.append("at the speed the measured steps ran (their time over the calibrated sim's price): " + "; ".join(
             f"{c.measured.config.label} {_slowdown(c.measured)}: {c.predicted.capacity:.3g} vs {c.measured.capacity:.3g} "
             f"req/s" + (f" ({c.error_text})" if not math.isnan(c.error) else "") for c in again))
+    kinds = [(c.measured, c.measured.kind_speeds()) for c in comparisons]
+    if any(len(k) > 1 for _, k in kinds):
+        lines.append("their steps by kind against the calibration's price: " + "; ".join(
+            f"{m.config.label} " + ", ".join(f"{STEP_KINDS[kind]} {ratio:.2f}x" for kind, ratio in sorted(
+                k.items(), key=lambda kv: list(STEP_KINDS).index(kv[0]))) for m, k in kinds if k)
+            + " (P99 TBT is set by the steps that carry decodes)")
     speeds = probe_speeds(measured)
     if len(speeds) > 1 and max(speeds) > DRIFT_NOTE * min(speeds):
         lines.append(f"the machine's speed moved during the measurement: probe by probe, its steps took {min(speeds):.2f}x "
@@ -203,6 +210,8 @@ def probe_records(results: list[ConfigResult]) -> list[dict[str, Any]]:
             out.append({"stage": r.stage, "strategy": r.config.strategy, "budget": r.config.budget,
                         "slo": r.criteria.describe(), "seed": p.seed, "rate": p.rate, "passed": p.passed, "stopped_early": p.stopped_early,
                         "busy_s": p.busy_s, "priced_s": p.priced_s,
+                        **{f"{which}_{kind}_s": p.by_kind.get(kind, (0.0, 0.0))[i] for kind in STEP_KINDS
+                           for i, which in enumerate(("busy", "priced"))},
                         "limited_by": ",".join(p.limited_by), **{f"criterion_{k}": v for k, v in p.values.items()},
                         **{k: v for k, v in p.row.as_dict().items() if k not in ("strategy", "chunk_size", "rate")}})
     return out
