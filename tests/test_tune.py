@@ -364,7 +364,7 @@ def test_the_measured_stage_prices_its_steps_and_repredicts_at_the_speed_they_ra
     # A machine at one speed throughout gets no drift line; one whose speed moved between probes does.
     assert not any("speed moved" in line for line in report.stage_notes(predicted, measured, again))
     slow = measured[0].probes[0]
-    slow.busy_s *= 1.2
+    slow.by_kind = {kind: (took * 1.2, priced) for kind, (took, priced) in slow.by_kind.items()}
     drift = [line for line in report.stage_notes(predicted, measured, again) if "speed moved" in line]
     assert len(drift) == 1 and "1.25x to 1.50x" in drift[0]
 

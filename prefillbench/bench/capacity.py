@@ -121,11 +121,19 @@ class Probe:
     stopped_early: bool = False
     #: When stopped early: the keys each watched criteria had certainly exceeded.
     certain: dict[Criteria, list[str]] = field(default_factory=dict)
-    #: When priced (tune's measured stage): seconds its steps took, and what the calibrated sim charges for them.
-    busy_s: float = 0.0
-    priced_s: float = 0.0
-    #: The same by step kind (pricing.STEP_KINDS): (seconds taken, seconds priced).
+    #: When priced (tune's measured stage), by step kind (pricing.STEP_KINDS): (seconds its steps took, seconds
+    #: the calibrated sim charges for them).
     by_kind: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds its steps took (0 when not priced)."""
+        return sum(took for took, _ in self.by_kind.values())
+
+    @property
+    def priced_s(self) -> float:
+        """Seconds the calibrated sim charges for its steps (0 when not priced)."""
+        return sum(priced for _, priced in self.by_kind.values())
 
 
 class CertainFailure:
@@ -413,9 +421,7 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
     values = config.criteria.values(run)
     priced = {}
     if price is not None:
-        by_kind = priced_by_kind(run.steps, price)
-        priced = {"busy_s": sum(t for t, _ in by_kind.values()), "priced_s": sum(p for _, p in by_kind.values()),
-                  "by_kind": by_kind}
+        priced = {"by_kind": priced_by_kind(run.steps, price)}
     if run.stopped:
         found = certain.found
         return Probe(rate, False, row, found.get(config.criteria, []), seed, values, True, found, **priced)

@@ -50,7 +50,7 @@ def cmd_capacity(options: CapacityOptions) -> int:
     rows = [r.row for r in results]
     meta = run_metadata(loaded.metadata())
     meta.update(model_path=options.load.model or "default", backend_name=loaded.name, device=loaded.device,
-                skip_idle=bool(options.load.skip_idle), **options.workload_settings(), **config.settings())
+                skip_idle=loaded.skip_idle, **options.workload_settings(), **config.settings())
     if rows and rank_zero:
         if options.output == "md":
             text = render_md(results, options.relative_to)

@@ -58,7 +58,7 @@ def cmd_run(options: RunOptions) -> int:
     write_failure = None
     meta = run_metadata(backend.metadata())
     meta.update(model_path=options.load.model or "default", backend_name=backend.name, device=backend.device,
-                skip_idle=bool(options.load.skip_idle), **options.workload_settings())
+                skip_idle=backend.skip_idle, **options.workload_settings())
     if rows and rank_zero:
         noisy_cv = options.noisy_cv / 100
         if options.relative_to:

@@ -142,8 +142,9 @@ def stage_notes(predicted: list[ConfigResult], measured: list[ConfigResult],
     kinds = [(c.measured, c.measured.kind_speeds()) for c in comparisons]
     if any(len(k) > 1 for _, k in kinds):
         lines.append("their steps by kind against the calibration's price: " + "; ".join(
-            f"{m.config.label} " + ", ".join(f"{STEP_KINDS[kind]} {ratio:.2f}x" for kind, ratio in sorted(
-                k.items(), key=lambda kv: list(STEP_KINDS).index(kv[0]))) for m, k in kinds if k)
+            f"{m.config.label} "
+            + ", ".join(f"{label} {k[kind]:.2f}x" for kind, label in STEP_KINDS.items() if kind in k)
+            for m, k in kinds if k)
             + " (P99 TBT is set by the steps that carry decodes)")
     speeds = probe_speeds(measured)
     if len(speeds) > 1 and max(speeds) > DRIFT_NOTE * min(speeds):
