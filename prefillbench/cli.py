@@ -22,7 +22,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from prefillbench import __version__
 from prefillbench.backends.base import BackendError
-from prefillbench.bench.capacity import DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
+from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
 from prefillbench.commands import ab, calibrate, capacity, compare, plot, run, tune
 from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
                                          Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
@@ -32,8 +32,9 @@ from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PAN
                                          PromptGen, Rate, RelativeTo, Repetitions, Requests, RequestShape, ResultsDir, Seed,
                                          SimGpu, SkipIdle, SimModel, SLOOption, Strategy, TensorParallel, Threads, Trace, UBatch,
                                          Verify, Workload, flag, option)
-from prefillbench.commands.options import (DEFAULT_PRESET, QUICK, TUNE_OUTPUTS, ABOptions, BackendOptions, CalibrateOptions,
-                                           CapacityOptions, CompareOptions, PlotOptions, RunOptions, TuneOptions)
+from prefillbench.commands.options import (DEFAULT_PRESET, DEFAULT_TOP_K, QUICK, TUNE_OUTPUTS, ABOptions, BackendOptions,
+                                           CalibrateOptions, CapacityOptions, CompareOptions, PlotOptions, RunOptions,
+                                           TuneOptions)
 from prefillbench.commands.parsers import budgets, choice, five_ints, metric_list, metrics_if_given, percent, slo_spec
 from prefillbench.commands.runner import error_prefix
 from prefillbench.errors import UsageError
@@ -299,17 +300,19 @@ def tune_command(
         "--repeats", panel=CAPACITY_PANEL,
         help="seeds per configuration, searched near the first one's capacity: the capacity's interval "
         "(default: 3 on the sim, 1 elsewhere)")] = None,
-    precision: Annotated[float, option(
+    precision: Annotated[Optional[float], option(
         "--precision", panel=CAPACITY_PANEL, parser=percent, metavar="PCT",
-        help="bisect until the bracket is narrower than this percentage of the capacity")] = T.precision,
+        help=f"bisect until the bracket is narrower than this percentage of the capacity "
+        f"(default: {100 * DEFAULT_PRECISION:g})")] = None,
     start_rate: Annotated[Optional[float], option(
         "--start-rate", panel=CAPACITY_PANEL, metavar="QPS",
         help="the first probe's rate (default: on the sim, each strategy's throughput with every request in flight; "
         f"elsewhere {DEFAULT_START_RATE:g})")] = None,
     arrival: ProbeArrival = T.arrival,
     burstiness: Burstiness = T.burstiness,
-    top_k: Annotated[int, option(
-        "--top-k", panel=CAPACITY_PANEL, help="real backend: measure the sim's best K and sequential")] = T.top_k,
+    top_k: Annotated[Optional[int], option(
+        "--top-k", panel=CAPACITY_PANEL,
+        help=f"real backend: measure the sim's best K and sequential (default: {DEFAULT_TOP_K})")] = None,
     no_sim: Annotated[bool, flag("--no-sim", CAPACITY_PANEL, help="real backend: measure every configuration, no sim")] = False,
     sim_only: Annotated[bool, flag(
         "--sim-only", CAPACITY_PANEL, help="real backend: stop after the calibrated sim's prediction")] = False,

@@ -111,3 +111,13 @@ def test_quick_is_its_preset_under_whatever_is_given():
     given = TuneOptions.from_flags(backend="gguf", quick=True, slo="tbt=300", requests=30, chunk_size=[64])
     assert [k.tbt_p99_ms for k in given.criteria] == [300.0] and given.settings.requests == 30
     assert sorted({c.budget for c in given.configs if c.budget}) == [64]
+
+
+def test_quick_keeps_a_value_given_even_when_it_is_the_plain_default():
+    """--quick --precision 5 --top-k 3 is 5% and 3: the preset fills only what was not given."""
+    from prefillbench.commands.options import DEFAULT_TOP_K, TuneOptions
+
+    given = TuneOptions.from_flags(backend="gguf", quick=True, precision=5.0, top_k=DEFAULT_TOP_K)
+    assert given.settings.precision == pytest.approx(0.05) and given.top_k == DEFAULT_TOP_K == 3
+    plain = TuneOptions.from_flags(backend="gguf", slo="tbt=100")
+    assert plain.settings.precision == pytest.approx(0.05) and plain.top_k == DEFAULT_TOP_K

@@ -47,11 +47,11 @@ class TuneOptions(Measuring):
     max_sched_delay: float = capacity.DEFAULT_MAX_SCHED_DELAY_MS
     requests: int | None = None
     repeats: int | None = None
-    precision: float = 100 * capacity.DEFAULT_PRECISION  # percent
+    precision: float | None = None  # percent; None: capacity's default, or --quick's
     start_rate: float | None = None  # None: the saturated throughput on the sim, DEFAULT_START_RATE elsewhere
     arrival: str = "poisson"
     burstiness: float = 1.0
-    top_k: int = DEFAULT_TOP_K
+    top_k: int | None = None  # None: DEFAULT_TOP_K, or --quick's
     no_sim: bool = False
     sim_only: bool = False
     time_budget: float | None = None  # seconds
@@ -92,16 +92,19 @@ class TuneOptions(Measuring):
             self.pg = [QUICK["pg"]]
         self.slo = self.slo or QUICK["slo"]
         self.requests = QUICK["requests"] if self.requests is None else self.requests
-        self.precision = QUICK["precision"] if self.precision == 100 * capacity.DEFAULT_PRECISION else self.precision
+        self.precision = QUICK["precision"] if self.precision is None else self.precision
         self.chunk_size = self.chunk_size or QUICK["budgets"]
         self.strategy = self.strategy or QUICK["strategies"]
-        self.top_k = QUICK["top_k"] if self.top_k == DEFAULT_TOP_K else self.top_k
+        self.top_k = QUICK["top_k"] if self.top_k is None else self.top_k
         if self.load.skip_idle is None and self.load.name != "sim":
             self.load.skip_idle = QUICK["skip_idle"]  # the baseline's probes at its low capacity are two-thirds idle
 
     def validate(self) -> None:
         if self.quick:
             self.apply_quick()
+        # Unset until here, so that --quick can tell a value given from the default (--quick --top-k 3 is 3).
+        self.precision = 100 * capacity.DEFAULT_PRECISION if self.precision is None else self.precision
+        self.top_k = DEFAULT_TOP_K if self.top_k is None else self.top_k
         check_seed(self.seed)
         if self.no_sim and self.sim_only:
             raise UsageError("--no-sim and --sim-only exclude each other")
