@@ -8,6 +8,7 @@ scheduling delay) grows above it; sequential takes a prompt per step: 10 req/s.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -188,8 +189,8 @@ def _result(config: tune.Config, capacity: float, upper: float) -> tune.ConfigRe
 def test_pick_for_measurement_adds_sequential_and_order_differs_past_ties():
     a, b, seq = tune.Config("chunked", 512), tune.Config("sarathi-serve", 512), tune.Config("sequential", None)
     predicted = [_result(seq, 1.0, 1.05), _result(a, 5.0, 5.25), _result(b, 4.0, 4.2)]
-    assert sim_first.pick_for_measurement(predicted, 1) == [a, seq]
-    assert sim_first.pick_for_measurement(predicted, 3) == [a, b, seq]
+    assert sim_first.pick_for_measurement(tune.ranked(predicted), 1) == [a, seq]
+    assert sim_first.pick_for_measurement(tune.ranked(predicted), 3) == [a, b, seq]
     reversed_ = [_result(seq, 1.0, 1.05), _result(a, 3.0, 3.15), _result(b, 4.0, 4.2)]
     assert sim_first.order_differs(sim_first.compare_stages(predicted, reversed_))
     tied = [_result(seq, 1.0, 1.05), _result(a, 3.9, 4.1), _result(b, 4.0, 4.2)]  # overlapping intervals
@@ -404,9 +405,41 @@ def test_a_capacity_that_falls_by_more_than_a_quarter_when_steps_run_10_percent_
     assert "sarathi-serve" not in note.split(".")[0]
     # the sim's best is at the edge, and another holds more with slower steps: that one is named
     assert [(a.config, b.config) for a, b in sim_first.safer_choices(predicted, slower)] == [(a, b)]
-    assert safer == ("the safer choice within TBT p99 <= 300 ms: sarathi-serve (32), 0.41 req/s with every step "
-                     "10% longer, where chunked (32) holds 0.26")
-    assert report.edge_notes(predicted, [slower[1]]) == []
+    assert safer == ("the sim's pick within TBT p99 <= 300 ms: sarathi-serve (32), 0.41 req/s with every step "
+                     "10% longer, where chunked (32), the highest as calibrated, holds 0.26 (the picks are ranked by "
+                     "what they keep)")
+    assert report.edge_notes(predicted, [slower[1]]) == []  # chunked (32) never searched slowed: no pick over it
     # a best that is not at the edge needs no safer choice, nor does one that still holds the most
     assert sim_first.safer_choices([result(b, 0.46), result(a, 0.45)], [result(b, 0.41), result(a, 0.26)]) == []
     assert sim_first.safer_choices(predicted, [result(a, 0.26), result(b, 0.2)]) == []
+
+
+def test_the_sim_picks_what_keeps_the_most_capacity_with_every_step_10_percent_longer():
+    """A configuration at the edge of its SLO (the highest as calibrated, -42% slowed) is measured after one that
+    keeps more: on this VM sarathi-serve (64) at P99 TBT 500 ms predicted 0.636 and measured 0.268 req/s."""
+    k = Criteria(tbt_p99_ms=500)
+
+    def result(config, capacity):
+        probes = [Probe(capacity, True, None), Probe(capacity * 1.05, False, None, ["tbt"])]
+        return tune.ConfigResult(config, k, [SearchResult(capacity, probes)])
+
+    edge, steady, small, seq = (tune.Config("sarathi-serve", 64), tune.Config("chunked", 32),
+                                tune.Config("chunked", 64), tune.Config("sequential", None))
+    predicted = [result(edge, 0.636), result(steady, 0.578), result(small, 0.55), result(seq, 0.227)]
+    slower = [result(edge, 0.368), result(steady, 0.506), result(small, 0.49), result(seq, 0.209)]
+    assert [r.config for r in tune.ranked(predicted)] == [edge, steady, small, seq]
+    assert [r.config for r in sim_first.margin_ranked(predicted, slower)] == [steady, small, edge, seq]
+    s = replace(sim_settings(repeats=1), criteria=[k])
+    assert sim_first.picks(predicted, s, 2, slower) == [steady, small, seq]
+    assert sim_first.picks(predicted, s, 2) == [edge, steady, seq]  # without the slowed sim: by capacity
+    # never searched slowed: last, whatever its capacity
+    assert sim_first.margin_ranked(predicted, slower[1:])[-1].config == edge
+    # the sim's own verdict and table (--sim-only) lead with the pick, and say what it keeps
+    line = report.verdict(predicted, k, slower=slower)
+    assert line == ("best within TBT p99 <= 500 ms: chunked, budget 32: 0.578 req/s, 2.55x sequential "
+                    "(0.506 req/s with every step 10% longer)")
+    assert [r.config for r in report._order(predicted, None, slower)] == [steady, small, edge, seq]  # the table's rows
+    # measured results are ranked by what was measured, the slowed sim notwithstanding
+    assert report.verdict(predicted, k, predicted, slower=slower).startswith("best within TBT p99 <= 500 ms: sarathi-serve")
+    (its, pick), = sim_first.safer_choices(predicted, slower)
+    assert (its.config, pick.config) == (edge, steady)

@@ -145,10 +145,14 @@ def test_run_tune_on_a_real_backend_predicts_on_the_calibrated_sim_then_measures
     assert priced and all(p["busy_prompt_s"] + p["busy_mixed_s"] + p["busy_decode_s"] == pytest.approx(p["busy_s"])
                           for p in priced)
     stages = {(c["stage"], c["strategy"], c["budget"]) for c in doc["configurations"]}
-    assert {s[1:] for s in stages if s[0] == "sim 10% slower"} == {s[1:] for s in stages if s[0] == "measured"}
-    assert {s for s in stages if s[0] == "sim"} == {("sim", "sequential", None), ("sim", "chunked", 64), ("sim", "chunked", 128)}
+    grid = {("sequential", None), ("chunked", 64), ("chunked", 128)}
+    assert {s[1:] for s in stages if s[0] == "sim"} == grid
+    assert {s[1:] for s in stages if s[0] == "sim 10% slower"} == grid  # the whole grid again, slowed
     measured = {s[1:] for s in stages if s[0] == "measured"}
-    assert len(measured) == 2 and ("sequential", None) in measured  # the sim's best and the baseline
+    assert len(measured) == 2 and ("sequential", None) in measured  # the sim's pick and the baseline
+    slowed = {(c["strategy"], c["budget"]): c["capacity_rps"] for c in doc["configurations"] if c["stage"] == "sim 10% slower"}
+    pick = (measured - {("sequential", None)}).pop()
+    assert slowed[pick] == max(v for k, v in slowed.items() if k[0] == "chunked")  # the pick keeps the most slowed
 
 
 @pytest.mark.parametrize("command", ["capacity", "tune"])

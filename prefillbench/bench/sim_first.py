@@ -15,17 +15,31 @@ from prefillbench.bench.tune import (Config, ConfigResult, GridResult, ProbeCall
                                      run_grid)
 
 
-def pick_for_measurement(predicted: list[ConfigResult], top_k: int, baseline: str = "sequential") -> list[Config]:
-    """The sim's top K configurations and the baseline, each once, best predicted first."""
-    order = [r.config for r in ranked(predicted)]
-    chosen = order[:top_k]
-    chosen += [c for c in order if c.strategy == baseline and c not in chosen][:1]
+def pick_for_measurement(order: list[ConfigResult], top_k: int, baseline: str = "sequential") -> list[Config]:
+    """The first K configurations of `order` (the sim's predictions, best first) and the baseline, each once."""
+    chosen = [r.config for r in order[:top_k]]
+    chosen += [r.config for r in order if r.config.strategy == baseline and r.config not in chosen][:1]
     return chosen
 
 
-def picks(predicted: list[ConfigResult], settings: TuneSettings, top_k: int) -> list[Config]:
-    """What the measured stage measures: the sim's top K and the baseline under each criteria, each once."""
-    return list(dict.fromkeys(c for k in settings.criteria for c in pick_for_measurement(by_criteria(predicted, k), top_k)))
+def margin_ranked(predicted: list[ConfigResult], slower: list[ConfigResult]) -> list[ConfigResult]:
+    """The predictions best first by the capacity each keeps with every step EDGE_SLOWDOWN times as long (`slower`,
+    the same criteria), then as `ranked`; those never searched slowed go last. The calibration is known to about
+    that much, and a configuration at the edge of its SLO keeps far less: ranked by what it keeps, the sim's pick
+    is the one a slower minute or a calibration that far off does not take away (docs/history/2026-12-02)."""
+    kept = {(r.config, r.criteria): r.capacity for r in slower}
+    return sorted(ranked(predicted), key=lambda r: -kept.get((r.config, r.criteria), -1.0))
+
+
+def picks(predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
+          slower: list[ConfigResult] | None = None) -> list[Config]:
+    """What the measured stage measures: under each criteria the sim's top K (by margin_ranked where `slower` is
+    given, else by capacity) and the baseline, each once."""
+    chosen: list[Config] = []
+    for k in settings.criteria:
+        mine = by_criteria(predicted, k)
+        chosen += pick_for_measurement(margin_ranked(mine, by_criteria(slower, k)) if slower else ranked(mine), top_k)
+    return list(dict.fromkeys(chosen))
 
 
 def _predicted_starts(predicted: list[ConfigResult], settings: TuneSettings) -> dict[Config, float]:
@@ -36,11 +50,12 @@ def _predicted_starts(predicted: list[ConfigResult], settings: TuneSettings) -> 
 def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
                   on_probe: ProbeCallback | None = None, on_config: Callable[[Config], None] | None = None,
                   deadline: float | None = None, on_picked: Callable[[list[Config]], None] | None = None,
-                  price: Pricer | None = None) -> GridResult:
+                  price: Pricer | None = None, slower: list[ConfigResult] | None = None) -> GridResult:
     """The sim-first stage's second half: the sim's top K (and sequential) under each criteria, measured on the
     real backend, each search starting at the sim's prediction for the first criteria; `price`: the sim's
-    price of each measured step, kept beside its time (ConfigResult.step_speed)."""
-    chosen = picks(predicted, settings, top_k)
+    price of each measured step, kept beside its time (ConfigResult.step_speed); `slower`: the slowed sim's
+    results, by which the picks are ranked (picks)."""
+    chosen = picks(predicted, settings, top_k, slower)
     if on_picked is not None:
         on_picked(chosen)
     hints = _predicted_starts(predicted, settings)
@@ -55,12 +70,13 @@ EDGE_DROP = 0.25
 
 
 def slowed(sim_at: Callable[[float], Backend], predicted: list[ConfigResult], configs: list[Config],
-           settings: TuneSettings, slowdown: float = EDGE_SLOWDOWN) -> GridResult:
+           settings: TuneSettings, slowdown: float = EDGE_SLOWDOWN, on_probe: ProbeCallback | None = None,
+           jobs: int = 1) -> GridResult:
     """`configs` searched again on the sim with every step `slowdown` times as long, each from its prediction: how
     far a capacity moves when the calibration is that far off, or the machine that much slower. Most move by about
     the slowdown; one whose step with its decodes takes nearly the TBT SLO at any load falls off a cliff."""
-    return run_grid(sim_at(slowdown), configs, settings, hints=_predicted_starts(predicted, settings),
-                    stage=f"sim {slowdown - 1:.0%} slower")
+    return run_grid(sim_at(slowdown), configs, settings, on_probe, hints=_predicted_starts(predicted, settings),
+                    stage=f"sim {slowdown - 1:.0%} slower", jobs=jobs)
 
 
 def capacity_change(predicted: ConfigResult, slower: ConfigResult) -> float:
@@ -76,19 +92,14 @@ def at_the_edge(predicted: list[ConfigResult], slower: list[ConfigResult]) -> li
 
 
 def safer_choices(predicted: list[ConfigResult], slower: list[ConfigResult]) -> list[tuple[ConfigResult, ConfigResult]]:
-    """Per criteria whose best predicted configuration sits at the edge (at_the_edge): (its slowed result, the
-    slowed result of the one that holds the most with every step slower), where that is another configuration.
-    A capacity that a slower minute halves is poor advice however high it is."""
-    edge = {(p.config, p.criteria) for p, _ in at_the_edge(predicted, slower)}
+    """Per criteria whose best predicted configuration is not the first by margin_ranked: (its slowed result, the
+    slowed result of the margin's first). A capacity that a slower minute halves is poor advice however high it is."""
     out = []
     for k in dict.fromkeys(r.criteria for r in slower):
-        best = ranked(by_criteria(predicted, k))[:1]
-        if not best or (best[0].config, k) not in edge:
-            continue
-        slow = ranked(by_criteria(slower, k))
-        its = next(r for r in slow if r.config == best[0].config)
-        if slow[0].config != its.config and slow[0].capacity > its.capacity:
-            out.append((its, slow[0]))
+        mine, slow = by_criteria(predicted, k), {r.config: r for r in by_criteria(slower, k)}
+        best, pick = ranked(mine)[:1], margin_ranked(mine, list(slow.values()))[:1]
+        if best and pick and best[0].config != pick[0].config and best[0].config in slow and pick[0].config in slow:
+            out.append((slow[best[0].config], slow[pick[0].config]))
     return out
 
 

@@ -72,11 +72,14 @@ def run_tune(o: TuneOptions) -> int:
     bar = ProbeProgress(not o.no_progress, len(configs) * len(criteria), settings.expected_probes)
     deadline = time.monotonic() + o.time_budget if o.time_budget else None
 
+    def pool(b: Backend, chosen: list[tune.Config]) -> int:
+        return jobs if b.name == "sim" and settings.requests * len(chosen) >= POOL_MIN_REQUESTS else 1
+
     def stage(b: Backend, chosen: list[tune.Config], name: str) -> tune.GridResult:
         bar.stage(name, len(chosen) * len(criteria), settings.expected_probes)
-        pool = jobs if b.name == "sim" and settings.requests * len(chosen) >= POOL_MIN_REQUESTS else 1
         return tune.run_grid(b, chosen, settings, bar.probe, lambda c: bar.config_done(len(criteria)), None,
-                             deadline if b.name != "sim" else None, "sim" if b.name == "sim" else "measured", pool)
+                             deadline if b.name != "sim" else None, "sim" if b.name == "sim" else "measured",
+                             pool(b, chosen))
 
     predicted: tune.GridResult | None = None
     measured: tune.GridResult | None = None
@@ -91,16 +94,19 @@ def run_tune(o: TuneOptions) -> int:
                 sim = _sim(o, cal)
                 predicted = stage(sim, configs, "sim")
                 if not predicted.stopped:
-                    # How sure: the picks again on the sim with every step 10% longer (sim_first.at_the_edge).
+                    # How sure: the grid again on the sim with every step 10% longer; the picks are ranked by what
+                    # each keeps there (sim_first.margin_ranked), and a capacity that falls off a cliff is at the edge.
+                    bar.stage(f"sim {sim_first.EDGE_SLOWDOWN - 1:.0%} slower", len(configs) * len(criteria),
+                              tune.EXPECTED_NEAR_PROBES * settings.repeats)
                     edge = sim_first.slowed(lambda slowdown: _sim(o, at_speed(cal, slowdown)), predicted.results,
-                                            sim_first.picks(predicted.results, settings, o.top_k), settings)
+                                            configs, settings, on_probe=bar.probe, jobs=pool(sim, configs))
                 if not o.sim_only and not predicted.stopped and not (edge and edge.stopped):
                     bar.stage("measuring", o.top_k + 1, tune.EXPECTED_NEAR_PROBES * settings.repeats)
                     measured = sim_first.measure_picks(
                         backend, predicted.results, settings, o.top_k, bar.probe, lambda c: bar.config_done(len(criteria)),
                         deadline, lambda picks: print(f"prefillbench: measuring the sim's top {o.top_k} and sequential on "
                                                       f"{backend.label}: {', '.join(c.label for c in picks)}", file=err),
-                        price=pricer(sim.cost))
+                        price=pricer(sim.cost), slower=edge.results)
                     if measured.stopped != "interrupted":
                         repredicted = sim_first.repredict(lambda slowdown: _sim(o, at_speed(cal, slowdown)), predicted.results,
                                                      measured.results, settings)
@@ -146,7 +152,7 @@ def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: lis
             if len(criteria) > 1:
                 print(f"\n{k.describe()}:", file=out)
             out.write(report.render_ranked(rows, tokens, pred, repredicted, slower))
-        print(report.verdict(rows, k, pred, repredicted), file=out if o.output == "md" else err)
+        print(report.verdict(rows, k, pred, repredicted, slower), file=out if o.output == "md" else err)
         notes = report.stage_notes(tune.by_criteria(pred, k), rows, tune.by_criteria(repredicted, k)) if pred else []
         if predicted is not None:
             notes += report.edge_notes(tune.by_criteria(predicted.results, k), tune.by_criteria(slower, k))

@@ -11,7 +11,7 @@ import pandas as pd
 from prefillbench.bench.capacity import Criteria
 from prefillbench.bench.pricing import STEP_KINDS
 from prefillbench.bench.sim_first import (EDGE_SLOWDOWN, Comparison, at_the_edge, capacity_change, compare_stages,
-                                          order_differs, probe_speeds, safer_choices)
+                                          margin_ranked, order_differs, probe_speeds, safer_choices)
 from prefillbench.bench.tune import ConfigResult, by_criteria, ranked
 from prefillbench.report.capacity import capacity_text
 from prefillbench.report.tables import fmt_number, md_table, write_atomic
@@ -55,8 +55,9 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
     """One row per configuration, best first: capacity (with its interval and a tie mark), tokens/s, ratio to
     sequential, what limits it, the latencies at capacity; predicted beside measured where both exist; with
     `repredicted`, how long the measured steps took against the sim's price and the sim's capacity at that speed;
-    with `slower`, how the sim's capacity changes when every step runs EDGE_SLOWDOWN times as long."""
-    order = ranked(results)
+    with `slower`, how the sim's capacity changes when every step runs EDGE_SLOWDOWN times as long (and, for the
+    sim's own results, the rows in the order of what they keep there: the sim's picks first)."""
+    order = _order(results, predicted, slower)
     base = baseline_of(results)
     pred = {(r.config, r.criteria): r for r in predicted or []}
     repred = {(r.config, r.criteria): r for r in repredicted or []}
@@ -97,10 +98,17 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
     return md_table(columns, list(enumerate(order)))
 
 
+def _order(results: list[ConfigResult], predicted: list[ConfigResult] | None,
+           slower: list[ConfigResult] | None) -> list[ConfigResult]:
+    """Measurements by capacity; the sim's predictions (no `predicted` beside them) by margin_ranked when slowed."""
+    return margin_ranked(results, slower) if slower and not predicted else ranked(results)
+
+
 def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[ConfigResult] | None = None,
-            repredicted: list[ConfigResult] | None = None) -> str:
-    """'best within TBT p99 <= 100 ms: sarathi-serve, budget 512: 5.0 req/s, 2.96x sequential; measured ...'."""
-    order = ranked(results)
+            repredicted: list[ConfigResult] | None = None, slower: list[ConfigResult] | None = None) -> str:
+    """'best within TBT p99 <= 100 ms: sarathi-serve, budget 512: 5.0 req/s, 2.96x sequential; measured ...'.
+    The sim's own results with `slower` name its pick (sim_first.margin_ranked) and what the pick keeps there."""
+    order = _order(results, predicted, slower)
     if not order or not order[0].capacity:
         return f"no configuration met {criteria.describe()} at any rate tried"
     best = order[0]
@@ -110,6 +118,9 @@ def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[Con
     text = f"best within {criteria.describe()}: {name}: {capacity_text(best.capacity, best.hit_bound, 3)} req/s"
     if base is not None and base is not best and base.capacity:
         text += f", {best.capacity / base.capacity:.2f}x sequential"
+    kept = {(r.config, r.criteria): r for r in slower or []}.get((c, best.criteria)) if not predicted else None
+    if kept is not None:
+        text += f" ({kept.capacity:.3g} req/s with every step {EDGE_SLOWDOWN - 1:.0%} longer)"
     pred = {(r.config, r.criteria): r for r in predicted or []}
     if (c, best.criteria) in pred and best.stage == "measured":
         p = pred[(c, best.criteria)]
@@ -160,20 +171,24 @@ def stage_notes(predicted: list[ConfigResult], measured: list[ConfigResult],
 
 def edge_notes(predicted: list[ConfigResult], slower: list[ConfigResult]) -> list[str]:
     """A line for the configurations at the edge of the SLO: their capacity falls off a cliff when steps run a
-    little slower, so neither the sim's prediction nor one measurement pins it down."""
+    little slower, so neither the sim's prediction nor one measurement pins it down; and a line where the sim's
+    pick is not its highest capacity as calibrated (sim_first.safer_choices)."""
     edge = at_the_edge(predicted, slower)
-    if not edge:
-        return []
     slow = f"{EDGE_SLOWDOWN - 1:.0%}"
-    return [f"at the edge of the SLO: with every step {slow} longer the sim's capacity falls "
+    lines = []
+    if edge:
+        lines.append(
+            f"at the edge of the SLO: with every step {slow} longer the sim's capacity falls "
             + "; ".join(f"{p.config.label} {capacity_change(p, r):+.0%} ({p.capacity:.3g} -> {r.capacity:.3g} req/s)"
                         for p, r in edge)
             + f". A step with its decodes takes nearly the SLO there at any load: a calibration {slow} off, or a "
             f"{slow} slower minute of the machine, moves such a capacity that much, so its prediction and a single "
-            "measurement are that uncertain; a configuration that falls by about the slowdown is the safer choice"] + [
-        f"the safer choice within {its.criteria.describe()}: {safe.config.label}, {safe.capacity:.3g} req/s with every "
-        f"step {slow} longer, where {its.config.label} holds {its.capacity:.3g}"
-        for its, safe in safer_choices(predicted, slower)]
+            "measurement are that uncertain; a configuration that falls by about the slowdown is the safer choice")
+    lines += [f"the sim's pick within {its.criteria.describe()}: {safe.config.label}, {safe.capacity:.3g} req/s with "
+              f"every step {slow} longer, where {its.config.label}, the highest as calibrated, holds {its.capacity:.3g} "
+              f"(the picks are ranked by what they keep)"
+              for its, safe in safer_choices(predicted, slower)]
+    return lines
 
 
 def render_vs_slo(results: list[ConfigResult], criteria: list[Criteria]) -> str:
