@@ -16,8 +16,8 @@ DEFAULT_TOP_K = 3
 #: --quick on a real backend: short requests and few of them, one seed, a coarse precision, idle time skipped;
 #: about 10 minutes for the shipped model on a 2-core CPU. P99 TBT 500 ms leaves the smallest budget's step (a
 #: 32-token chunk beside its decodes: 200-300 ms there) a margin: at 300 ms every chunked configuration sat at the
-#: edge of the SLO, where a 10% slower minute moved its capacity by 20-50%. The next budget's step nears 500 ms, so
-#: the edge line and the safer choice still have work to do (docs/history/2026-12-01g).
+#: edge of the SLO, where a 10% slower minute moved its capacity by 20-50%. The next budget's step nears 500 ms:
+#: the picks, ranked by what they keep with slower steps, pass over it (docs/history/2026-12-02).
 QUICK = dict(pg=(256, 32), slo="tbt=500", requests=20, precision=10.0, budgets=[32, 64, 128, 256], top_k=2,
              strategies=["sequential", "chunked", "sarathi-serve", "packed"], skip_idle=True)
 #: The flags that, on a real backend, describe the sim that carries tune's search rather than the backend.
