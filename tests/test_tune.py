@@ -404,14 +404,14 @@ def test_a_capacity_that_falls_by_more_than_a_quarter_when_steps_run_10_percent_
     assert "chunked (32) -43% (0.46 -> 0.26 req/s)" in note and "sequential -100%" in note
     assert "sarathi-serve" not in note.split(".")[0]
     # the sim's best is at the edge, and another holds more with slower steps: that one is named
-    assert [(a.config, b.config) for a, b in sim_first.safer_choices(predicted, slower)] == [(a, b)]
+    assert [(a.config, b.config) for a, b in sim_first.margin_picks(predicted, slower)] == [(a, b)]
     assert safer == ("the sim's pick within TBT p99 <= 300 ms: sarathi-serve (32), 0.41 req/s with every step "
                      "10% longer, where chunked (32), the highest as calibrated, holds 0.26 (the picks are ranked by "
                      "what they keep)")
     assert report.edge_notes(predicted, [slower[1]]) == []  # chunked (32) never searched slowed: no pick over it
     # a best that is not at the edge needs no safer choice, nor does one that still holds the most
-    assert sim_first.safer_choices([result(b, 0.46), result(a, 0.45)], [result(b, 0.41), result(a, 0.26)]) == []
-    assert sim_first.safer_choices(predicted, [result(a, 0.26), result(b, 0.2)]) == []
+    assert sim_first.margin_picks([result(b, 0.46), result(a, 0.45)], [result(b, 0.41), result(a, 0.26)]) == []
+    assert sim_first.margin_picks(predicted, [result(a, 0.26), result(b, 0.2)]) == []
 
 
 def test_the_sim_picks_what_keeps_the_most_capacity_with_every_step_10_percent_longer():
@@ -441,5 +441,5 @@ def test_the_sim_picks_what_keeps_the_most_capacity_with_every_step_10_percent_l
     assert [r.config for r in report._order(predicted, None, slower)] == [steady, small, edge, seq]  # the table's rows
     # measured results are ranked by what was measured, the slowed sim notwithstanding
     assert report.verdict(predicted, k, predicted, slower=slower).startswith("best within TBT p99 <= 500 ms: sarathi-serve")
-    (its, pick), = sim_first.safer_choices(predicted, slower)
+    (its, pick), = sim_first.margin_picks(predicted, slower)
     assert (its.config, pick.config) == (edge, steady)

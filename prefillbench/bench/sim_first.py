@@ -91,7 +91,7 @@ def at_the_edge(predicted: list[ConfigResult], slower: list[ConfigResult]) -> li
     return [(p, r) for p, r in pairs if capacity_change(p, r) < -EDGE_DROP]
 
 
-def safer_choices(predicted: list[ConfigResult], slower: list[ConfigResult]) -> list[tuple[ConfigResult, ConfigResult]]:
+def margin_picks(predicted: list[ConfigResult], slower: list[ConfigResult]) -> list[tuple[ConfigResult, ConfigResult]]:
     """Per criteria whose best predicted configuration is not the first by margin_ranked: (its slowed result, the
     slowed result of the margin's first). A capacity that a slower minute halves is poor advice however high it is."""
     out = []

@@ -11,7 +11,7 @@ import pandas as pd
 from prefillbench.bench.capacity import Criteria
 from prefillbench.bench.pricing import STEP_KINDS
 from prefillbench.bench.sim_first import (EDGE_SLOWDOWN, Comparison, at_the_edge, capacity_change, compare_stages,
-                                          margin_ranked, order_differs, probe_speeds, safer_choices)
+                                          margin_picks, margin_ranked, order_differs, probe_speeds)
 from prefillbench.bench.tune import ConfigResult, by_criteria, ranked
 from prefillbench.report.capacity import capacity_text
 from prefillbench.report.tables import fmt_number, md_table, write_atomic
@@ -172,7 +172,7 @@ def stage_notes(predicted: list[ConfigResult], measured: list[ConfigResult],
 def edge_notes(predicted: list[ConfigResult], slower: list[ConfigResult]) -> list[str]:
     """A line for the configurations at the edge of the SLO: their capacity falls off a cliff when steps run a
     little slower, so neither the sim's prediction nor one measurement pins it down; and a line where the sim's
-    pick is not its highest capacity as calibrated (sim_first.safer_choices)."""
+    pick is not its highest capacity as calibrated (sim_first.margin_picks)."""
     edge = at_the_edge(predicted, slower)
     slow = f"{EDGE_SLOWDOWN - 1:.0%}"
     lines = []
@@ -187,7 +187,7 @@ def edge_notes(predicted: list[ConfigResult], slower: list[ConfigResult]) -> lis
     lines += [f"the sim's pick within {its.criteria.describe()}: {safe.config.label}, {safe.capacity:.3g} req/s with "
               f"every step {slow} longer, where {its.config.label}, the highest as calibrated, holds {its.capacity:.3g} "
               f"(the picks are ranked by what they keep)"
-              for its, safe in safer_choices(predicted, slower)]
+              for its, safe in margin_picks(predicted, slower)]
     return lines
 
 
