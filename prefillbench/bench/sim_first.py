@@ -96,9 +96,11 @@ def margin_picks(predicted: list[ConfigResult], slower: list[ConfigResult]) -> l
     slowed result of the margin's first). A capacity that a slower minute halves is poor advice however high it is."""
     out = []
     for k in dict.fromkeys(r.criteria for r in slower):
-        mine, slow = by_criteria(predicted, k), {r.config: r for r in by_criteria(slower, k)}
-        best, pick = ranked(mine)[:1], margin_ranked(mine, list(slow.values()))[:1]
-        if best and pick and best[0].config != pick[0].config and best[0].config in slow and pick[0].config in slow:
+        mine, theirs = by_criteria(predicted, k), by_criteria(slower, k)
+        slow = {r.config: r for r in theirs}
+        best, pick = ranked(mine)[:1], margin_ranked(mine, theirs)[:1]
+        # A pick ahead of the best was searched slowed (margin_ranked puts the unslowed last); the best may not be.
+        if best and best[0].config != pick[0].config and best[0].config in slow:
             out.append((slow[best[0].config], slow[pick[0].config]))
     return out
 
