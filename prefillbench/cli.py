@@ -36,7 +36,7 @@ from prefillbench.commands.options import (DEFAULT_PRESET, DEFAULT_TOP_K, QUICK,
                                            CalibrateOptions, CapacityOptions, CompareOptions, PlotOptions, RunOptions,
                                            TuneOptions)
 from prefillbench.commands.parsers import budgets, choice, five_ints, metric_list, metrics_if_given, percent, slo_spec
-from prefillbench.commands.runner import error_prefix
+from prefillbench.commands.session import error_prefix
 from prefillbench.errors import UsageError
 from prefillbench.report.ab import AB_METRICS, DEFAULT_GATED
 from prefillbench.report.compare import METRICS
@@ -326,8 +326,11 @@ def tune_command(
         "-o", "--output", panel=OUTPUT_PANEL, callback=choice(*TUNE_OUTPUTS), metavar="|".join(TUNE_OUTPUTS),
         help="format on stdout: md tables, csv or json (one record per configuration)")] = T.output,
     export: Annotated[Optional[str], option(
-        "--export", panel=OUTPUT_PANEL, metavar="FILE", help="every configuration and probe: .json, or .csv (+ .probes.csv)")] = None,
+        "--export", panel=OUTPUT_PANEL, metavar="FILE", help="every configuration and probe: .json, .jsonl, or .csv (+ .probes.csv)")] = None,
     plot: Annotated[Optional[str], option("--plot", panel=OUTPUT_PANEL, metavar="DIR", help="write the charts here")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", rich_help_panel=OUTPUT_PANEL, metavar="", show_default=False, help="the table's every column (intervals, the sim's errors, the slowed sim, probes) and "
+        "the diagnostic lines (steps by kind, drift, the edge of the SLO); the export has them all")] = False,
     no_progress: NoProgress = False,
     **shared: Any,
 ) -> int:

@@ -12,25 +12,21 @@ import pytest
 from strategies import STRATEGIES
 
 from prefillbench import cli
-from prefillbench.backends import BACKENDS, backend_class, check_options, load_backend
+from prefillbench.backends import BACKENDS, HIDDEN_BACKENDS, backend_class, check_options, load_backend
 from prefillbench.backends.base import BackendError
-from prefillbench.commands import runner
 
 SIM = ["run", "--backend", "sim", "--no-progress", "--no-results-file", "--no-warmup", "-s", "chunked", "-p", "16", "-n", "0"]
 
 
-def stop_at_load(monkeypatch) -> None:
-    def fake_load(name, model, **options):
-        raise BackendError("stop here")
-
-    monkeypatch.setattr(runner, "load_backend", fake_load)
+def stop_at_load(name, model, **options):
+    raise BackendError("stop here")
 
 
 # ---------------------------------------------------------------- 28.4: no flag silently ignored
 
 
 def test_every_declared_option_is_a_keyword_its_backend_takes():
-    for name, entry in BACKENDS.items():
+    for name, entry in ((n, e) for n, e in BACKENDS.items() if n not in HIDDEN_BACKENDS):  # the fake takes none
         cls = entry.load_class()
         taken = set(inspect.signature(cls.load).parameters)
         if "options" in taken:  # torch hands the rest on to __init__
@@ -51,18 +47,18 @@ def test_the_sim_names_each_flag_it_ignores_once(capsys):
         assert err.count(f"prefillbench: warning: {flag} is ignored by the sim backend") == 1, err
 
 
-def test_dtype_on_the_gguf_backend_is_named(capsys, monkeypatch):
-    stop_at_load(monkeypatch)
+def test_dtype_on_the_gguf_backend_is_named(capsys, use_backend):
+    use_backend(stop_at_load)
     assert cli.main(["run", "--backend", "gguf", "--dtype", "bfloat16", "--no-results-file", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("prefillbench: warning: --dtype bfloat16 is ignored by the gguf backend") == 1, err
 
 
-def test_gpu_layers_on_a_cpu_only_llama_cpp_are_named(capsys, monkeypatch):
+def test_gpu_layers_on_a_cpu_only_llama_cpp_are_named(capsys, monkeypatch, use_backend):
     from prefillbench.backends import gguf
 
     monkeypatch.setattr(gguf.llama, "llama_supports_gpu_offload", lambda: False)
-    stop_at_load(monkeypatch)
+    use_backend(stop_at_load)
     assert cli.main(["run", "--backend", "gguf", "-ngl", "99", "--no-results-file", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("prefillbench: warning: -ngl 99 is ignored by the gguf backend "
@@ -72,8 +68,8 @@ def test_gpu_layers_on_a_cpu_only_llama_cpp_are_named(capsys, monkeypatch):
     assert "warning" not in capsys.readouterr().err
 
 
-def test_torch_switches_on_gguf_are_named_and_flags_it_takes_are_not(capsys, monkeypatch):
-    stop_at_load(monkeypatch)
+def test_torch_switches_on_gguf_are_named_and_flags_it_takes_are_not(capsys, use_backend):
+    use_backend(stop_at_load)
     assert cli.main(["run", "--backend", "gguf", "--no-tune-linear", "-t", "2", "--no-results-file"]) == 2
     err = capsys.readouterr().err
     assert "--no-tune-linear is ignored by the gguf backend" in err and "-t 2" not in err
@@ -146,8 +142,8 @@ def test_a_bad_choice_is_one_plain_line_listing_the_choices(capsys, argv, names)
     assert err.count("\n") == 1 and names in err and "Value error" not in err, err
 
 
-def test_an_empty_folder_as_model_says_it_holds_no_model(capsys, tmp_path, monkeypatch):
-    stop_at_load(monkeypatch)
+def test_an_empty_folder_as_model_says_it_holds_no_model(capsys, tmp_path, use_backend):
+    use_backend(stop_at_load)
     assert cli.main(["run", "-m", str(tmp_path), "--no-results-file"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"-m {tmp_path}: the folder holds no model" in err and "model_type" not in err

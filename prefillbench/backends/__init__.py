@@ -25,8 +25,12 @@ BACKENDS: dict[str, BackendEntry] = {
     "torch": BackendEntry("prefillbench.backends.torch.backend", "TorchBackend"),
     "gguf": BackendEntry("prefillbench.backends.gguf", "GGUFBackend"),
     "sim": BackendEntry("prefillbench.backends.sim.backend", "SimBackend"),
+    # Not in the help: a model-free backend for testing the command path (failures on demand; see its module).
+    "fake": BackendEntry("prefillbench.backends.fake", "FakeBackend"),
 }
-BACKEND_CHOICES = ("auto", *BACKENDS)
+HIDDEN_BACKENDS = ("fake",)
+#: What --backend offers in its help.
+BACKEND_CHOICES = ("auto", *(b for b in BACKENDS if b not in HIDDEN_BACKENDS))
 
 
 def cuda_available() -> bool:
@@ -91,10 +95,10 @@ def load_backend(name: str, model: str | None, **options: Any) -> Backend:
     name = choose_backend(name, model, options.get("tp") or 1)
     ignored = check_options(name, options)
     taken = {k: v for k, v in options.items() if k not in ignored}
-    if name != "sim":
+    if name not in ("sim", "fake"):
         model = model or default_model_path()
     return backend_class(name).load(model, **taken)
 
 
-__all__ = ["Backend", "BackendError", "SlotTable", "BACKENDS", "BACKEND_CHOICES", "backend_class", "check_options",
+__all__ = ["Backend", "BackendError", "SlotTable", "BACKENDS", "BACKEND_CHOICES", "HIDDEN_BACKENDS", "backend_class", "check_options",
            "choose_backend", "load_backend", "resolve_backend_name"]

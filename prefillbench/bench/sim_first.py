@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from prefillbench.backends.base import Backend
 from prefillbench.bench.pricing import Pricer
-from prefillbench.bench.tune import (Config, ConfigResult, GridResult, ProbeCallback, TuneSettings, by_criteria, ranked,
+from prefillbench.bench.tune import (Config, ConfigCallback, ConfigResult, GridResult, ProbeCallback, TuneSettings, by_criteria, ranked,
                                      run_grid)
 
 
@@ -48,7 +48,7 @@ def _predicted_starts(predicted: list[ConfigResult], settings: TuneSettings) -> 
 
 
 def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
-                  on_probe: ProbeCallback | None = None, on_config: Callable[[Config], None] | None = None,
+                  on_probe: ProbeCallback | None = None, on_config: ConfigCallback | None = None,
                   deadline: float | None = None, on_picked: Callable[[list[Config]], None] | None = None,
                   price: Pricer | None = None, slower: list[ConfigResult] | None = None) -> GridResult:
     """The sim-first stage's second half: the sim's top K (and sequential) under each criteria, measured on the

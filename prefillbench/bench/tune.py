@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from strategies import make_strategy
 
 from prefillbench import engine
-from prefillbench.backends.base import Backend
+from prefillbench.backends.base import Backend, BackendError
 from prefillbench.bench.capacity import DEFAULT_START_RATE, CapacityConfig, Criteria, Probe, SearchResult, probe_case, search
 from prefillbench.bench.cases import BenchConfig, Case, warm_up
 from prefillbench.bench.metrics import SLO, strategy_label
@@ -253,13 +253,10 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
     configuration's further seeds apart; `firsts`: then, each criteria's first-seed capacity, where they start.
     `price`: every probe's steps are priced by it too (the calibrated sim, in the measured stage). `call` runs
     each piece of backend work (warm-up, probe) when searches take turns (bench.turns); default: here, now.
-    A Ctrl-C or the deadline raises Stopped with what was finished, the search under way included."""
+    A Ctrl-C, the deadline or a failing backend raises Stopped with what was finished, the search under way included."""
     on_backend = call or run_here
     case = Case(settings.test, config.strategy, settings.concurrency, config.budget)
     base = settings.capacity_config(settings.criteria[0], config.strategy)
-    if settings.warmup and backend.name != "sim":
-        on_backend(lambda: warm_up(backend, make_strategy(config.strategy, config.budget or 256), case,
-                                   BenchConfig([case.test], [config.strategy], [case.concurrency], seed=settings.seed)))
     cache: dict[tuple[float, int], Probe] = {}
     near = 1 + NEAR_GROWTH_PRECISIONS * settings.precision
     step = 1 + REPEAT_GROWTH_PRECISIONS * settings.precision
@@ -286,6 +283,9 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
         return p
 
     try:
+        if settings.warmup and backend.name != "sim":
+            on_backend(lambda: warm_up(backend, make_strategy(config.strategy, config.budget or 256), case,
+                                       BenchConfig([case.test], [config.strategy], [case.concurrency], seed=settings.seed)))
         for index, result in enumerate(results):
             for k in range(settings.repeats) if seeds is None else seeds:
                 seed = settings.seeds[k]
@@ -300,7 +300,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
                 else:
                     start, growth = on_backend(lambda: saturated_rate(backend, case, settings, seed)), 2.0
                 result.searches.append(search(lambda r: probe(index, seed, r), start, settings.precision, growth))
-    except (KeyboardInterrupt, OutOfTime) as e:
+    except (KeyboardInterrupt, OutOfTime, BackendError) as e:
         for result in results:
             if result.criteria is settings.criteria[index] and current:
                 result.searches.append(SearchResult.partial(current))
@@ -320,7 +320,7 @@ def saturated_rate(backend: Backend, case: Case, settings: TuneSettings, seed: i
 
 
 class Stopped(Exception):
-    """A Ctrl-C or the time budget, with the results finished so far."""
+    """A Ctrl-C, the time budget or a failing backend, with the results finished so far."""
 
     def __init__(self, results: list[ConfigResult], cause: BaseException) -> None:
         super().__init__(str(cause) or type(cause).__name__)
@@ -330,12 +330,22 @@ class Stopped(Exception):
     def interrupted(self) -> bool:
         return isinstance(self.cause, KeyboardInterrupt)
 
+    @property
+    def why(self) -> str:
+        """GridResult.stopped's words for it."""
+        if self.interrupted:
+            return "interrupted"
+        if isinstance(self.cause, BackendError):
+            return f"the backend failed: {self.cause}"
+        return f"time budget: {self}"
+
 
 @dataclass
 class GridResult:
     results: list[ConfigResult] = field(default_factory=list)
     stopped: str = ""  # why the grid stopped early ('' when it finished)
     left: list[Config] = field(default_factory=list)  # configurations not started, or not finished
+    failure: BackendError | None = None  # the backend's error, where that is what stopped it
 
 
 def chains(configs: list[Config]) -> list[list[Config]]:
@@ -369,8 +379,12 @@ def _run_chain(backend: Backend, chain: list[Config], settings: TuneSettings, on
     return results
 
 
+#: Told each configuration's results (one per criteria) as soon as it is finished.
+ConfigCallback = Callable[[Config, list["ConfigResult"]], None]
+
+
 def run_grid(backend: Backend, configs: list[Config], settings: TuneSettings, on_probe: ProbeCallback | None = None,
-             on_config: Callable[[Config], None] | None = None, hints: dict[Config, float] | None = None,
+             on_config: ConfigCallback | None = None, hints: dict[Config, float] | None = None,
              deadline: float | None = None, stage: str = "sim", jobs: int = 1, price: Pricer | None = None) -> GridResult:
     """Every configuration's capacity; a Ctrl-C or the deadline keeps what finished, probes included. `price`
     prices every probe's steps too (one process: the measured stage, never the sim's pool). In one process the
@@ -380,15 +394,16 @@ def run_grid(backend: Backend, configs: list[Config], settings: TuneSettings, on
     if jobs > 1 and len(groups) > 1 and backend.name == "sim" and price is None:
         return _run_pool(backend, groups, settings, on_probe, on_config, hints or {}, stage, jobs)
     out = GridResult()
-    done = (lambda c, found: on_config(c)) if on_config is not None else None
     outcomes = take_turns([
-        lambda call, chain=chain: _run_chain(backend, chain, settings, on_probe, done, hints or {}, deadline, stage,
+        lambda call, chain=chain: _run_chain(backend, chain, settings, on_probe, on_config, hints or {}, deadline, stage,
                                              price=price, call=call)
         for chain in groups])
     for chain, outcome in zip(groups, outcomes):
         if isinstance(outcome, Stopped):
             out.results += outcome.results
-            out.stopped = out.stopped or ("interrupted" if outcome.interrupted else f"time budget: {outcome}")
+            out.stopped = out.stopped or outcome.why
+            if isinstance(outcome.cause, BackendError):
+                out.failure = out.failure or outcome.cause
             finished = {r.config for r in outcome.results if not r.interrupted}
             out.left += [c for c in chain if c not in finished]
         elif isinstance(outcome, KeyboardInterrupt):  # never started
@@ -409,7 +424,7 @@ _worker_queue = None
 def _worker_init(backend: Backend, messages) -> None:
     global _worker_backend, _worker_queue
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends the workers
-    gc.freeze()  # the parent's heap, inherited: out of the collector's full passes (see commands.runner.open_backend)
+    gc.freeze()  # the parent's heap, inherited: out of the collector's full passes (see commands.session.open_backend)
     # A probe makes millions of small objects and keeps a record per step: at the default first threshold (700) the
     # collector ran every few steps, 7-13% of a probe's time, 4-6% at 20,000 (gc.callbacks, one 1000-request probe).
     gc.set_threshold(20_000, 20, 20)
@@ -431,7 +446,7 @@ def _worker_repeat(config: Config, k: int, firsts: list[float], settings: TuneSe
 
 
 def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettings, on_probe: ProbeCallback | None,
-              on_config: Callable[[Config], None] | None, hints: dict[Config, float], stage: str, jobs: int) -> GridResult:
+              on_config: ConfigCallback | None, hints: dict[Config, float], stage: str, jobs: int) -> GridResult:
     """The grid on a pool of processes. A chain's first seeds run in turn (each budget starts near its neighbour's
     capacity); every further seed of a configuration is a task of its own, submitted as soon as the first seed's
     capacities are known. So the pool's last tasks are short ones: whole chains left one worker running a chain
@@ -450,12 +465,26 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
                                   initializer=_worker_init, initargs=(backend, messages))
     futures: dict[cf.Future, tuple[Config | None, int]] = {}
 
+    def results_of(c: Config) -> list[ConfigResult]:
+        """c's results from the searches finished (and the probes seen of one under way), in seed order."""
+        out = []
+        for index, criteria in enumerate(settings.criteria):
+            searches = []
+            for k, seed in enumerate(settings.seeds):
+                if k in found.get((c, index), {}):
+                    searches.append(found[(c, index)][k])
+                elif mine := [p for p in seen.get((c, index), []) if p.seed == seed]:
+                    searches.append(SearchResult.partial(mine))  # interrupted during this seed's search
+            if searches:
+                out.append(ConfigResult(c, criteria, searches, stage, settings.repeats))
+        return out
+
     def keep(c: Config, k: int, results: list[ConfigResult]) -> None:
         for index, r in enumerate(results):
             found.setdefault((c, index), {})[k] = r.searches[0]
         seeds_left[c] -= 1
         if not seeds_left[c] and on_config is not None:
-            on_config(c)
+            on_config(c, results_of(c))
 
     def drain() -> None:
         while True:
@@ -506,15 +535,7 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
         for c in chain:
             if out.stopped and seeds_left.get(c, 1):
                 out.left.append(c)
-            for index, criteria in enumerate(settings.criteria):
-                searches = []
-                for k, seed in enumerate(settings.seeds):
-                    if k in found.get((c, index), {}):
-                        searches.append(found[(c, index)][k])
-                    elif mine := [p for p in seen.get((c, index), []) if p.seed == seed]:
-                        searches.append(SearchResult.partial(mine))  # interrupted during this seed's search
-                if searches:
-                    out.results.append(ConfigResult(c, criteria, searches, stage, settings.repeats))
+            out.results += results_of(c)
     return out
 
 

@@ -39,7 +39,7 @@ from prefillbench.commands.options import ABOptions
 from prefillbench.report.ab import BASE, CHANGE, ABResult, Round, analyse, render_summary, render_table, verdict
 from prefillbench.report.compare import key_label
 from prefillbench.report.exports import InputError, load_results, row_key
-from prefillbench.report.tables import write_atomic
+from prefillbench.writers import write_atomic
 
 # `python -c` puts the current folder first on sys.path, ahead of PYTHONPATH: a run started
 # from the change's checkout would import the change's prefillbench as the base. Drop it.

@@ -6,7 +6,6 @@ runs the engine on the real backend and on the calibrated SimBackend side by sid
 """
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
@@ -19,7 +18,7 @@ from prefillbench.backends import load_backend
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.commands.options import CalibrateOptions
 from prefillbench.models import default_model_path
-from prefillbench.report.tables import check_writable, write_atomic
+from prefillbench.writers import check_writable, csv_text, json_text, write_atomic
 from prefillbench.backends.sim.calibration import (calibrate, calibration_specs, describe_fraction, describe_shape_terms,
                                                    model_spec_of)
 from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
@@ -81,9 +80,9 @@ def cmd_calibrate(options: CalibrateOptions) -> int:
     print(file=sys.stderr)
     if options.check:
         cal["check"] = compare_run(real, cal, *options.check_run)
-    write_atomic(output, json.dumps(cal, indent=2) + "\n")
+    write_atomic(output, json_text(cal))
     if errors:
-        write_atomic(errors, pd.DataFrame(cal["steps"], columns=["point", "measured_ms", "predicted_ms", "error"]).to_csv(index=False))
+        write_atomic(errors, csv_text(pd.DataFrame(cal["steps"], columns=["point", "measured_ms", "predicted_ms", "error"])))
     f = cal["fitted"]
     print(describe_fraction("compute", f["compute_fraction"], nominal.name))
     print(describe_fraction("memory", f["memory_fraction"], nominal.name))

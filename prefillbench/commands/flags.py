@@ -12,7 +12,7 @@ import typer
 
 from strategies import STRATEGIES
 
-from prefillbench.backends import BACKEND_CHOICES
+from prefillbench.backends import BACKEND_CHOICES, HIDDEN_BACKENDS
 from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS
 from prefillbench.bench.workloads import ARRIVALS
 from prefillbench.commands.parsers import choice, float_list, int_list, lengths, percent, pp_tg_pairs, slo_spec, str_list
@@ -40,7 +40,7 @@ Model = Annotated[Optional[str], option(
     "-m", "--model", panel=MODEL_PANEL,
     help="checkpoint folder, hub id or .gguf file (default: the shipped SmolLM2-135M-Instruct Q4_1)")]
 BackendName = Annotated[str, option(
-    "--backend", panel=MODEL_PANEL, callback=choice(*BACKEND_CHOICES), metavar="|".join(BACKEND_CHOICES),
+    "--backend", panel=MODEL_PANEL, callback=choice(*BACKEND_CHOICES, hidden=HIDDEN_BACKENDS), metavar="|".join(BACKEND_CHOICES),
     help="auto: torch with CUDA, else gguf")]
 Device = Annotated[str, option(
     "--device", panel=MODEL_PANEL, callback=choice(*DEVICES), metavar="|".join(DEVICES), help="torch and gguf device")]

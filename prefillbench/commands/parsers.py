@@ -109,11 +109,11 @@ def metrics_if_given(texts: list[str] | None) -> list[str] | None:
     return metric_list(texts) if texts else None
 
 
-def choice(*values: str) -> Callable[[Optional[str]], Optional[str]]:
-    """A callback that takes one of `values`, and otherwise says which in one plain line."""
+def choice(*values: str, hidden: tuple[str, ...] = ()) -> Callable[[Optional[str]], Optional[str]]:
+    """A callback that takes one of `values` (or of `hidden`, not offered), and otherwise says which in one plain line."""
 
     def check(value: Optional[str]) -> Optional[str]:
-        if value is not None and value not in values:
+        if value is not None and value not in values and value not in hidden:
             raise typer.BadParameter(f"{value!r} is not one of {', '.join(values)}")
         return value
 

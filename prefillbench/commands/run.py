@@ -11,9 +11,8 @@ from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.bench import interleave, serving_checks
 from prefillbench.bench.cases import BenchConfig, CaseResult, run_case, verify_logits
 from prefillbench.commands.options import RunOptions
-from prefillbench.commands.runner import error_prefix, measuring, open_backend, progress_bar
+from prefillbench.commands.session import Output, error_prefix, open_session, progress_bar
 from prefillbench.errors import UsageError
-from prefillbench.meta import run_metadata
 from prefillbench.report import compare_tables, tables, traces, verdict
 
 
@@ -22,16 +21,15 @@ def cmd_run(options: RunOptions) -> int:
     for note in serving_checks.before_run(config):  # raises ServingError where the run could mean nothing
         print(f"prefillbench: warning: {note}", file=sys.stderr)
     trace_path = options.export_requests or (traces.trace_path_for(options.export) if options.export else None)
-    # Under torchrun every rank runs the same cases; rank 0 alone prints, writes and shows progress.
-    rank_zero = is_rank_zero()
-    export = options.export if rank_zero else None
     results_path = None if options.no_results_file else Path(options.results_dir) / f"{dt.datetime.now():%Y%m%d-%H%M%S}.csv"
-    if not rank_zero:
-        trace_path = results_path = None
-    for path in (export, trace_path, results_path):
-        if path:
-            tables.check_writable(path)
-    backend = open_backend(options.load)
+    # Each finished case rewrites these (the session keeps them current): a run killed midway leaves what finished.
+    outputs = [Output(Path(options.export), lambda path, results, meta: tables.export(path, rows_of(results), meta))
+               if options.export else None,
+               Output(Path(trace_path), lambda path, results, meta: traces.export_traces(path, results)) if trace_path else None,
+               Output(results_path, lambda path, results, meta: tables.export(path, rows_of(results), meta))
+               if results_path else None]
+    session = open_session(options.load, [o for o in outputs if o is not None], **options.workload_settings())
+    backend = session.backend
     if options.verify and backend.logit_tolerance() is None:
         raise UsageError(f"--verify compares logits, and the {backend.name} backend computes none")
     longest = max(t.max_seq_len for t in config.tests)
@@ -43,44 +41,38 @@ def cmd_run(options: RunOptions) -> int:
         cases = sum(1 for _ in config.cases())
         print(f"prefillbench: {cases} case(s) x {config.repetitions} repetition(s), {total:,} tokens to process",
               file=sys.stderr)
-    with measuring(total, not options.no_progress) as (measured, progress):
+    with session.measuring(total, not options.no_progress) as progress:
         if options.interleave:
             for result in interleave.run_interleaved(backend, config, progress.advance, progress.describe):
-                measured.results.append(result)
+                session.keep(result)
         for case in ([] if options.interleave else config.cases()):
             label = f"{case.test.name} {case.strategy} c={case.concurrency}"
             if case.rate is not None:
                 label += f" {case.rate:g} req/s"
             progress.describe(label)
-            measured.results.append(run_case(backend, case, config, on_tokens=progress.advance))
-    results: list[CaseResult] = measured.results
-    rows = [r.row for r in results]
-    write_failure = None
-    meta = run_metadata(backend.metadata())
-    meta.update(model_path=options.load.model or "default", backend_name=backend.name, device=backend.device,
-                skip_idle=backend.skip_idle, **options.workload_settings())
-    if rows and rank_zero:
+            session.keep(run_case(backend, case, config, on_tokens=progress.advance))
+    rows = rows_of(session.results)
+    if rows and is_rank_zero():
         noisy_cv = options.noisy_cv / 100
         if options.relative_to:
-            sys.stdout.write(compare_tables.render_relative(options.output, rows, meta, options.relative_to, noisy_cv))
+            sys.stdout.write(compare_tables.render_relative(options.output, rows, session.meta, options.relative_to, noisy_cv))
         else:
-            sys.stdout.write(tables.render(options.output, rows, meta, noisy_cv))
+            sys.stdout.write(tables.render(options.output, rows, session.meta, noisy_cv))
         sys.stdout.flush()
         for note in serving_checks.after_run(rows):
             print(f"prefillbench: warning: {note}", file=sys.stderr)
         if not options.no_verdict:
             verdict.write_verdict(rows, options.relative_to, options.output)
-        write_failure = write_outputs(export, trace_path, results_path, results, meta)
-    if write_failure is not None:
-        print(f"prefillbench: error: {write_failure} (the {len(rows)} measured row(s) are on stdout)", file=sys.stderr)
-    ended = measured.ending("measured row(s)")
-    if ended is not None:
+        if results_path in session.written():
+            print(f"prefillbench: wrote {results_path}", file=sys.stderr)
+    ended = session.ending("measured row(s)")
+    if ended or not options.verify:
         return ended
-    if write_failure is not None:
-        return 2
-    if options.verify:
-        return run_verify(backend, config, not options.no_progress and rank_zero)
-    return 0
+    return run_verify(backend, config, not options.no_progress and is_rank_zero())
+
+
+def rows_of(results: list[CaseResult]) -> list:
+    return [r.row for r in results]
 
 
 def run_verify(backend: Backend, config: BenchConfig, show_progress: bool) -> int:
@@ -104,20 +96,3 @@ def run_verify(backend: Backend, config: BenchConfig, show_progress: bool) -> in
         else:
             print(f"verify: all {len(agreements)} comparisons agree within tolerance", file=sys.stderr)
     return 1 if failed else 0
-
-
-def write_outputs(export: str | None, trace_path: str | Path | None, results_path: Path | None,
-                  results: list[CaseResult], meta: dict[str, Any]) -> str | None:
-    """Write the run's files; the reason, in one line, if one could not be written (the rows are on stdout)."""
-    rows = [r.row for r in results]
-    try:
-        if export:
-            tables.export(export, rows, meta)
-        if trace_path:
-            traces.export_traces(trace_path, results)
-        if results_path:
-            tables.export(results_path, rows, meta)
-            print(f"prefillbench: wrote {results_path}", file=sys.stderr)
-    except OSError as e:
-        return f"cannot write {e.filename or 'a results file'}: {e.strerror or e}"
-    return None

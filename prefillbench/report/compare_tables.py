@@ -1,7 +1,6 @@
 """The tables of a comparison: `compare`'s per-row speedups and `run --relative-to`'s ratios, in every -o format."""
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -12,6 +11,7 @@ from prefillbench.bench.stats import DEFAULT_NOISY_CV
 from prefillbench.report.compare import METRIC_LABELS, METRIC_SHORT, Comparison, Entry
 from prefillbench.report.relative import relative_frame
 from prefillbench.report.tables import TABLE_FORMATS, fmt_number, frame_text, md_table, table_columns
+from prefillbench.writers import csv_text, json_text, jsonl_text
 
 
 def _num(value: float, digits: int = 3) -> str:
@@ -44,10 +44,10 @@ def render_comparison(cmp: Comparison, fmt: str = "md") -> str:
             records.append(rec)
         if fmt == "json":
             doc = {"relative_to": rel, "threshold_pct": cmp.threshold, "metrics": cmp.metrics, "rows": records}
-            return json.dumps(doc, indent=2) + "\n"
+            return json_text(doc)
         if fmt == "jsonl":
-            return "".join(json.dumps(r) + "\n" for r in records)
-        return pd.DataFrame(records).astype({"chunk_size": "Int64"}).to_csv(index=False, lineterminator="\n") if records else ""
+            return jsonl_text(records)
+        return csv_text(pd.DataFrame(records).astype({"chunk_size": "Int64"})) if records else ""
 
     def label(e: Entry) -> str:
         f = e.fields

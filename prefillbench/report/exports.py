@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from prefillbench.bench.metrics import OPTIONAL_NUMBERS, ResultRow, results_frame
+from prefillbench.writers import SUFFIX_FORMATS
 
 KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "rate")
 
@@ -74,10 +75,9 @@ def read_text(path: str) -> str:
 
 def export_format(path: str) -> str:
     """csv, json or jsonl, by the file's name (the names `run --export` writes)."""
-    suffix = Path(path).suffix.lower()
-    if suffix in (".md", ".markdown"):
+    fmt = SUFFIX_FORMATS.get(Path(path).suffix.lower())
+    if fmt == "md":
         raise InputError(f"{path}: a markdown table cannot be read back; export .csv or .json")
-    fmt = {".csv": "csv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl"}.get(suffix)
     if fmt is None:
         raise InputError(f"{path}: cannot tell the format from the name; use .csv, .json or .jsonl")
     return fmt

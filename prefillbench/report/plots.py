@@ -37,7 +37,7 @@ import pandas as pd
 from prefillbench.report.exports import Results, load_results, read_text
 from prefillbench.bench.metrics import SLO, strategy_label
 from prefillbench.report.plot_style import palette
-from prefillbench.report.tables import write_atomic
+from prefillbench.writers import write_atomic
 from prefillbench.report.traces import Trace, is_trace_record, load_traces, parse_traces
 
 DEFAULT_OUT = "results/plots"

@@ -4,10 +4,7 @@ Reports only format; every number was computed before it got here.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,9 +14,8 @@ from tabulate import tabulate
 
 from prefillbench.bench.metrics import ResultRow, results_frame, strategy_label
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
+from prefillbench.writers import csv_text, format_for_path, json_text, jsonl_text, write_atomic
 
-#: What --export writes, by the file's suffix.
-FORMATS = ("md", "csv", "json", "jsonl")
 
 
 def fmt_number(value: float, digits: int) -> str:
@@ -128,17 +124,17 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 def _csv(frame: pd.DataFrame, meta: dict[str, Any], doc: dict[str, Any]) -> str:
     """CSV: the metadata a column of every record (`doc` is for the JSON document alone)."""
-    return _flat(frame, meta).to_csv(index=False, lineterminator="\n")
+    return csv_text(_flat(frame, meta))
 
 
 def _json(frame: pd.DataFrame, meta: dict[str, Any], doc: dict[str, Any]) -> str:
     """One JSON document: the metadata (and `doc`) beside the records."""
-    return json.dumps({"metadata": meta, **doc, "results": _records(_flat(frame, {}))}, indent=2) + "\n"
+    return json_text({"metadata": meta, **doc, "results": _records(_flat(frame, {}))})
 
 
 def _jsonl(frame: pd.DataFrame, meta: dict[str, Any], doc: dict[str, Any]) -> str:
     """JSON lines: one record a line, the metadata in each."""
-    return "".join(json.dumps(rec) + "\n" for rec in _records(_flat(frame, meta)))
+    return jsonl_text(_records(_flat(frame, meta)))
 
 
 #: The machine-readable printers, one per format, each given the whole frame (every field) and the metadata.
@@ -157,62 +153,6 @@ def render(fmt: str, rows: list[ResultRow], meta: dict[str, Any], noisy_cv: floa
     if fmt in TABLE_FORMATS:
         return render_md(rows, meta, noisy_cv, fmt)
     return frame_text(fmt, results_frame(rows), meta)
-
-
-def format_for_path(path: str | Path) -> str:
-    suffix = Path(path).suffix.lstrip(".").lower()
-    fmt = {"markdown": "md", "ndjson": "jsonl"}.get(suffix, suffix)
-    if fmt not in FORMATS:
-        raise ValueError(f"cannot tell the export format of {path}: use a .md, .csv, .json or .jsonl name")
-    return fmt
-
-
-def check_writable(path: str | Path) -> None:
-    """ValueError with a one-line reason, now rather than after the run, when `path` cannot be written."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"cannot create the folder {path.parent}: {e.strerror or e}") from None
-    if path.is_dir():
-        raise ValueError(f"cannot write {path}: it is a folder")
-    try:
-        # Permission bits do not tell (root, read-only mounts, /proc): try it.
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as e:
-        raise ValueError(f"cannot write into {path.parent}: {e.strerror or e}") from None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: str | Path, text: str | bytes) -> None:
-    """Write text (or bytes: a PNG) via a temporary file renamed into place, so no reader sees half a file.
-
-    An OSError names `path`, not the temporary file.
-    """
-    path = Path(path)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        # mkstemp makes the file private (0600); the result gets the mode any new file would.
-        os.fchmod(fd, 0o666 & ~_umask())
-        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", newline="")) as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        if tmp:
-            Path(tmp).unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, str(path)) from None
-    except BaseException:
-        if tmp:
-            Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def export(path: str | Path, rows: list[ResultRow], meta: dict[str, Any]) -> None:

@@ -13,12 +13,12 @@ the start of that repetition.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prefillbench.report.exports import InputError, json_lines, read_text
+from prefillbench.writers import SUFFIX_FORMATS, jsonl_text, write_atomic
 
 TRACE_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "token_times")
 
@@ -26,7 +26,7 @@ TRACE_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_si
 def trace_path_for(export: str | Path) -> Path | None:
     """Where the per-request file goes beside a JSON/JSONL export; None for other formats."""
     p = Path(export)
-    if p.suffix.lower() not in (".json", ".jsonl", ".ndjson"):
+    if SUFFIX_FORMATS.get(p.suffix.lower()) not in ("json", "jsonl"):
         return None
     return p.with_name(f"{p.stem}.requests.jsonl")
 
@@ -64,12 +64,10 @@ def trace_records(results) -> list[dict[str, Any]]:
 
 
 def render_traces(results) -> str:
-    return "".join(json.dumps(r) + "\n" for r in trace_records(results))
+    return jsonl_text(trace_records(results))
 
 
 def export_traces(path: str | Path, results) -> None:
-    from prefillbench.report.tables import write_atomic
-
     write_atomic(path, render_traces(results))
 
 

@@ -1,7 +1,6 @@
 """tune's output: the ranked table, the verdict line, capacity against the SLO, and the exports."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,8 @@ from prefillbench.bench.sim_first import (EDGE_SLOWDOWN, Comparison, at_the_edge
                                           margin_picks, margin_ranked, order_differs, probe_speeds)
 from prefillbench.bench.tune import ConfigResult, by_criteria, ranked
 from prefillbench.report.capacity import capacity_text
-from prefillbench.report.tables import fmt_number, md_table, write_atomic
+from prefillbench.report.tables import fmt_number, md_table
+from prefillbench.writers import RECORD_FORMATS, format_for_path, write_export
 
 
 def _interval(r: ConfigResult) -> str:
@@ -51,9 +51,10 @@ def _prediction_columns(by_key: dict, capacity_name: str, error_name: str) -> li
 
 def render_ranked(results: list[ConfigResult], tokens_per_request: float,
                   predicted: list[ConfigResult] | None = None, repredicted: list[ConfigResult] | None = None,
-                  slower: list[ConfigResult] | None = None) -> str:
-    """One row per configuration, best first: capacity (with its interval and a tie mark), tokens/s, ratio to
-    sequential, what limits it, the latencies at capacity; predicted beside measured where both exist; with
+                  slower: list[ConfigResult] | None = None, verbose: bool = False) -> str:
+    """One row per configuration, best first: what a deployer reads (rank with a tie mark, capacity, the sim's
+    prediction beside a measurement, ratio to sequential, what limits it, the latencies at capacity). `verbose`
+    adds the capacity's interval, tokens/s, the probes, the sim's error; with
     `repredicted`, how long the measured steps took against the sim's price and the sim's capacity at that speed;
     with `slower`, how the sim's capacity changes when every step runs EDGE_SLOWDOWN times as long (and, for the
     sim's own results, the rows in the order of what they keep there: the sim's picks first)."""
@@ -95,7 +96,14 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
     if slow:
         where = 5 if pred else 3
         columns[where:where] = [(f"sim {EDGE_SLOWDOWN - 1:.0%} slower", lambda i: change(i[1]), True)]
+    if not verbose:
+        columns = [c for c in columns if c[0] in DEPLOYER_COLUMNS]
     return md_table(columns, list(enumerate(order)))
+
+
+#: The default table's columns: what a deployer needs; the rest are under --verbose and in the export.
+DEPLOYER_COLUMNS = ("rank", "configuration", "capacity req/s", "sim req/s", "vs sequential", "limited by",
+                    "P99 TBT ms", "P99 TTFT ms")
 
 
 def _order(results: list[ConfigResult], predicted: list[ConfigResult] | None,
@@ -234,21 +242,7 @@ def probe_records(results: list[ConfigResult]) -> list[dict[str, Any]]:
 
 
 def export(path: str | Path, results: list[ConfigResult], tokens_per_request: float, meta: dict[str, Any]) -> list[Path]:
-    """JSON: one document with every configuration and probe; CSV: the configurations here and the probes
-    beside it as <name>.probes.csv. Returns the files written."""
-    path = Path(path)
-    configs, probes = config_records(results, tokens_per_request), probe_records(results)
-    if path.suffix == ".json":
-        doc = {"metadata": meta, "configurations": configs, "probes": probes}
-        write_atomic(path, json.dumps(doc, indent=1, default=_jsonable, allow_nan=True) + "\n")
-        return [path]
-    if path.suffix != ".csv":
-        raise ValueError(f"tune exports .json or .csv, not {path.name}")
-    probes_path = path.with_suffix(".probes.csv")
-    write_atomic(path, pd.DataFrame(configs).to_csv(index=False))
-    write_atomic(probes_path, pd.DataFrame(probes).to_csv(index=False))
-    return [path, probes_path]
-
-
-def _jsonable(value: Any) -> Any:
-    return None if value is None else str(value)
+    """Every configuration and probe (report.writers: JSON one document; CSV the configurations here and the probes
+    beside it as <name>.probes.csv; JSON lines a record each, named by its table). Returns the files written."""
+    return write_export(path, meta, {"configurations": config_records(results, tokens_per_request),
+                                     "probes": probe_records(results)}, format_for_path(path, RECORD_FORMATS))

@@ -6,7 +6,6 @@ comparison of prefillbench works for GPUs and models that are not here.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
@@ -20,6 +19,7 @@ from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
 from prefillbench.backends.sim.pipeline import Pipeline
 from prefillbench.backends.sim.specs import GiB, GPUSpec, ModelSpec, load_gpu_spec, load_model_spec
 from prefillbench.step import Step, StepResult
+from prefillbench.writers import jsonl_text
 
 from prefillbench.backends.base import Backend, BackendError, DecodeRun, Launched
 
@@ -270,7 +270,7 @@ class SimBackend(Backend):
                     for k, v in cost.breakdown().items()},
             **extra,
         }
-        self._trace.write(json.dumps(rec) + "\n")
+        self._trace.write(jsonl_text([rec]))
 
     def close(self) -> None:
         if self._trace is not None:

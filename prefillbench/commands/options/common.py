@@ -13,7 +13,7 @@ from prefillbench.backends import backend_class, check_options, choose_backend
 from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.bench.workloads import TestSpec, load_workload, make_tests, workload_test
 from prefillbench.errors import BackendError, UsageError
-from prefillbench.report.tables import format_for_path
+from prefillbench.writers import format_for_path
 
 
 def note(text: str) -> None:

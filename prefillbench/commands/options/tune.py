@@ -8,6 +8,7 @@ from prefillbench.bench import capacity, tune
 from prefillbench.commands.options.common import (BackendOptions, Measuring, check_seed, check_precision,
                                                  request_shape, strategy_names, test_specs, unique)
 from prefillbench.errors import UsageError
+from prefillbench.writers import RECORD_FORMATS, format_for_path
 
 
 #: Sarathi-Serve's budgets around its 512 (and vLLM's 2048 default): 128 to 4096.
@@ -60,6 +61,7 @@ class TuneOptions(Measuring):
     output: str = "md"
     export: str | None = None
     plot: str | None = None
+    verbose: bool = False  # every column and the diagnostic lines
     no_progress: bool = False
     sim_model: str | None = None  # a real backend's sim: shapes (default: read from the backend's model)
     sim_gpu: str | None = None  # a real backend's sim: the nominal spec
@@ -130,8 +132,11 @@ class TuneOptions(Measuring):
         strategies = strategy_names(self.strategy)
         if self.output not in TUNE_OUTPUTS:
             raise UsageError(f"-o {self.output}: tune prints {', '.join(TUNE_OUTPUTS)}")
-        if self.export and not self.export.endswith((".json", ".csv")):
-            raise UsageError(f"--export writes .json or .csv, not {self.export}")
+        if self.export:
+            try:
+                format_for_path(self.export, RECORD_FORMATS)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
         sim = self.on_sim
         requests = self.requests if self.requests is not None else (
             capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS)
