@@ -15,12 +15,29 @@ STRATEGIES: dict[str, type[Strategy]] = {
 }
 
 
-def make_strategy(name: str, chunk_size: int = 256) -> Strategy:
+#: The token budget (chunk size) of a strategy that uses one and was given none.
+DEFAULT_BUDGET = 256
+
+
+def make_strategy(name: str, chunk_size: int | None = None) -> Strategy:
+    """The strategy `name` at token budget `chunk_size` (DEFAULT_BUDGET where None: those that ignore it)."""
     try:
         cls = STRATEGIES[name]
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}") from None
-    return cls(chunk_size)
+    return cls(DEFAULT_BUDGET if chunk_size is None else chunk_size)
 
 
-__all__ = ["STRATEGIES", "Strategy", "make_strategy"]
+def configurations(names: list[str], budgets: list[int]) -> list[tuple[str, int | None]]:
+    """The grid every command measures: each strategy at each budget, one that ignores the budget once (None).
+    An unknown name raises ValueError."""
+    return [(name, budget) for name in names
+            for budget in (budgets if make_strategy(name).uses_chunk_size else [None])]
+
+
+def strategy_label(name: str, budget: int | None) -> str:
+    """How a strategy and its budget are named everywhere: 'chunked (256)'; the name alone where it has none."""
+    return f"{name} ({budget})" if budget else name
+
+
+__all__ = ["DEFAULT_BUDGET", "STRATEGIES", "Strategy", "configurations", "make_strategy", "strategy_label"]

@@ -11,32 +11,17 @@ import pytest
 
 from prefillbench import cli
 from prefillbench.commands import run as run_command
-from prefillbench.commands import runner
 from prefillbench.backends.base import BackendError
 from prefillbench.bench.metrics import ResultRow
-from tiny_models import tiny_model
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    model, _ = tiny_model("llama")
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(folder)
-    return str(folder)
-
-
-def run_cli(capsys, *argv):
-    code = cli.main(["run", "--backend", "torch", "--no-progress", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
+TORCH = ["run", "--backend", "torch", "--no-progress"]
 BASE = ["-p", "16", "-n", "4", "--pg", "12,3", "-c", "1,2", "-r", "2", "--chunk-size", "5"]
 THREE = ["-s", "sequential,padded,chunked"]
 
 
-def test_markdown_table_has_a_row_per_case(tiny_folder, capsys, tmp_path):
-    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, *THREE, "--results-dir", str(tmp_path))
+def test_markdown_table_has_a_row_per_case(tiny_folder, run_cli, tmp_path):
+    code, out, err = run_cli(*TORCH, "-m", tiny_folder, *BASE, *THREE, "--results-dir", str(tmp_path))
     assert code == 0, err
     table, _, verdict = out.partition("\n\nVerdict against sequential")
     assert verdict, "a table comparing strategies ends in its verdict"
@@ -57,9 +42,9 @@ def test_markdown_table_has_a_row_per_case(tiny_folder, capsys, tmp_path):
     assert len(list(csv.DictReader(written.open()))) == 18
 
 
-def test_csv_on_stdout_and_json_export_carry_every_field(tiny_folder, capsys, tmp_path):
+def test_csv_on_stdout_and_json_export_carry_every_field(tiny_folder, run_cli, tmp_path):
     export = tmp_path / "out.json"
-    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, "-s", "chunked", "-o", "csv", "--export", str(export),
+    code, out, err = run_cli(*TORCH, "-m", tiny_folder, *BASE, "-s", "chunked", "-o", "csv", "--export", str(export),
                              "--no-results-file")
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(out)))
@@ -76,22 +61,22 @@ def test_csv_on_stdout_and_json_export_carry_every_field(tiny_folder, capsys, tm
     assert len(data["results"]) == 6
 
 
-def test_verify_reports_agreement_per_strategy(tiny_folder, capsys):
+def test_verify_reports_agreement_per_strategy(tiny_folder, run_cli):
     from strategies import STRATEGIES
 
     # --token-budget is --chunk-size under the name sarathi-serve's paper gives it.
-    code, out, err = run_cli(capsys, "-m", tiny_folder, "-p", "0", "-n", "0", "--pg", "12,3", "-c", "2", "--token-budget", "5",
+    code, out, err = run_cli(*TORCH, "-m", tiny_folder, "-p", "0", "-n", "0", "--pg", "12,3", "-c", "2", "--token-budget", "5",
                              "-r", "1", "--verify", "--no-results-file")
     assert code == 0, err
     rows = [line for line in err.splitlines() if line.startswith("| pp12+tg3")]
     assert [r.split("|")[3].strip() for r in rows] == [
-        f"{s}(5)" if s in ("chunked", "sarathi-serve") else s for s in list(STRATEGIES)[1:]]
+        f"{s} (5)" if s in ("chunked", "sarathi-serve") else s for s in list(STRATEGIES)[1:]]
     assert all(r.split("|")[4].strip() == "sequential" and r.rstrip(" |").endswith("ok") for r in rows)
     assert f"verify: all {len(STRATEGIES) - 1} comparisons agree within tolerance" in err
     assert "sarathi-serve (5)" in out
 
 
-def test_verify_fails_a_corrupted_strategy(tiny_folder, capsys, monkeypatch):
+def test_verify_fails_a_corrupted_strategy(tiny_folder, run_cli, monkeypatch):
     from strategies.padded import Padded
 
     original = Padded.next_step
@@ -103,7 +88,7 @@ def test_verify_fails_a_corrupted_strategy(tiny_folder, capsys, monkeypatch):
         return replace(step, decodes=tuple(d._replace(token=(d.token + 1) % 512) for d in step.decodes))
 
     monkeypatch.setattr(Padded, "next_step", corrupt)
-    code, out, err = run_cli(capsys, "-m", tiny_folder, "-p", "0", "-n", "6", "-c", "2", "-r", "1", "-s", "sequential,padded,packed",
+    code, out, err = run_cli(*TORCH, "-m", tiny_folder, "-p", "0", "-n", "6", "-c", "2", "-r", "1", "-s", "sequential,padded,packed",
                              "--verify", "--no-results-file")
     assert code == 1
     verdicts = {line.split("|")[3].strip(): line.split("|")[-2].strip() for line in err.splitlines() if line.startswith("| tg6")}
@@ -117,7 +102,7 @@ def test_verify_needs_logits(capsys):
     assert code == 2 and err[-1] == "prefillbench: error: --verify compares logits, and the sim backend computes none"
 
 
-def test_interrupt_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_path):
+def test_interrupt_keeps_measured_rows(tiny_folder, run_cli, monkeypatch, tmp_path):
     calls = {"n": 0}
     real = run_command.run_case
 
@@ -129,14 +114,14 @@ def test_interrupt_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_pat
 
     monkeypatch.setattr(run_command, "run_case", interrupt_on_third)
     export = tmp_path / "partial.csv"
-    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, *THREE, "--export", str(export), "--no-results-file")
+    code, out, err = run_cli(*TORCH, "-m", tiny_folder, *BASE, *THREE, "--export", str(export), "--no-results-file")
     assert code == 130
     assert "kept 2 measured row(s)" in err
     assert len(out.strip().splitlines()) == 2 + 2
     assert len(list(csv.DictReader(export.open()))) == 2
 
 
-def test_a_failing_step_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tmp_path):
+def test_a_failing_step_keeps_measured_rows(tiny_folder, run_cli, monkeypatch, tmp_path):
     from prefillbench.backends.base import BackendError
     from prefillbench.backends.torch.backend import TorchBackend
 
@@ -151,7 +136,7 @@ def test_a_failing_step_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tm
 
     monkeypatch.setattr(TorchBackend, "execute", fail_late)
     export = tmp_path / "partial.csv"
-    code, out, err = run_cli(capsys, "-m", tiny_folder, *BASE, *THREE, "--export", str(export), "--no-results-file")
+    code, out, err = run_cli(*TORCH, "-m", tiny_folder, *BASE, *THREE, "--export", str(export), "--no-results-file")
     assert code == 2
     assert "failed: out of KV space" in err and "step" in err and "kept" in err and "Traceback" not in err
     kept = list(csv.DictReader(export.open()))
@@ -166,22 +151,22 @@ def test_a_failing_step_keeps_measured_rows(tiny_folder, capsys, monkeypatch, tm
         (["--chunk-size", "0"], "chunk size must be at least 1"),
         (["-s", "fifo"], "unknown strategy 'fifo'"),
         (["-p", "300", "-n", "0"], "context is 256"),
-        (["--export", "out.xlsx"], "cannot tell the export format"),
+        (["--export", "out.xlsx"], "cannot tell the format of out.xlsx"),
         (["-p", "0", "-n", "0"], "no test to run"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(tiny_folder, capsys, argv, message):
+def test_bad_input_is_one_line_and_exit_2(tiny_folder, run_cli, argv, message):
     args = argv if "-m" in argv else ["-m", tiny_folder, *argv]
-    code, out, err = run_cli(capsys, *args, "--no-results-file")
+    code, out, err = run_cli(*TORCH, *args, "--no-results-file")
     assert code == 2
     assert err.strip().splitlines()[-1].startswith("prefillbench: error:")
     assert message in err and "Traceback" not in err
 
 
-def test_unreadable_gguf_and_unsupported_architecture(capsys, tmp_path):
+def test_unreadable_gguf_and_unsupported_architecture(run_cli, tmp_path):
     bogus = tmp_path / "bogus.gguf"
     bogus.write_text("not a gguf file")
-    code, _, err = run_cli(capsys, "-m", str(bogus))
+    code, _, err = run_cli(*TORCH, "-m", str(bogus))
     assert code == 2 and "cannot load" in err and "Traceback" not in err
 
     from transformers import T5Config
@@ -189,16 +174,16 @@ def test_unreadable_gguf_and_unsupported_architecture(capsys, tmp_path):
     folder = tmp_path / "t5"
     folder.mkdir()
     T5Config(d_model=32, num_layers=1, num_heads=2, d_kv=16, d_ff=32, vocab_size=128).save_pretrained(folder)
-    code, _, err = run_cli(capsys, "-m", str(folder))
+    code, _, err = run_cli(*TORCH, "-m", str(folder))
     assert code == 2 and "cannot load" in err
 
 
-def test_cuda_without_cuda_is_refused(tiny_folder, capsys):
+def test_cuda_without_cuda_is_refused(tiny_folder, run_cli):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    code, _, err = run_cli(capsys, "-m", tiny_folder, "--device", "cuda")
+    code, _, err = run_cli(*TORCH, "-m", tiny_folder, "--device", "cuda")
     assert code == 2 and "--device cuda" in err
 
 
@@ -318,27 +303,27 @@ def test_exported_files_get_the_umask_permissions(capsys, tmp_path):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
 
 
-def test_concurrency_above_the_backend_limit_is_refused_before_loading(capsys, monkeypatch):
+def test_concurrency_above_the_backend_limit_is_refused_before_loading(capsys, use_backend):
     from prefillbench.backends.gguf import GGUFBackend
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("the backend was loaded")
 
-    monkeypatch.setattr(runner, "load_backend", must_not_load)
+    use_backend(must_not_load)
     limit = GGUFBackend.sequence_limit
     assert cli.main(["run", "--backend", "gguf", "-c", f"1,{limit + 1}", "--no-results-file"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"-c {limit + 1}: the gguf backend runs at most {limit} sequences" in err
 
 
-def test_a_hub_id_without_network_fails_fast_in_one_line(capsys, monkeypatch):
+def test_a_hub_id_without_network_fails_fast_in_one_line(run_cli, monkeypatch):
     import time
 
     from prefillbench import models
 
     monkeypatch.setattr(models, "hub_reachable", lambda timeout=models.HUB_PROBE_TIMEOUT_S: False)
     t0 = time.perf_counter()
-    code, _, err = run_cli(capsys, "-m", "nobody-here/no-such-model-xyz", "-p", "8", "-n", "0", "--no-results-file")
+    code, _, err = run_cli(*TORCH, "-m", "nobody-here/no-such-model-xyz", "-p", "8", "-n", "0", "--no-results-file")
     assert code == 2 and err.strip().splitlines()[-1].startswith("prefillbench: error: nobody-here/no-such-model-xyz")
     assert "hub cannot be reached" in err and "Traceback" not in err and "retry" not in err.lower()
     assert time.perf_counter() - t0 < 30  # transformers' own retries take ~40 s
@@ -360,7 +345,7 @@ def test_a_cached_hub_model_loads_offline_when_the_hub_is_out_of_reach(monkeypat
     ["run", "--backend", "torch", "-p", "8", "-n", "0", "-c", "1", "--no-progress", "--no-results-file"],
     ["capacity", "--backend", "torch", "--pg", "8,2", "--slo", "tbt=100", "--no-progress"],
 ], ids=["run", "capacity"])
-def test_backend_switches_reach_the_backend(argv, monkeypatch, capsys):
+def test_backend_switches_reach_the_backend(argv, use_backend, capsys):
     seen = {}
 
     def fake_load(name, model, **kwargs):
@@ -368,7 +353,7 @@ def test_backend_switches_reach_the_backend(argv, monkeypatch, capsys):
         seen.update(kwargs)
         raise BackendError("stop here")
 
-    monkeypatch.setattr(runner, "load_backend", fake_load)
+    use_backend(fake_load)
     assert cli.main(argv) == 2
     assert "cuda_graphs" not in seen and "tune_linear" not in seen and "flash_attn" not in seen
     assert cli.main([*argv, "--no-cuda-graphs", "--no-tune-linear", "-fa", "off"]) == 2
@@ -378,10 +363,10 @@ def test_backend_switches_reach_the_backend(argv, monkeypatch, capsys):
     assert seen["kernels"] == "torch"
 
 
-def test_tune_linear_setting_is_recorded_in_the_export(tiny_folder, capsys, tmp_path):
+def test_tune_linear_setting_is_recorded_in_the_export(tiny_folder, run_cli, tmp_path):
     for flag, expected in (("--no-tune-linear", "off"), (None, "on")):
         export = tmp_path / f"run-{expected}.json"
-        code, _, err = run_cli(capsys, "-m", tiny_folder, "-p", "8", "-n", "0", "-c", "1", "-s", "sequential", "-r", "1",
+        code, _, err = run_cli(*TORCH, "-m", tiny_folder, "-p", "8", "-n", "0", "-c", "1", "-s", "sequential", "-r", "1",
                                "--no-results-file", "--export", str(export), *([flag] if flag else []))
         assert code == 0, err
         assert json.loads(export.read_text())["metadata"]["tune_linear"] == expected

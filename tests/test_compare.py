@@ -3,34 +3,25 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 
 import pytest
 
 from prefillbench import cli
 from prefillbench.report import compare, compare_tables, exports
 from prefillbench.report import tables
-from prefillbench.bench.metrics import ResultRow, results_frame
+from prefillbench.bench.metrics import results_frame
+from rows import make_row
 
 
-def row(**kw) -> ResultRow:
-    base = dict(model="m", backend="gguf CPU", strategy="sequential", test="pp256+tg16", n_prompt=256, n_gen=16,
-                concurrency=4, chunk_size=None, requests=4, repetitions=3, ts_mean=50.0, ts_std=1.0,
-                ms_per_token=20.0, throughput=100.0, ttft_p50_ms=100.0, ttft_p99_ms=200.0, tbt_p50_ms=10.0,
-                tbt_p99_ms=20.0, ts_cv=0.01, ts_ci95=1.0, throughput_cv=0.01, throughput_ci95=1.0)
-    base.update(kw)
-    return ResultRow(**base)
+row = partial(make_row, backend="gguf CPU", test="pp256+tg16", n_prompt=256, n_gen=16, tbt_p50_ms=10.0, tbt_p99_ms=20.0,
+              ts_cv=0.01, ts_ci95=1.0, throughput_cv=0.01, throughput_ci95=1.0)
 
 
 def write(tmp_path, name, rows, meta=None):
     path = tmp_path / name
     tables.export(path, rows, meta or {"cpu": "test"})
     return str(path)
-
-
-def run_cli(capsys, *argv):
-    code = cli.main(["compare", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def three(seq=100.0, pad=120.0, chunk=150.0, **kw):
@@ -42,10 +33,10 @@ def three(seq=100.0, pad=120.0, chunk=150.0, **kw):
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json", "jsonl"])
-def test_same_results_pass(tmp_path, capsys, fmt):
+def test_same_results_pass(tmp_path, run_cli, fmt):
     a = write(tmp_path, f"a.{fmt}", three())
     b = write(tmp_path, f"b.{fmt}", three())
-    code, out, err = run_cli(capsys, a, b)
+    code, out, err = run_cli("compare", a, b)
     assert code == 0
     lines = out.splitlines()
     assert "speedup" in lines[0] and len(lines) == 2 + 3
@@ -53,24 +44,24 @@ def test_same_results_pass(tmp_path, capsys, fmt):
     assert "throughput over 3 rows: 3 within 10% (1.00-1.00x)" in err and "3 row(s) with no regression beyond 10%" in err
 
 
-def test_throughput_drop_beyond_threshold_fails(tmp_path, capsys):
+def test_throughput_drop_beyond_threshold_fails(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", three())
     b = write(tmp_path, "b.json", three(chunk=130.0))  # chunked: -13.3%
-    code, out, err = run_cli(capsys, a, b)
+    code, out, err = run_cli("compare", a, b)
     assert code == 1
     chunked = next(line for line in out.splitlines() if "chunked" in line)
     assert "REGRESSION" in chunked and "0.87" in chunked
     assert sum("REGRESSION" in line for line in out.splitlines()) == 1
     assert "1 of 3 row(s) regressed beyond 10%" in err
-    assert run_cli(capsys, a, b, "--threshold", "15")[0] == 0
-    assert run_cli(capsys, a, b, "--threshold", "15%")[0] == 0
+    assert run_cli("compare", a, b, "--threshold", "15")[0] == 0
+    assert run_cli("compare", a, b, "--threshold", "15%")[0] == 0
 
 
-def test_threshold_is_strict_and_improvements_pass(tmp_path, capsys):
+def test_threshold_is_strict_and_improvements_pass(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", three())
-    assert run_cli(capsys, a, write(tmp_path, "b.csv", three(seq=90.0)))[0] == 0  # exactly 10% is not beyond
-    assert run_cli(capsys, a, write(tmp_path, "c.csv", three(seq=89.0)))[0] == 1
-    assert run_cli(capsys, a, write(tmp_path, "d.csv", three(seq=500.0, pad=500.0, chunk=500.0)))[0] == 0
+    assert run_cli("compare", a, write(tmp_path, "b.csv", three(seq=90.0)))[0] == 0  # exactly 10% is not beyond
+    assert run_cli("compare", a, write(tmp_path, "c.csv", three(seq=89.0)))[0] == 1
+    assert run_cli("compare", a, write(tmp_path, "d.csv", three(seq=500.0, pad=500.0, chunk=500.0)))[0] == 0
 
 
 def test_latency_metrics_are_worse_when_higher():
@@ -84,17 +75,17 @@ def test_latency_metrics_are_worse_when_higher():
     assert entry.speedup["throughput"] == pytest.approx(1.0)
 
 
-def test_metric_option_selects_what_is_gated(tmp_path, capsys):
+def test_metric_option_selects_what_is_gated(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", [row()])
     b = write(tmp_path, "b.csv", [row(tbt_p99_ms=40.0)])
-    assert run_cli(capsys, a, b)[0] == 0  # default: throughput only
-    code, out, _ = run_cli(capsys, a, b, "--metric", "throughput,tbt_p99_ms")
+    assert run_cli("compare", a, b)[0] == 0  # default: throughput only
+    code, out, _ = run_cli("compare", a, b, "--metric", "throughput,tbt_p99_ms")
     assert code == 1
     assert "TBT p99 ms base" in out.splitlines()[0] and "throughput/s base" in out.splitlines()[0]
-    assert run_cli(capsys, a, b, "--metric", "throughput", "--metric", "tbt_p99_ms")[0] == 1
+    assert run_cli("compare", a, b, "--metric", "throughput", "--metric", "tbt_p99_ms")[0] == 1
 
 
-def test_join_is_on_chunk_size_and_concurrency(tmp_path, capsys):
+def test_join_is_on_chunk_size_and_concurrency(tmp_path, run_cli):
     base = [row(strategy="chunked", chunk_size=64, throughput=100.0), row(strategy="chunked", chunk_size=256, throughput=200.0),
             row(concurrency=1, throughput=10.0)]
     cur = [row(strategy="chunked", chunk_size=256, throughput=200.0), row(strategy="chunked", chunk_size=64, throughput=100.0),
@@ -103,23 +94,23 @@ def test_join_is_on_chunk_size_and_concurrency(tmp_path, capsys):
     assert sorted(e.fields["chunk_size"] for e in cmp.entries) == [64, 256]
     assert all(e.speedup["throughput"] == 1.0 for e in cmp.entries)
     assert len(cmp.only_base) == 1 and len(cmp.only_current) == 1
-    code, _, err = run_cli(capsys, write(tmp_path, "a.csv", base), write(tmp_path, "b.csv", cur))
+    code, _, err = run_cli("compare", write(tmp_path, "a.csv", base), write(tmp_path, "b.csv", cur))
     assert code == 0
     assert "1 row(s) only in" in err
 
 
-def test_noisy_rows_are_marked(tmp_path, capsys):
+def test_noisy_rows_are_marked(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", [row(throughput_cv=0.3)])
     b = write(tmp_path, "b.csv", [row()])
-    code, out, _ = run_cli(capsys, a, b)
+    code, out, _ = run_cli("compare", a, b)
     assert code == 0 and "ok (noisy)" in out
-    assert "noisy" not in run_cli(capsys, a, b, "--noisy-cv", "50")[1]
+    assert "noisy" not in run_cli("compare", a, b, "--noisy-cv", "50")[1]
 
 
-def test_machine_readable_output(tmp_path, capsys):
+def test_machine_readable_output(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", three())
     b = write(tmp_path, "b.csv", three(chunk=100.0))
-    code, out, _ = run_cli(capsys, a, b, "-o", "json")
+    code, out, _ = run_cli("compare", a, b, "-o", "json")
     assert code == 1
     doc = json.loads(out)
     chunked = next(r for r in doc["rows"] if r["strategy"] == "chunked")
@@ -130,11 +121,11 @@ def test_machine_readable_output(tmp_path, capsys):
 # ---------------------------------------------------------------- relative
 
 
-def test_relative_ratios_survive_a_slower_machine(tmp_path, capsys):
+def test_relative_ratios_survive_a_slower_machine(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", three(seq=100.0, pad=120.0, chunk=150.0))
     b = write(tmp_path, "b.csv", three(seq=50.0, pad=60.0, chunk=75.0))  # everything twice as slow
-    assert run_cli(capsys, a, b)[0] == 1  # absolute: a regression everywhere
-    code, out, _ = run_cli(capsys, a, b, "--relative-to", "sequential")
+    assert run_cli("compare", a, b)[0] == 1  # absolute: a regression everywhere
+    code, out, _ = run_cli("compare", a, b, "--relative-to", "sequential")
     assert code == 0
     lines = out.splitlines()
     assert "throughput/sequential base" in lines[0]
@@ -144,10 +135,10 @@ def test_relative_ratios_survive_a_slower_machine(tmp_path, capsys):
     assert "1.500" in chunked and "1.00" in chunked
 
 
-def test_relative_regression_is_caught(tmp_path, capsys):
+def test_relative_regression_is_caught(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", three(seq=100.0, chunk=150.0))
     b = write(tmp_path, "b.csv", three(seq=100.0, chunk=120.0))  # chunked/sequential 1.5 -> 1.2: 20% worse
-    code, out, _ = run_cli(capsys, a, b, "--relative-to", "sequential")
+    code, out, _ = run_cli("compare", a, b, "--relative-to", "sequential")
     assert code == 1
     assert "REGRESSION" in next(line for line in out.splitlines() if "chunked" in line)
     assert "REGRESSION" not in next(line for line in out.splitlines() if "padded" in line)
@@ -171,9 +162,9 @@ def test_relative_to_a_swept_strategy_matches_chunk_size():
     assert not rels["has_ref"][2]  # ambiguous: which chunk size?
 
 
-def test_relative_to_a_missing_strategy_is_unusable(tmp_path, capsys):
+def test_relative_to_a_missing_strategy_is_unusable(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", three())
-    code, _, err = run_cli(capsys, a, a, "--relative-to", "nosuch")
+    code, _, err = run_cli("compare", a, a, "--relative-to", "nosuch")
     assert code == 2 and "no nosuch rows" in err and err.count("\n") == 1
 
 
@@ -222,11 +213,11 @@ def _bad_files(tmp_path):
     return [str(tmp_path / n) for n in [*files, "binary.csv", "adir.csv", "missing.csv"]]
 
 
-def test_unusable_files_exit_2_with_one_line(tmp_path, capsys):
+def test_unusable_files_exit_2_with_one_line(tmp_path, run_cli):
     good = write(tmp_path, "good.csv", three())
     for bad in _bad_files(tmp_path):
         for argv in ([bad, good], [good, bad]):
-            code, out, err = run_cli(capsys, *argv)
+            code, out, err = run_cli("compare", *argv)
             assert code == 2, (bad, err)
             assert err.startswith("prefillbench: error: ") and err.count("\n") == 1, (bad, err)
             assert bad.rsplit("/", 1)[1] in err, (bad, err)
@@ -252,24 +243,24 @@ def test_some_reasons_are_specific(tmp_path):
             exports.load_results(paths[name])
 
 
-def test_no_rows_in_common_exit_2(tmp_path, capsys):
+def test_no_rows_in_common_exit_2(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", three())
     b = write(tmp_path, "b.csv", three(test="tg16", concurrency=1))
-    code, _, err = run_cli(capsys, a, b)
+    code, _, err = run_cli("compare", a, b)
     assert code == 2 and "no rows in common" in err and "test pp256+tg16 vs tg16" in err
     assert err.count("\n") == 1
 
 
-def test_different_models_exit_2(tmp_path, capsys):
+def test_different_models_exit_2(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", three(model="SmolLM2"))
     b = write(tmp_path, "b.csv", three(model="Qwen"))
-    code, _, err = run_cli(capsys, a, b)
+    code, _, err = run_cli("compare", a, b)
     assert code == 2 and "different models" in err and "SmolLM2" in err and "Qwen" in err
 
 
-def test_duplicate_rows_in_one_file_exit_2(tmp_path, capsys):
+def test_duplicate_rows_in_one_file_exit_2(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", three() + three())
-    code, _, err = run_cli(capsys, a, write(tmp_path, "b.csv", three()))
+    code, _, err = run_cli("compare", a, write(tmp_path, "b.csv", three()))
     assert code == 2 and "two rows" in err
 
 
@@ -286,58 +277,58 @@ def test_older_exports_without_statistics_still_load(tmp_path):
 FIXTURE = __import__("pathlib").Path(__file__).parent / "fixtures" / "baseline-ci-v0.1.csv"
 
 
-def test_a_csv_written_by_the_previous_version_still_loads_and_compares(tmp_path, capsys):
+def test_a_csv_written_by_the_previous_version_still_loads_and_compares(tmp_path, run_cli):
     # results/baseline-ci.csv as `make bench-ci-baseline` wrote it before the pandas loader (no serving columns).
     old = exports.load_results(str(FIXTURE))
     assert len(old.rows) == 6 and {r.strategy for r in old.rows} == {"sequential", "padded", "chunked"}
     assert all(r.arrival == "closed" and r.rate is None and math.isnan(r.goodput_rps) for r in old.rows)
     assert old.meta["backend_name"] == "gguf"
-    code, out, err = run_cli(capsys, str(FIXTURE), str(FIXTURE), "--relative-to", "sequential")
+    code, out, err = run_cli("compare", str(FIXTURE), str(FIXTURE), "--relative-to", "sequential")
     assert code == 0 and "row(s) with no regression beyond 10%" in err
     current = write(tmp_path, "now.json", old.rows)  # the current writer, read back beside the old file
-    assert run_cli(capsys, str(FIXTURE), current)[0] == 0
+    assert run_cli("compare", str(FIXTURE), current)[0] == 0
 
 
 # ---------------------------------------------------------------- words, setups, backends (issue 28, finding 9)
 
 
-def test_words_match_the_numbers(tmp_path, capsys):
+def test_words_match_the_numbers(tmp_path, run_cli):
     # A 1.68x change was reported as "1 row(s) within 10%".
     a = write(tmp_path, "a.csv", [row(throughput=100.0)])
     b = write(tmp_path, "b.csv", [row(throughput=168.0)])
-    code, _, err = run_cli(capsys, a, b)
+    code, _, err = run_cli("compare", a, b)
     assert code == 0
     assert "throughput 1.68x faster: improvement beyond the 10% threshold" in err and "within 10%" not in err
-    code, _, err = run_cli(capsys, b, a)
+    code, _, err = run_cli("compare", b, a)
     assert code == 1 and "throughput 1.68x slower: regression beyond the 10% threshold" in err
-    code, _, err = run_cli(capsys, a, b, "--metric", "ttft_p99_ms", "--no-verdict")
+    code, _, err = run_cli("compare", a, b, "--metric", "ttft_p99_ms", "--no-verdict")
     assert code == 0 and "TTFT p99" not in err
 
 
-def test_many_rows_are_counted_by_what_they_did(tmp_path, capsys):
+def test_many_rows_are_counted_by_what_they_did(tmp_path, run_cli):
     a = write(tmp_path, "a.csv", three())
     b = write(tmp_path, "b.csv", three(seq=100.0, pad=240.0, chunk=120.0))  # padded 2x, chunked 0.8x
-    code, _, err = run_cli(capsys, a, b)
+    code, _, err = run_cli("compare", a, b)
     assert code == 1
     assert ("throughput over 3 rows: 1 improved beyond 10% (most: 2.00x faster, m gguf CPU padded pp256+tg16 c=4), "
-            "1 regressed beyond 10% (most: 1.25x slower, m gguf CPU chunked(128) pp256+tg16 c=4), 1 within 10% (1.00-1.00x)") in err
+            "1 regressed beyond 10% (most: 1.25x slower, m gguf CPU chunked (128) pp256+tg16 c=4), 1 within 10% (1.00-1.00x)") in err
 
 
-def test_a_difference_in_dtype_or_threads_is_named(tmp_path, capsys):
+def test_a_difference_in_dtype_or_threads_is_named(tmp_path, run_cli):
     a = write(tmp_path, "a.json", three(backend="torch CPU"), {"dtype": "float32", "threads": 2})
     b = write(tmp_path, "b.json", three(backend="torch CPU"), {"dtype": "bfloat16", "threads": 2})
-    _, _, err = run_cli(capsys, a, b)
+    _, _, err = run_cli("compare", a, b)
     assert "the runs differ in dtype float32 vs bfloat16" in err and "threads" not in err
     c = write(tmp_path, "c.csv", three(backend="torch CPU"), {"dtype": "float32", "threads": 1})
-    assert "threads 2 vs 1" in run_cli(capsys, a, c)[2]
+    assert "threads 2 vs 1" in run_cli("compare", a, c)[2]
 
 
-def test_two_backends_on_the_same_model_and_tests_are_compared_as_such(tmp_path, capsys):
+def test_two_backends_on_the_same_model_and_tests_are_compared_as_such(tmp_path, run_cli):
     # gguf against torch was refused with "no rows in common".
     a = write(tmp_path, "a.csv", three())
     b = write(tmp_path, "b.csv", three(backend="torch CPU", seq=50.0, pad=60.0, chunk=75.0)
               + [row(strategy="sequential", test="tg16", backend="torch CPU")])
-    code, out, err = run_cli(capsys, a, b, "--relative-to", "sequential")
+    code, out, err = run_cli("compare", a, b, "--relative-to", "sequential")
     assert code == 0, err
     assert "cross-backend comparison, gguf CPU vs torch CPU on the 2 row(s) both ran" in err
     assert sum("gguf CPU vs torch CPU" in line for line in out.splitlines()) == 2

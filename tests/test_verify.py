@@ -14,7 +14,7 @@ from prefillbench.bench.workloads import TestSpec
 from prefillbench.sequence import Request
 from strategies import STRATEGIES, make_strategy
 from strategies.chunked import Chunked
-from fake_backend import FakeBackend
+from prefillbench.backends.fake import FakeBackend
 from tiny_models import tiny_model
 
 CHUNK = 5
@@ -53,7 +53,7 @@ def corrupt_chunked(monkeypatch):
 
 def check_verify(backend, test: TestSpec, expect_pass: bool) -> list:
     results = verify_logits(backend, config(test))
-    assert [r.strategy for r in results] == [s if s not in ("chunked", "sarathi-serve") else f"{s}({CHUNK})"
+    assert [r.strategy for r in results] == [s if s not in ("chunked", "sarathi-serve") else f"{s} ({CHUNK})"
                                              for s in list(STRATEGIES)[1:]]
     assert all(r.reference == "sequential" and r.positions == 5 * test.tokens_to_generate for r in results)
     chunked = next(r for r in results if r.strategy.startswith("chunked"))
@@ -105,11 +105,10 @@ def test_the_sim_has_no_logits_to_verify():
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
+def tiny_gguf(tiny_gguf_path):
     from prefillbench.backends.gguf import GGUFBackend
-    from tiny_gguf import tiny_llama, write_gguf
 
-    backend = GGUFBackend.load(str(write_gguf(tiny_llama(), tmp_path_factory.mktemp("gguf") / "tiny.gguf")), threads=1)
+    backend = GGUFBackend.load(tiny_gguf_path, threads=1)
     yield backend
     backend.close()
 

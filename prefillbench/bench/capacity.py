@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from strategies import make_strategy
+from strategies import configurations, make_strategy
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend
@@ -353,11 +353,7 @@ class CapacityConfig:
                 raise ValueError(f"chunk size must be at least 1, got {size}")
 
     def cases(self) -> list[Case]:
-        out = []
-        for name in self.strategies:
-            sizes = self.chunk_sizes if make_strategy(name).uses_chunk_size else [None]
-            out += [Case(self.test, name, self.concurrency, size) for size in sizes]
-        return out
+        return [Case(self.test, name, self.concurrency, size) for name, size in configurations(self.strategies, self.chunk_sizes)]
 
     @property
     def row_slo(self) -> SLO:
@@ -407,7 +403,7 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
     stops once every criteria in `watch` (default: the config's) has certainly failed (CertainFailure); [] runs
     it to the end. `price`: each step's seconds on a calibrated sim, summed beside the measured ones."""
     seed = config.seed if seed is None else seed
-    strategy = make_strategy(case.strategy, case.chunk_size or 256)
+    strategy = make_strategy(case.strategy, case.chunk_size)
     spec = ArrivalSpec(config.arrival, rate, config.burstiness)
     requests = make_requests(case.test, config.requests, backend.vocab_size, seed,
                              spec.times(config.requests, seed, case.test))
@@ -434,7 +430,7 @@ def find_capacity(backend: Backend, case: Case, config: CapacityConfig,
                   on_probe_done: Callable[[Case, Probe], None] | None = None,
                   on_tokens: Callable[[int], None] | None = None) -> CapacityResult:
     if config.warmup:
-        warm_up(backend, make_strategy(case.strategy, case.chunk_size or 256), case,
+        warm_up(backend, make_strategy(case.strategy, case.chunk_size), case,
                 BenchConfig([case.test], [case.strategy], [case.concurrency], seed=config.seed))
 
     n_probes = 0

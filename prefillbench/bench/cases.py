@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from strategies import Strategy, make_strategy
+from strategies import Strategy, configurations, make_strategy, strategy_label
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend, LogitTolerance
@@ -94,9 +94,11 @@ class BenchConfig:
 
     def cases(self) -> Iterator[Case]:
         rates: list[float | None] = list(self.rates) if self.rates else [None]
+        budgets_of: dict[str, list[int | None]] = {}
+        for name, size in configurations(self.strategies, self.chunk_sizes):
+            budgets_of.setdefault(name, []).append(size)
         for test in self.tests:
-            for name in self.strategies:
-                sizes = self.chunk_sizes if make_strategy(name).uses_chunk_size else [None]
+            for name, sizes in budgets_of.items():
                 for c in self.concurrency:
                     for rate in rates:
                         for size in sizes:
@@ -149,7 +151,7 @@ def warm_up(backend: Backend, strategy: Strategy, case: Case, config: BenchConfi
 
 def prepare_case(backend: Backend, case: Case, config: BenchConfig) -> tuple[Strategy, list[Request]]:
     """The case's strategy and requests, with the backend warmed up for it."""
-    strategy = make_strategy(case.strategy, case.chunk_size or 256)
+    strategy = make_strategy(case.strategy, case.chunk_size)
     requests = config.requests_for(case, backend.vocab_size)
     if config.warmup:
         warm_up(backend, strategy, case, config)
@@ -178,7 +180,7 @@ def run_case(backend: Backend, case: Case, config: BenchConfig, on_tokens: Calla
 
 
 def _label(case: Case) -> str:
-    return f"{case.strategy}({case.chunk_size})" if case.chunk_size else case.strategy
+    return strategy_label(case.strategy, case.chunk_size)
 
 
 @dataclass(frozen=True)
@@ -238,11 +240,11 @@ def verify_logits(backend: Backend, config: BenchConfig, on_case: Callable[[str]
         requests = config.requests_for(ref_case, backend.vocab_size)
         if on_case is not None:
             on_case(f"verify {ref_case.test.name} c={ref_case.concurrency}")
-        reference = engine.run(backend, make_strategy(ref_case.strategy, ref_case.chunk_size or 256), requests,
+        reference = engine.run(backend, make_strategy(ref_case.strategy, ref_case.chunk_size), requests,
                                ref_case.concurrency, keep_logits=True)
         forced = [replace(req, forced_tokens=tuple(rec.tokens)) for req, rec in zip(requests, reference.requests)]
         for case in others:
-            strategy = make_strategy(case.strategy, case.chunk_size or 256)
+            strategy = make_strategy(case.strategy, case.chunk_size)
             run = engine.run(backend, strategy, forced, case.concurrency, keep_logits=True)
             results.append(logit_agreement(case, ref_case, reference, run, tol))
     return results

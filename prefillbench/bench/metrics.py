@@ -21,6 +21,8 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 
+from strategies import strategy_label
+
 from prefillbench.bench import stats
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.stats import mean_std
@@ -28,9 +30,31 @@ from prefillbench.bench.workloads import TestSpec
 
 
 
-def strategy_label(strategy: str, chunk_size: int | None) -> str:
-    """'chunked (256)' for strategies whose chunk size matters, else the name."""
-    return f"{strategy} ({chunk_size})" if chunk_size else strategy
+HIGHER, LOWER = "higher", "lower"
+# metric -> which way is better: the one record of it (compare, ab and the verdict read it)
+METRICS: dict[str, str] = {
+    "throughput": HIGHER,
+    "ts_mean": HIGHER,
+    "ms_per_token": LOWER,
+    "ttft_p50_ms": LOWER,
+    "ttft_p99_ms": LOWER,
+    "tbt_p50_ms": LOWER,
+    "tbt_p99_ms": LOWER,
+    "tpot_p50_ms": LOWER,
+    "tpot_p99_ms": LOWER,
+    "e2e_p50_ms": LOWER,
+    "e2e_p99_ms": LOWER,
+    "sched_delay_p50_ms": LOWER,
+    "sched_delay_p99_ms": LOWER,
+    "request_throughput": HIGHER,
+    "goodput_rps": HIGHER,
+    "slo_met": HIGHER,
+    "capacity_rps": HIGHER,
+}
+
+
+def higher_is_better(metric: str) -> bool:
+    return METRICS[metric] == HIGHER
 
 @dataclass
 class ResultRow:

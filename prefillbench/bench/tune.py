@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from strategies import make_strategy
+from strategies import configurations, make_strategy
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend, BackendError
@@ -61,11 +61,7 @@ class Config:
 
 def grid(strategies: list[str], budgets: list[int]) -> list[Config]:
     """Every strategy at every budget; a strategy that ignores the budget once."""
-    out = []
-    for name in strategies:
-        sizes = budgets if make_strategy(name).uses_chunk_size else [None]
-        out += [Config(name, size) for size in sizes]
-    return out
+    return [Config(name, budget) for name, budget in configurations(strategies, budgets)]
 
 
 def parse_budgets(texts: list[str]) -> list[int]:
@@ -284,7 +280,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
 
     try:
         if settings.warmup and backend.name != "sim":
-            on_backend(lambda: warm_up(backend, make_strategy(config.strategy, config.budget or 256), case,
+            on_backend(lambda: warm_up(backend, make_strategy(config.strategy, config.budget), case,
                                        BenchConfig([case.test], [config.strategy], [case.concurrency], seed=settings.seed)))
         for index, result in enumerate(results):
             for k in range(settings.repeats) if seeds is None else seeds:
@@ -314,7 +310,7 @@ def saturated_rate(backend: Backend, case: Case, settings: TuneSettings, seed: i
     that starts there brackets downwards, and a probe above capacity stops as soon as it has certainly failed.
     A start far below capacity would cost the most: a lightly loaded run takes the most steps (small batches)."""
     requests = make_requests(settings.test, settings.requests, backend.vocab_size, seed)
-    run = engine.run(backend, make_strategy(case.strategy, case.chunk_size or 256), requests,
+    run = engine.run(backend, make_strategy(case.strategy, case.chunk_size), requests,
                      case.concurrency or len(requests))
     return len(requests) / run.wall if run.wall > 0 else DEFAULT_START_RATE
 

@@ -18,32 +18,11 @@ from typing import Any
 
 import pandas as pd
 
-from prefillbench.bench.metrics import noisy_rows
+from prefillbench.bench.metrics import HIGHER, LOWER, METRICS, noisy_rows, strategy_label
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
 from prefillbench.report.exports import KEY_FIELDS, InputError, Results, py_value, row_key
 from prefillbench.report.relative import ratio, relative_frame
 
-HIGHER, LOWER = "higher", "lower"
-# metric -> which way is better
-METRICS: dict[str, str] = {
-    "throughput": HIGHER,
-    "ts_mean": HIGHER,
-    "ms_per_token": LOWER,
-    "ttft_p50_ms": LOWER,
-    "ttft_p99_ms": LOWER,
-    "tbt_p50_ms": LOWER,
-    "tbt_p99_ms": LOWER,
-    "tpot_p50_ms": LOWER,
-    "tpot_p99_ms": LOWER,
-    "e2e_p50_ms": LOWER,
-    "e2e_p99_ms": LOWER,
-    "sched_delay_p50_ms": LOWER,
-    "sched_delay_p99_ms": LOWER,
-    "request_throughput": HIGHER,
-    "goodput_rps": HIGHER,
-    "slo_met": HIGHER,
-    "capacity_rps": HIGHER,
-}
 DEFAULT_METRICS = ["throughput"]
 DEFAULT_THRESHOLD = 10.0  # percent
 METRIC_LABELS = {
@@ -133,7 +112,7 @@ def _values(results: Results, metrics: list[str], relative_to: str | None, noisy
 
 def key_label(key: tuple) -> str:
     f = dict(zip(KEY_FIELDS, key))
-    strategy = f"{f['strategy']}({f['chunk_size']})" if f["chunk_size"] else f["strategy"]
+    strategy = strategy_label(f["strategy"], f["chunk_size"])
     load = "" if f["arrival"] in ("closed", "") else f" {f['arrival']}" + (f" {f['rate']:g}/s" if f["rate"] is not None else "")
     return f"{f['model']} {f['backend']} {strategy} {f['test']} c={f['concurrency']}{load}"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from prefillbench.bench.metrics import ResultRow, results_frame
+from prefillbench.bench.metrics import ResultRow, results_frame, strategy_label
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
 from prefillbench.report.compare import METRIC_LABELS, METRIC_SHORT, Comparison, Entry
 from prefillbench.report.relative import relative_frame
@@ -50,8 +50,7 @@ def render_comparison(cmp: Comparison, fmt: str = "md") -> str:
         return csv_text(pd.DataFrame(records).astype({"chunk_size": "Int64"})) if records else ""
 
     def label(e: Entry) -> str:
-        f = e.fields
-        return f"{f['strategy']} ({f['chunk_size']})" if f["chunk_size"] else f["strategy"]
+        return strategy_label(e.fields["strategy"], e.fields["chunk_size"])
 
     columns: list[tuple[str, Any, bool]] = [
         ("model", lambda e: e.fields["model"], False),

@@ -26,11 +26,10 @@ import re
 import sys
 from dataclasses import dataclass
 
-from prefillbench.bench.metrics import ResultRow, results_frame, strategy_label
+from prefillbench.bench.metrics import ResultRow, higher_is_better, results_frame, strategy_label
 from prefillbench.report.relative import ratio, reference_values
 from prefillbench.report.tables import TABLE_FORMATS
 
-HIGHER_BETTER = {"throughput", "goodput_rps"}
 # metric -> its name in a sentence
 VERDICT_METRICS = {
     "throughput": "throughput",
@@ -61,7 +60,7 @@ class Ratio:
 
     @property
     def better(self) -> bool:
-        return not self.tie and (self.value > 1.0) == (self.metric in HIGHER_BETTER)
+        return not self.tie and (self.value > 1.0) == higher_is_better(self.metric)
 
     @property
     def worse(self) -> bool:
@@ -162,7 +161,7 @@ def metric_clause(metric: str, cases: list[CaseRatios], everywhere: str, places:
     worse = [c for c in have if c.ratios[metric].worse]
     if not better and not worse:
         return f"{name} a tie{everywhere if places else ''} ({_span(values)})" if metric == "throughput" else None
-    higher = metric in HIGHER_BETTER
+    higher = higher_is_better(metric)
     words = ("higher", "lower") if higher else ("better", "worse")
     parts = []
     for group, word in ((better, words[0]), (worse, words[1])):
@@ -189,7 +188,7 @@ def strategy_sentence(strategy: str, cases: list[CaseRatios], places: bool = Tru
     everywhere = " at every test and load here" if len(cases) > 1 else f" at {cases[0].where}"
     metrics = list(dict.fromkeys(m for c in cases for m in c.ratios))
     clauses = [text for m in metrics if (text := metric_clause(m, cases, everywhere, places))]
-    latency = [m for m in metrics if m not in HIGHER_BETTER]
+    latency = [m for m in metrics if not higher_is_better(m)]
     if latency and not any(metric_clause(m, cases, everywhere) for m in latency):
         clauses.append("latency a tie")
     return f"{strategy}: {'; '.join(clauses)}"
