@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefillbench.backends.base import Backend, BackendError
+from prefillbench.backends.base import Backend
+from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.calibration import at_speed, calibrate, calibration_specs, load_calibration, workload_points
 from prefillbench.bench import sim_first, tune
@@ -69,6 +70,8 @@ class Stages:
 
 def run_tune(o: TuneOptions) -> int:
     out, err = o.out or sys.stdout, o.err or sys.stderr
+    if not is_rank_zero():  # under torchrun every rank measures; rank 0 alone prints (the session writes)
+        out = err = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     settings, criteria, configs, on_sim = o.settings, o.criteria, o.configs, o.on_sim
     test = settings.test
     tokens = settings.tokens_per_request
