@@ -14,17 +14,16 @@ import prefillbench
 from prefillbench.commands import ab as ab_command
 from prefillbench.report import ab as ab_report
 from prefillbench.report.exports import row_key
-from prefillbench import cli
 from prefillbench.bench.metrics import ResultRow
+from rows import make_row
 
 # ---------------------------------------------------------------- statistics on made-up rounds
 
 
 def row(strategy: str = "sequential", throughput: float = 100.0, ttft: float = 50.0, tbt: float = 10.0, n_gen: int = 8) -> ResultRow:
-    return ResultRow(
-        model="m", backend="b", strategy=strategy, test="pp32+tg8", n_prompt=32, n_gen=n_gen, concurrency=2,
-        chunk_size=None, requests=2, repetitions=3, ts_mean=throughput / 2, ts_std=1.0, ms_per_token=1.0,
-        throughput=throughput, ttft_p50_ms=ttft, ttft_p99_ms=ttft * 1.2,
+    return make_row(
+        backend="b", strategy=strategy, test="pp32+tg8", n_prompt=32, n_gen=n_gen, concurrency=2, requests=2,
+        ts_mean=throughput / 2, ms_per_token=1.0, throughput=throughput, ttft_p50_ms=ttft, ttft_p99_ms=ttft * 1.2,
         tbt_p50_ms=tbt if n_gen > 1 else math.nan, tbt_p99_ms=tbt * 1.5 if n_gen > 1 else math.nan,
     )
 
@@ -188,13 +187,6 @@ def git(repo: Path, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from tiny_gguf import tiny_llama, write_gguf
-
-    return str(write_gguf(tiny_llama(), tmp_path_factory.mktemp("gguf") / "tiny.gguf"))
-
-
-@pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     """prefillbench's own source at a commit tagged `base`, and a branch `slow` whose gguf steps sleep."""
     root = tmp_path_factory.mktemp("repo")
@@ -213,22 +205,20 @@ def repo(tmp_path_factory):
     return root
 
 
-def ab(capsys, repo: Path, base: str, *options: str, preset=PRESET, model: str | None = None) -> tuple[int, str, str]:
+def ab(run_cli, repo: Path, base: str, *options: str, preset=PRESET, model: str | None = None) -> tuple[int, str, str]:
     run_args = list(preset) + (["-m", model] if model else [])
-    code = cli.main(["ab", base, "--repo", str(repo), *options, "--", *run_args])
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli("ab", base, "--repo", str(repo), *options, "--", *run_args)
 
 
-def test_a_change_that_slows_every_step_fails_the_job(repo, tiny_model, capsys, tmp_path):
+def test_a_change_that_slows_every_step_fails_the_job(repo, tiny_gguf_path, run_cli, tmp_path):
     slow = tmp_path / "slow"
     git(repo, "worktree", "add", "-q", str(slow), "slow")
     summary = tmp_path / "summary.md"
     stale = tmp_path / "exports" / "base-9.csv"  # left by an earlier, longer job in the same folder
     stale.parent.mkdir()
     stale.write_text("stale")
-    code, out, err = ab(capsys, slow, "base", "--min-rounds", "3", "--max-rounds", "6", "--summary", str(summary),
-                        "--out", str(tmp_path / "exports"), model=tiny_model)
+    code, out, err = ab(run_cli, slow, "base", "--min-rounds", "3", "--max-rounds", "6", "--summary", str(summary),
+                        "--out", str(tmp_path / "exports"), model=tiny_gguf_path)
     assert code == 1, out + err
     assert out.count("REGRESSION") == 3  # both rows and their mean
     assert "3 of 3 row(s) with their mean regressed beyond 10%" in err
@@ -240,25 +230,25 @@ def test_a_change_that_slows_every_step_fails_the_job(repo, tiny_model, capsys, 
     assert git(repo, "worktree", "list").count("\n") == 1
 
 
-def test_two_identical_refs_pass_on_repeated_runs(repo, tiny_model, capsys):
+def test_two_identical_refs_pass_on_repeated_runs(repo, tiny_gguf_path, run_cli):
     # At the default 95% a job on identical code fails up to 2.5% of the time by design (the test
     # above checks that rate); two such jobs would make this test fail one CI run in 20. At 99.9%
     # noise alone fails it about one run in 1000, while a side that ran the other's code, or ran
     # differently (threads, model, cases), would still be told apart by far more than 10%.
     for _ in range(2):
-        code, out, err = ab(capsys, repo, "HEAD", "--min-rounds", "4", "--max-rounds", "4", "--confidence", "99.9",
-                            model=tiny_model)
+        code, out, err = ab(run_cli, repo, "HEAD", "--min-rounds", "4", "--max-rounds", "4", "--confidence", "99.9",
+                            model=tiny_gguf_path)
         assert code == 0, out + err
         assert "REGRESSION" not in out and "no regression beyond 10% in 3 row(s) with their mean" in err
 
 
-def test_a_base_that_cannot_run_exits_2(repo, tmp_path, capsys):
+def test_a_base_that_cannot_run_exits_2(repo, tmp_path, run_cli):
     broken = tmp_path / "broken"
     git(repo, "worktree", "add", "-q", "-b", "broken", str(broken), "base")
     (broken / "prefillbench" / "__main__.py").write_text("raise SystemExit('prefillbench: error: this base is broken')\n")
     git(broken, "commit", "-q", "-am", "broken")
     git(broken, "checkout", "-q", "base")  # the working tree is the good base again; BASE is the broken commit
-    code, _, err = ab(capsys, broken, "broken")
+    code, _, err = ab(run_cli, broken, "broken")
     assert code == 2
     assert err.strip().splitlines()[-1].startswith("prefillbench: error: the base (")
     assert err.strip().endswith("could not run: this base is broken")
@@ -270,12 +260,12 @@ def test_a_base_that_cannot_run_exits_2(repo, tmp_path, capsys):
     ("HEAD", ["--min-rounds", "1"], PRESET, "--min-rounds must be at least 2"),
     ("HEAD", [], ["-s", "nonsense"], "the base (" ),
 ])
-def test_unusable_input_exits_2_with_one_line(repo, capsys, base, options, preset, message):
-    code, out, err = ab(capsys, repo, base, *options, preset=preset)
+def test_unusable_input_exits_2_with_one_line(repo, run_cli, base, options, preset, message):
+    code, out, err = ab(run_cli, repo, base, *options, preset=preset)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) <= 2 and message in err.strip().splitlines()[-1]
 
 
-def test_a_folder_outside_git_exits_2(tmp_path, capsys):
-    code, _, err = ab(capsys, tmp_path, "HEAD")
+def test_a_folder_outside_git_exits_2(tmp_path, run_cli):
+    code, _, err = ab(run_cli, tmp_path, "HEAD")
     assert code == 2 and "prefillbench: error: git rev-parse" in err

@@ -12,7 +12,7 @@ from prefillbench.bench.cases import BenchConfig, Case
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, WorkloadError, load_workload, make_requests, make_tests, request_lengths, workload_test
 from prefillbench.sequence import Request
 from strategies import make_strategy
-from fake_backend import FakeBackend
+from prefillbench.backends.fake import FakeBackend
 
 
 def gaps(spec: ArrivalSpec, n: int = 20000, seed: int = 3) -> np.ndarray:

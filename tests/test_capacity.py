@@ -10,7 +10,8 @@ from prefillbench.bench.capacity import (MAX_BRACKET_STEPS, CapacityConfig, Crit
                                          relative_capacities, search)
 from prefillbench.bench.metrics import ResultRow
 from prefillbench.bench.workloads import TestSpec
-from fake_backend import FakeBackend
+from prefillbench.backends.fake import FakeBackend
+from rows import make_row
 
 
 def threshold_probe(capacity: float, log: list[float]):
@@ -66,11 +67,10 @@ def test_an_unfinished_search_keeps_what_its_probes_showed():
 
 
 def _row(**kw) -> ResultRow:
-    base = dict(model="m", backend="b", strategy="s", test="t", n_prompt=1, n_gen=1, concurrency=0, chunk_size=None,
-                requests=1, repetitions=1, ts_mean=1.0, ts_std=0.0, ms_per_token=1.0, throughput=1.0, ttft_p50_ms=1.0,
-                ttft_p99_ms=1.0, tbt_p50_ms=1.0, tbt_p99_ms=100.0, sched_delay_p50_ms=10.0)
-    base.update(kw)
-    return ResultRow(**base)
+    base = dict(backend="b", strategy="s", test="t", n_prompt=1, n_gen=1, concurrency=0, requests=1, repetitions=1,
+                ts_mean=1.0, ts_std=0.0, ms_per_token=1.0, throughput=1.0, ttft_p50_ms=1.0, ttft_p99_ms=1.0,
+                tbt_p50_ms=1.0, tbt_p99_ms=100.0, sched_delay_p50_ms=10.0)
+    return make_row(**{**base, **kw})
 
 
 def test_criteria_are_p99_tbt_and_median_scheduling_delay():

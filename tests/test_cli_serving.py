@@ -7,22 +7,17 @@ import json
 
 import pytest
 
-from prefillbench import cli
 
 SIM = ["--backend", "sim", "--sim-model", "mistral-7b", "--sim-gpu", "a100", "--no-progress"]
+RUN = ["run", *SIM, "--no-results-file"]
+CAPACITY = ["capacity", *SIM]
 
 
-def run(capsys, *argv):
-    code = cli.main(["run", *SIM, "--no-results-file", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_a_rate_sweep_gives_a_row_per_strategy_and_rate(capsys, tmp_path):
+def test_a_rate_sweep_gives_a_row_per_strategy_and_rate(run_cli, tmp_path):
     export = tmp_path / "sweep.csv"
-    code, out, err = run(capsys, "--arrival", "poisson", "--rate", "0.5,1", "--rate", "2", "--pg", "256,32",
-                         "--slo", "tbt=200", "--requests", "12", "-s", "sequential,padded,chunked", "-o", "csv",
-                         "--export", str(export))
+    code, out, err = run_cli(*RUN, "--arrival", "poisson", "--rate", "0.5,1", "--rate", "2", "--pg", "256,32",
+                             "--slo", "tbt=200", "--requests", "12", "-s", "sequential,padded,chunked", "-o", "csv",
+                             "--export", str(export))
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(out)))
     # --pg alone in an open loop: no pp512 and tg128 tests; one repetition, no concurrency cap by default.
@@ -36,9 +31,9 @@ def test_a_rate_sweep_gives_a_row_per_strategy_and_rate(capsys, tmp_path):
     assert saved[0]["seed"] == "42" and saved[0]["len_spread"] == "0.0"
 
 
-def test_the_open_loop_table_is_readable(capsys):
-    code, out, err = run(capsys, "--arrival", "gamma", "--burstiness", "0.5", "--rate", "2", "--pg", "256,32",
-                         "--slo", "tbt=200,ttft=500", "--requests", "8", "-s", "chunked", "-c", "4")
+def test_the_open_loop_table_is_readable(run_cli):
+    code, out, err = run_cli(*RUN, "--arrival", "gamma", "--burstiness", "0.5", "--rate", "2", "--pg", "256,32",
+                             "--slo", "tbt=200,ttft=500", "--requests", "8", "-s", "chunked", "-c", "4")
     assert code == 0, err
     header, _, line = out.strip().splitlines()
     for column in ("arrival req/s", "max c", "offered/achieved req/s", "TPOT p50 ms", "sched p50 ms",
@@ -48,19 +43,19 @@ def test_the_open_loop_table_is_readable(capsys):
     assert cells[4] == "gamma 2 b=0.5" and cells[5] == "4"
 
 
-def test_a_workload_file_replays_lengths_and_arrivals(capsys, tmp_path):
+def test_a_workload_file_replays_lengths_and_arrivals(run_cli, tmp_path):
     trace = tmp_path / "chat.jsonl"
     trace.write_text("".join(json.dumps({"prompt_len": p, "gen_len": g, "arrival_s": t}) + "\n"
                              for p, g, t in [(300, 20, 10.0), (900, 5, 10.2), (120, 40, 13.0)]))
-    code, out, err = run(capsys, "--workload", str(trace), "-s", "sequential,chunked", "-o", "json")
+    code, out, err = run_cli(*RUN, "--workload", str(trace), "-s", "sequential,chunked", "-o", "json")
     assert code == 0, err
     rows = json.loads(out)["results"]
     assert [(r["test"], r["arrival"], r["requests"]) for r in rows] == [("chat", "trace", 3)] * 2
     assert rows[0]["offered_rps"] == pytest.approx(2 / 3.0)
 
 
-def test_len_spread_names_the_test(capsys):
-    code, out, err = run(capsys, "--pg", "256,32", "--len-spread", "0.5", "-c", "2", "-s", "chunked", "-o", "csv")
+def test_len_spread_names_the_test(run_cli):
+    code, out, err = run_cli(*RUN, "--pg", "256,32", "--len-spread", "0.5", "-c", "2", "-s", "chunked", "-o", "csv")
     assert code == 0, err
     assert {r["test"] for r in csv.DictReader(io.StringIO(out))} >= {"pp256+tg32±50%", "pp512±50%"}
 
@@ -77,23 +72,17 @@ def test_len_spread_names_the_test(capsys):
     (["--workload", "/no/such/file.csv"], "cannot read workload"),
     (["--workload", "w.csv", "--pg", "8,2"], "drop -p, -n, --pg"),
 ])
-def test_bad_serving_flags_are_one_line_and_exit_2(capsys, argv, message):
-    code, out, err = run(capsys, *argv)
+def test_bad_serving_flags_are_one_line_and_exit_2(run_cli, argv, message):
+    code, out, err = run_cli(*RUN, *argv)
     assert code == 2 and out == ""
     assert err.strip().splitlines()[-1].startswith("prefillbench: error:") and message in err, err
 
 
-def capacity(capsys, *argv):
-    code = cli.main(["capacity", *SIM, *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_capacity_prints_a_row_per_strategy_with_its_ratio(capsys, tmp_path):
+def test_capacity_prints_a_row_per_strategy_with_its_ratio(run_cli, tmp_path):
     export = tmp_path / "cap.json"
-    code, out, err = capacity(capsys, "--pg", "1024,64", "--len-spread", "0.9", "--slo", "tbt=100", "--chunk-size", "512",
-                              "-s", "sequential,chunked", "--relative-to", "sequential", "--requests", "40",
-                              "--precision", "20", "--export", str(export))
+    code, out, err = run_cli(*CAPACITY, "--pg", "1024,64", "--len-spread", "0.9", "--slo", "tbt=100", "--chunk-size", "512",
+                             "-s", "sequential,chunked", "--relative-to", "sequential", "--requests", "40",
+                             "--precision", "20", "--export", str(export))
     assert code == 0, err
     lines = out.strip().splitlines()
     assert "capacity req/s" in lines[0] and "vs sequential" in lines[0] and "probes" in lines[0]
@@ -114,7 +103,7 @@ def test_capacity_prints_a_row_per_strategy_with_its_ratio(capsys, tmp_path):
     (["--slo", "tbt=100", "--requests", "1"], "at least 2"),
     (["--slo", "tbt=100", "--pg", "8,2", "--pg", "16,2"], "one --pg"),
 ])
-def test_bad_capacity_flags_are_one_line_and_exit_2(capsys, argv, message):
-    code, out, err = capacity(capsys, *argv)
+def test_bad_capacity_flags_are_one_line_and_exit_2(run_cli, argv, message):
+    code, out, err = run_cli(*CAPACITY, *argv)
     assert code == 2 and out == ""
     assert message in err and err.strip().splitlines()[-1].startswith("prefillbench: error:"), err

@@ -92,7 +92,7 @@ def test_every_shipped_strategy_lets_the_engine_run_decodes():
 
 
 def test_a_backend_that_runs_every_pass_is_never_asked_for_a_decode_run():
-    from fake_backend import FakeBackend
+    from prefillbench.backends.fake import FakeBackend
 
     backend = FakeBackend(0.0, 0.01)
     backend.run_decodes = lambda *a: pytest.fail("asked a backend whose runs_decodes is False")

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from prefillbench import cli
 from prefillbench.backends import load_backend
 from prefillbench.backends.base import BackendError
 from prefillbench.backends.distributed import check_heads_divide, launch_hint
@@ -35,14 +34,6 @@ def torchrun(nproc: int, *argv: str, cwd: Path | None = None) -> subprocess.Comp
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
                "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", *argv]
     return subprocess.run(command, capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S, env=env, cwd=cwd)
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> str:
-    model, _ = tiny_model("llama")  # 4 heads, 2 KV heads: one KV head per rank at tp=2
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.fixture(scope="module")
@@ -189,9 +180,7 @@ def test_cli_under_torchrun_tp_that_does_not_divide_the_heads(tmp_path):
     assert "prefillbench/" not in done.stderr  # no traceback through our code; torchrun adds its own summary
 
 
-def run_cli(capsys, *argv: str) -> tuple[int, str]:
-    code = cli.main(["run", "--no-progress", "--no-results-file", "--pg", "8,2", "-c", "1", *argv])
-    return code, capsys.readouterr().err
+RUN = ["run", "--no-progress", "--no-results-file", "--pg", "8,2", "-c", "1"]
 
 
 @pytest.mark.parametrize("argv,world,message", [
@@ -201,12 +190,12 @@ def run_cli(capsys, *argv: str) -> tuple[int, str]:
     (["--backend", "gguf", "--tp", "2"], 2, "prefillbench: error: --tp 2 runs on the torch backend only"),
     (["--backend", "torch", "--pp", "2"], None, "prefillbench: error: --pp 2 runs on the sim only"),
 ])
-def test_cli_tp_errors_are_one_line(monkeypatch, capsys, tiny_folder, argv, world, message):
+def test_cli_tp_errors_are_one_line(monkeypatch, run_cli, tiny_folder, argv, world, message):
     if world is None:
         for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             monkeypatch.delenv(var, raising=False)
     else:
         _fake_torchrun_env(monkeypatch, world)
-    code, err = run_cli(capsys, "-m", tiny_folder, *argv)
+    code, _, err = run_cli(*RUN, "-m", tiny_folder, *argv)
     assert code == 2
     assert err.startswith(message) and err.count("\n") == 1

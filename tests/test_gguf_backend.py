@@ -27,16 +27,10 @@ CHUNK = 7
 
 @pytest.fixture(scope="module")
 def tiny():
+    """The model in tiny_gguf_path: tiny_llama() makes the same weights each time."""
     from tiny_gguf import tiny_llama
 
     return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tiny, tmp_path_factory):
-    from tiny_gguf import write_gguf
-
-    return str(write_gguf(tiny, tmp_path_factory.mktemp("gguf") / "tiny.gguf"))
 
 
 @pytest.fixture(scope="module")
@@ -47,17 +41,17 @@ def torch_tiny(tiny):
 
 
 @pytest.fixture(scope="module")
-def exact_tiny(tiny_path):
+def exact_tiny(tiny_gguf_path):
     """float32 KV cache and no flash attention: llama.cpp computes in float32 throughout."""
-    backend = GGUFBackend.load(tiny_path, kv_type="f32", flash_attn=False, threads=1)
+    backend = GGUFBackend.load(tiny_gguf_path, kv_type="f32", flash_attn=False, threads=1)
     yield backend
     backend.close()
 
 
 @pytest.fixture(scope="module")
-def default_tiny(tiny_path):
+def default_tiny(tiny_gguf_path):
     """llama.cpp's defaults: f16 KV cache, flash attention as llama.cpp decides."""
-    backend = GGUFBackend.load(tiny_path, threads=1)
+    backend = GGUFBackend.load(tiny_gguf_path, threads=1)
     yield backend
     backend.close()
 
@@ -155,10 +149,10 @@ def _ragged_steps(tok):
 
 
 @pytest.mark.parametrize("kv_unified", [False, True], ids=["kv-streams", "kv-unified"])
-def test_ragged_multi_chunk_steps_match_each_sequence_alone(tiny_path, kv_unified):
+def test_ragged_multi_chunk_steps_match_each_sequence_alone(tiny_gguf_path, kv_unified):
     """Several chunks of different lengths and offsets plus decodes in one step give each sequence
     what it gets when it runs alone, one prompt step and one decode step at a time."""
-    backend = GGUFBackend.load(tiny_path, kv_type="f32", flash_attn="off", kv_unified=kv_unified, threads=1)
+    backend = GGUFBackend.load(tiny_gguf_path, kv_type="f32", flash_attn="off", kv_unified=kv_unified, threads=1)
     rng = np.random.default_rng(11)
     prompts, steps = _ragged_steps(lambda n: tuple(int(t) for t in rng.integers(3, 49152, n)))
     backend.prepare(4, 32, 64)
@@ -195,8 +189,8 @@ def test_greedy_tokens_agree_across_strategies_with_llama_cpp_defaults(default_t
         assert tokens(run(default_tiny, name, requests)) == ref, name
 
 
-def test_context_is_reused_until_a_run_needs_more(tiny_path):
-    backend = GGUFBackend.load(tiny_path, threads=1)
+def test_context_is_reused_until_a_run_needs_more(tiny_gguf_path):
+    backend = GGUFBackend.load(tiny_gguf_path, threads=1)
     backend.prepare(2, 64, 64)
     backend.prepare(2, 32, 16)
     assert backend.contexts_created == 1
@@ -212,8 +206,8 @@ def test_context_is_reused_until_a_run_needs_more(tiny_path):
 
 
 @pytest.mark.parametrize("setting", ["on", "off", "auto"])
-def test_flash_attention_setting_reaches_llama_cpp_and_metadata(tiny_path, setting):
-    backend = load_backend("gguf", tiny_path, threads=1, flash_attn=setting)
+def test_flash_attention_setting_reaches_llama_cpp_and_metadata(tiny_gguf_path, setting):
+    backend = load_backend("gguf", tiny_gguf_path, threads=1, flash_attn=setting)
     backend.prepare(1, 32, 32)
     r = backend.execute(Step(prefills=(PrefillChunk(0, tuple(range(3, 13)), 0, True),)))
     assert set(r.next_tokens) == {0}
@@ -222,16 +216,16 @@ def test_flash_attention_setting_reaches_llama_cpp_and_metadata(tiny_path, setti
     backend.close()
 
 
-def test_flash_attention_default_and_bad_setting(tiny_path):
-    backend = GGUFBackend.load(tiny_path, threads=1)
+def test_flash_attention_default_and_bad_setting(tiny_gguf_path):
+    backend = GGUFBackend.load(tiny_gguf_path, threads=1)
     assert backend.metadata()["flash_attn"] == gguf_backend.DEFAULT_FLASH_ATTN
     backend.close()
     with pytest.raises(BackendError, match="flash attention.*on, off, auto"):
-        GGUFBackend.load(tiny_path, flash_attn="sometimes")
+        GGUFBackend.load(tiny_gguf_path, flash_attn="sometimes")
 
 
-def test_metadata_reports_batching_and_versions(tiny_path):
-    backend = GGUFBackend.load(tiny_path, n_ubatch=8, threads=1)
+def test_metadata_reports_batching_and_versions(tiny_gguf_path):
+    backend = GGUFBackend.load(tiny_gguf_path, n_ubatch=8, threads=1)
     backend.prepare(1, 32, 32)
     backend.execute(Step(prefills=(PrefillChunk(0, tuple(range(3, 23)), 0, True),)))
     meta = backend.metadata()
@@ -241,15 +235,15 @@ def test_metadata_reports_batching_and_versions(tiny_path):
     backend.close()
 
 
-def test_load_backend_and_auto_pick_gguf(tiny_path, monkeypatch):
+def test_load_backend_and_auto_pick_gguf(tiny_gguf_path, monkeypatch):
     from prefillbench import backends
 
-    backend = load_backend("gguf", tiny_path)
+    backend = load_backend("gguf", tiny_gguf_path)
     assert backend.name == "gguf" and backend.label == "gguf CPU"
     backend.close()
     monkeypatch.setattr(backends, "cuda_available", lambda: False)
     assert backends.resolve_backend_name("auto") == "gguf"
-    auto = load_backend("auto", tiny_path)
+    auto = load_backend("auto", tiny_gguf_path)
     assert auto.name == "gguf"
     auto.close()
     # A checkpoint folder or hub id is not something llama.cpp can run: auto picks torch for it.
@@ -285,8 +279,8 @@ def test_unknown_architecture(tmp_path):
         GGUFBackend.load(str(path))
 
 
-def test_context_too_small_says_what_it_needs(tiny_path):
-    backend = GGUFBackend.load(tiny_path, n_ctx=100)
+def test_context_too_small_says_what_it_needs(tiny_gguf_path):
+    backend = GGUFBackend.load(tiny_gguf_path, n_ctx=100)
     with pytest.raises(BackendError, match=r"n_ctx >= 128"):
         backend.prepare(4, 32, 40)
     with pytest.raises(BackendError, match=r"n_ctx >= 120"):
@@ -294,8 +288,8 @@ def test_context_too_small_says_what_it_needs(tiny_path):
     backend.close()
 
 
-def test_decode_failure_is_a_backend_error(tiny_path):
-    backend = GGUFBackend.load(tiny_path, threads=1)
+def test_decode_failure_is_a_backend_error(tiny_gguf_path):
+    backend = GGUFBackend.load(tiny_gguf_path, threads=1)
     backend.prepare(2, 128, 256)
     cells = backend.n_ctx
     seq_len = cells // 2
@@ -307,10 +301,10 @@ def test_decode_failure_is_a_backend_error(tiny_path):
     backend.close()
 
 
-def test_missing_llama_cpp_is_a_clear_error(monkeypatch, tiny_path):
+def test_missing_llama_cpp_is_a_clear_error(monkeypatch, tiny_gguf_path):
     monkeypatch.setattr(gguf_backend, "llama", None)
     with pytest.raises(BackendError, match="llama-cpp-python"):
-        load_backend("gguf", tiny_path)
+        load_backend("gguf", tiny_gguf_path)
 
 
 # -- the shipped SmolLM2 GGUF against llama-cpp-python's own generation --------
@@ -376,10 +370,10 @@ def test_generate_api_with_gguf_backend(smol_reference):
 # -- the command line -----------------------------------------------------------
 
 
-def test_cli_runs_the_gguf_backend(tiny_path, capsys):
+def test_cli_runs_the_gguf_backend(tiny_gguf_path, capsys):
     from prefillbench import cli
 
-    rc = cli.main(["run", "--backend", "gguf", "-m", tiny_path, "-t", "1", "-p", "8", "-n", "2", "-c", "1,2",
+    rc = cli.main(["run", "--backend", "gguf", "-m", tiny_gguf_path, "-t", "1", "-p", "8", "-n", "2", "-c", "1,2",
                    "-s", "sequential,padded,chunked", "--chunk-size", "3", "-r", "1", "--no-results-file",
                    "--no-progress", "--verify"])
     captured = capsys.readouterr()
@@ -400,23 +394,24 @@ def test_cli_error_for_a_file_that_is_not_gguf(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("setting", ["off", "on"])
-def test_cli_flash_attention_flag_reaches_the_exported_metadata(tiny_path, tmp_path, capsys, setting):
+def test_cli_flash_attention_flag_reaches_the_exported_metadata(tiny_gguf_path, tmp_path, capsys, setting):
     import json
 
     from prefillbench import cli
 
     export = tmp_path / "run.json"
-    rc = cli.main(["run", "--backend", "gguf", "-m", tiny_path, "-t", "1", "-fa", setting, "-p", "8", "-n", "0", "-c", "1",
-                   "-s", "sequential", "-r", "1", "--no-warmup", "--no-results-file", "--no-progress", "--export", str(export)])
+    rc = cli.main(["run", "--backend", "gguf", "-m", tiny_gguf_path, "-t", "1", "-fa", setting, "-p", "8", "-n", "0",
+                   "-c", "1", "-s", "sequential", "-r", "1", "--no-warmup", "--no-results-file", "--no-progress",
+                   "--export", str(export)])
     assert rc == 0, capsys.readouterr().err
     meta = json.loads(export.read_text())["metadata"]
     assert meta["flash_attn"] == setting and meta["kv_unified"] is False
 
 
-def test_cli_rejects_an_unknown_flash_attention_value(tiny_path, capsys):
+def test_cli_rejects_an_unknown_flash_attention_value(tiny_gguf_path, capsys):
     from prefillbench import cli
 
-    rc = cli.main(["run", "--backend", "gguf", "-m", tiny_path, "--flash-attn", "maybe", "-p", "8", "-n", "0",
+    rc = cli.main(["run", "--backend", "gguf", "-m", tiny_gguf_path, "--flash-attn", "maybe", "-p", "8", "-n", "0",
                    "--no-results-file", "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "prefillbench: error:" in err[0] and "flash-attn" in err[0]

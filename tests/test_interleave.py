@@ -1,9 +1,8 @@
 """run --interleave: strategies measured in turns, so drift cancels out of their ratios."""
 from __future__ import annotations
 
-from fake_backend import FakeBackend
-
 from prefillbench import cli
+from prefillbench.backends.fake import FakeBackend
 from prefillbench.bench import interleave
 from prefillbench.bench.cases import BenchConfig, run_case
 from prefillbench.report.compare import relative_frame
@@ -60,12 +59,9 @@ def test_interleaving_cancels_drift_out_of_ratios():
     assert err_turns < err_by_case / 10  # ...and mostly gone when the strategies take turns
 
 
-def test_cli_flag(capsys, monkeypatch):
-    from prefillbench.commands import runner
-
-    monkeypatch.setattr(runner, "load_backend", lambda *a, **k: FakeBackend())
-    code = cli.main(["run", "-p", "0", "-n", "0", "--pg", "32,4", "-c", "2", "-r", "2", "--interleave", "--no-progress",
-                     "--no-results-file", "--relative-to", "sequential"])
+def test_cli_flag(capsys):
+    code = cli.main(["run", "--backend", "fake", "-p", "0", "-n", "0", "--pg", "32,4", "-c", "2", "-r", "2",
+                     "--interleave", "--no-progress", "--no-results-file", "--relative-to", "sequential"])
     out = capsys.readouterr().out
     assert code == 0
     table = [line for line in out.splitlines() if line.startswith("|")]

@@ -11,6 +11,7 @@ from prefillbench.report import plots
 from prefillbench.report import tables
 from prefillbench.report import traces
 from prefillbench.bench.metrics import ResultRow
+from rows import make_row
 
 STRATEGIES = ("sequential", "padded", "chunked")
 SIZES = (64, 128, 256)
@@ -32,9 +33,9 @@ def make_rows(tests=("pp512", "pp512+tg32")) -> list[ResultRow]:
         for strategy in STRATEGIES:
             for c in CONCURRENCY:
                 for size in (SIZES if strategy == "chunked" else (None,)):
-                    rows.append(ResultRow(
-                        model="m", backend="gguf CPU", strategy=strategy, test=test, n_prompt=n_prompt, n_gen=n_gen,
-                        concurrency=c, chunk_size=size, requests=c, repetitions=3,
+                    rows.append(make_row(
+                        backend="gguf CPU", strategy=strategy, test=test, n_prompt=n_prompt, n_gen=n_gen,
+                        concurrency=c, chunk_size=size, requests=c,
                         ts_mean=1.0, ts_std=0.1, ms_per_token=1.0, throughput=throughput_of(strategy, test, c, size),
                         ttft_p50_ms=1.0, ttft_p99_ms=2.0, tbt_p50_ms=1.0, tbt_p99_ms=tbt_p99_of(strategy, test, c, size),
                         throughput_ci95=0.25 * c,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -9,8 +10,9 @@ import pytest
 from prefillbench import cli
 from prefillbench.bench import serving_checks
 from prefillbench.bench.cases import BenchConfig
-from prefillbench.bench.metrics import SLO, ResultRow
+from prefillbench.bench.metrics import SLO
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec
+from rows import make_row
 
 SIM = ["run", "--backend", "sim", "--sim-model", "mistral-7b", "--sim-gpu", "a100", "--no-progress", "--no-results-file"]
 
@@ -57,13 +59,8 @@ def test_the_rate_error_is_one_over_root_n():
         assert float(np.std(errors)) == pytest.approx(serving_checks.rate_error(n), rel=0.25)
 
 
-def row(**kw) -> ResultRow:
-    base = dict(model="m", backend="sim", strategy="sequential", test="pp512", n_prompt=512, n_gen=0, concurrency=0,
-                chunk_size=None, requests=10, repetitions=1, ts_mean=50.0, ts_std=1.0, ms_per_token=20.0,
-                throughput=100.0, ttft_p50_ms=30.0, ttft_p99_ms=31.0, tbt_p50_ms=math.nan, tbt_p99_ms=math.nan,
-                arrival="poisson", rate=1.0, offered_rps=1.19, achieved_rps=1.0)
-    base.update(kw)
-    return ResultRow(**base)
+row = partial(make_row, test="pp512", n_prompt=512, concurrency=0, requests=10, repetitions=1, ttft_p50_ms=30.0,
+              ttft_p99_ms=31.0, arrival="poisson", rate=1.0, offered_rps=1.19, achieved_rps=1.0)
 
 
 def test_strategies_that_all_measured_alike_are_named():

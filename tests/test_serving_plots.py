@@ -7,16 +7,16 @@ from prefillbench.report import plots
 from prefillbench.report import tables
 from prefillbench.report.exports import load_results
 from prefillbench.bench.metrics import ResultRow
+from rows import make_row
 
 
 def row(strategy, rate=None, capacity=math.nan, chunk=None, **kw) -> ResultRow:
-    base = dict(model="m", backend="sim A100", strategy=strategy, test="pp1024+tg128±90%", n_prompt=1024, n_gen=128,
-                concurrency=0, chunk_size=chunk, requests=50, repetitions=1, ts_mean=1.0, ts_std=0.0, ms_per_token=1.0,
-                throughput=1.0, ttft_p50_ms=1.0, ttft_p99_ms=100.0 * (rate or 1), tbt_p50_ms=1.0,
+    base = dict(backend="sim A100", strategy=strategy, test="pp1024+tg128±90%", n_prompt=1024, n_gen=128, concurrency=0,
+                chunk_size=chunk, requests=50, repetitions=1, ts_mean=1.0, ts_std=0.0, ms_per_token=1.0, throughput=1.0,
+                ttft_p50_ms=1.0, ttft_p99_ms=100.0 * (rate or 1), tbt_p50_ms=1.0,
                 tbt_p99_ms=(10.0 if chunk else 40.0) * (rate or 1), arrival="poisson", rate=rate, slo="tbt=100",
                 capacity_rps=capacity)
-    base.update(kw)
-    return ResultRow(**base)
+    return make_row(**{**base, **kw})
 
 
 def test_latency_vs_load_has_a_line_per_strategy_and_the_slo(tmp_path):

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from fake_backend import FakeBackend
 from strategies import make_strategy
 
 from prefillbench import cli, engine
 from prefillbench.backends.base import Backend
+from prefillbench.backends.fake import FakeBackend
 from prefillbench.sequence import Request
 
 STEP_S = 0.004
@@ -65,8 +65,7 @@ def test_a_wait_for_a_step_in_flight_is_never_skipped():
     assert backend.idle_skipped == pytest.approx(10.0, abs=0.01)
 
 
-def test_the_flag_reaches_the_backend_and_the_export(tmp_path, capsys, monkeypatch):
-    from prefillbench.commands import runner
+def test_the_flag_reaches_the_backend_and_the_export(tmp_path, capsys, use_backend):
     from prefillbench.commands.options import TuneOptions
 
     loaded = []
@@ -75,7 +74,7 @@ def test_the_flag_reaches_the_backend_and_the_export(tmp_path, capsys, monkeypat
         loaded.append(TimedSteps(seconds_per_token=0.0, seconds_per_step=0.0))
         return loaded[-1]
 
-    monkeypatch.setattr(runner, "load_backend", load)
+    use_backend(load)
     assert TuneOptions.from_flags(backend="gguf", quick=True).load.skip_idle is True  # --quick on a real backend
     assert TuneOptions.from_flags(backend="gguf", quick=True, skip_idle=False).load.skip_idle is False
     assert TuneOptions.from_flags(backend="gguf", slo="tbt=300").load.skip_idle is None

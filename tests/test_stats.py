@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from functools import partial
 
 import pytest
 
@@ -10,8 +11,9 @@ from prefillbench.report import tables
 from prefillbench.bench import stats
 from prefillbench.report.exports import load_results
 from prefillbench.engine import RequestRecord, RunRecord
-from prefillbench.bench.metrics import ResultRow, summarize
+from prefillbench.bench.metrics import summarize
 from prefillbench.bench.workloads import TestSpec
+from rows import make_row
 
 # Two-sided 95% critical values, from any printed t table.
 T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
@@ -96,13 +98,8 @@ def test_summarize_one_repetition_has_no_spread():
     assert tables.cv_cell(row) == "-"
 
 
-def _row(**kw) -> ResultRow:
-    base = dict(model="m", backend="b", strategy="sequential", test="pp64", n_prompt=64, n_gen=0, concurrency=1,
-                chunk_size=None, requests=1, repetitions=3, ts_mean=100.0, ts_std=1.0, ms_per_token=10.0,
-                throughput=100.0, ttft_p50_ms=1.0, ttft_p99_ms=2.0, tbt_p50_ms=math.nan, tbt_p99_ms=math.nan,
-                ts_cv=0.01, ts_ci95=2.0, throughput_cv=0.02, throughput_ci95=3.0)
-    base.update(kw)
-    return ResultRow(**base)
+_row = partial(make_row, backend="b", concurrency=1, requests=1, ts_mean=100.0, ms_per_token=10.0, ttft_p50_ms=1.0,
+               ttft_p99_ms=2.0, ts_cv=0.01, ts_ci95=2.0, throughput_cv=0.02, throughput_ci95=3.0)
 
 
 def test_md_table_marks_noisy_rows_by_the_threshold():

@@ -11,7 +11,7 @@ from prefillbench.sequence import Sequence
 from prefillbench.bench.workloads import TestSpec, make_requests, make_tests
 from prefillbench.sequence import Request
 from strategies import make_strategy
-from fake_backend import FakeBackend
+from prefillbench.backends.fake import FakeBackend
 
 
 def seq(i, prompt_len, prefilled=0, generated=()):

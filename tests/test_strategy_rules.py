@@ -10,7 +10,7 @@ from prefillbench.step import Step
 from prefillbench.bench.workloads import TestSpec, make_requests
 from prefillbench.sequence import Request
 from strategies import STRATEGIES, make_strategy
-from fake_backend import FakeBackend
+from prefillbench.backends.fake import FakeBackend
 
 # Request 0: a 6-token prompt and 3 tokens; 1: 3 tokens and 1; 2: 4 tokens and 2 (admitted when one finishes).
 REQUESTS = [Request(tuple(range(10, 16)), 3), Request(tuple(range(20, 23)), 1), Request(tuple(range(30, 34)), 2)]

@@ -24,7 +24,7 @@ from prefillbench.bench.capacity import Criteria, Probe, SearchResult
 from prefillbench.bench.pricing import pricer
 from prefillbench.bench.workloads import TestSpec, make_requests
 from prefillbench.report import tune as report
-from fake_backend import FakeBackend
+from prefillbench.backends.fake import FakeBackend
 
 PRECISION = 0.02
 TRUE = {tune.Config("sequential", None): 10.0, tune.Config("chunked", 1): 1.25, tune.Config("chunked", 2): 2.5,
@@ -177,7 +177,7 @@ def test_the_sim_first_stage_measures_the_sims_top_k_and_sequential_from_its_pre
         # Started at the prediction: bracketing near it, not from the start rate.
         assert c.measured.probes[0].rate == c.predicted.capacity
     assert not sim_first.order_differs(sim_first.compare_stages(predicted, measured))
-    table = report.render_ranked(measured, 8.0, predicted)
+    table = report.render_ranked(measured, 8.0, predicted, verbose=True)
     assert "sim req/s" in table and any(f"+{pct}%" in table for pct in (24, 25, 26))
 
 
@@ -273,7 +273,7 @@ def test_the_pool_finds_what_one_process_finds_probe_for_probe():
     chosen = tune.grid(["sequential", "chunked", "static"], [256, 1024])
     serial = tune.run_grid(SimBackend.load("mistral-7b", "a100"), chosen, sim_settings())
     finished = []
-    pooled = tune.run_grid(SimBackend.load("mistral-7b", "a100"), chosen, sim_settings(), on_config=finished.append, jobs=2)
+    pooled = tune.run_grid(SimBackend.load("mistral-7b", "a100"), chosen, sim_settings(), on_config=lambda c, found: finished.append(c), jobs=2)
     assert not pooled.stopped and searched(pooled) == searched(serial)
     assert all(len(r.searches) == 2 for r in pooled.results)  # each further seed searched apart, then joined
     assert sorted(finished) == sorted(chosen)  # a configuration is finished once all its seeds are
@@ -337,7 +337,7 @@ def test_the_measured_stage_prices_its_steps_and_repredicts_at_the_speed_they_ra
     again = sim_first.repredict(calibrated, predicted, measured, s)
     assert [(r.config, f"{r.capacity:.9g}") for r in again] == [(m.config, f"{m.capacity:.9g}") for m in measured]
     assert all(r.stage == "sim at measured speed" for r in again)
-    table = report.render_ranked(measured, 100.0, predicted, again)
+    table = report.render_ranked(measured, 100.0, predicted, again, verbose=True)
     assert "steps vs sim" in table and "1.25x" in table
     assert "at the speed its steps ran (1.25x" in report.verdict(measured, s.criteria[0], predicted, again)
     assert any(line.startswith("at the speed the measured steps ran") and "+0%" in line
@@ -382,7 +382,7 @@ def test_the_slowed_sim_tells_the_configurations_at_the_edge_of_the_slo():
         assert 0 < r.capacity <= pred[r.config].capacity
         again = tune.run_grid(calibrated(1.1), [r.config], s).results[0]
         assert again.low <= r.capacity * (1 + s.precision) and r.capacity <= again.high
-    table = report.render_ranked(predicted, 100.0, slower=edge.results)
+    table = report.render_ranked(predicted, 100.0, slower=edge.results, verbose=True)
     assert "sim 10% slower" in table
     row = [line for line in table.splitlines() if "| sequential " in line][0]
     change = sim_first.capacity_change(pred[chosen[0]], edge.results[0])
@@ -443,3 +443,15 @@ def test_the_sim_picks_what_keeps_the_most_capacity_with_every_step_10_percent_l
     assert report.verdict(predicted, k, predicted, slower=slower).startswith("best within TBT p99 <= 500 ms: sarathi-serve")
     (its, pick), = sim_first.margin_picks(predicted, slower)
     assert (its.config, pick.config) == (edge, steady)
+
+
+def test_the_default_table_has_the_deployers_columns_and_verbose_every_one():
+    chosen = [tune.Config("sequential", None), tune.Config("chunked", 4)]
+    predicted = tune.run_grid(FakeBackend(0.0, 0.1), chosen, settings()).results
+    measured = sim_first.measure_picks(FakeBackend(0.0, 0.125), predicted, settings(), top_k=1).results
+    plain, full = report.render_ranked(measured, 8.0, predicted), report.render_ranked(measured, 8.0, predicted, verbose=True)
+    header = [h.strip() for h in plain.splitlines()[0].strip("|").split("|")]
+    assert header == ["rank", "configuration", "capacity req/s", "sim req/s", "vs sequential", "limited by",
+                      "P99 TBT ms", "P99 TTFT ms"]
+    full_header = [h.strip() for h in full.splitlines()[0].strip("|").split("|")]
+    assert set(header) < set(full_header) and {"interval", "tokens/s", "sim error", "probes"} <= set(full_header)

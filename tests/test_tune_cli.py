@@ -6,23 +6,16 @@ import json
 
 import pytest
 
-from prefillbench import cli
 from prefillbench.bench import capacity
 
 SIM = ["--backend", "sim", "--sim-model", "mistral-7b", "--sim-gpu", "a100", "--no-progress"]
 SMALL = ["--pg", "1024,64", "--len-spread", "0.9", "--requests", "40", "--repeats", "1", "--precision", "20"]
 
 
-def main(capsys, *argv):
-    code = cli.main([*argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_tune_on_the_sim_ranks_chunked_above_sequential_and_exports_every_probe(capsys, tmp_path):
+def test_tune_on_the_sim_ranks_chunked_above_sequential_and_exports_every_probe(run_cli, tmp_path):
     export, plots = tmp_path / "tune.json", tmp_path / "plots"
-    code, out, err = main(capsys, "tune", *SIM, *SMALL, "--slo", "tbt=100", "-s", "sequential,chunked",
-                          "--chunk-size", "256:512:x2", "--export", str(export), "--plot", str(plots))
+    code, out, err = run_cli("tune", *SIM, *SMALL, "--slo", "tbt=100", "-s", "sequential,chunked",
+                             "--chunk-size", "256:512:x2", "--export", str(export), "--plot", str(plots))
     assert code == 0, err
     lines = out.strip().splitlines()
     assert "capacity req/s" in lines[0] and "limited by" in lines[0] and "vs sequential" in lines[0]
@@ -41,9 +34,9 @@ def test_tune_on_the_sim_ranks_chunked_above_sequential_and_exports_every_probe(
     assert f"wrote {export}" in err
 
 
-def test_tune_with_a_list_of_slos_prints_capacity_against_the_slo(capsys):
-    code, out, err = main(capsys, "tune", *SIM, *SMALL, "--slo", "tbt=50,200", "-s", "sequential,chunked",
-                          "--chunk-size", "512")
+def test_tune_with_a_list_of_slos_prints_capacity_against_the_slo(run_cli):
+    code, out, err = run_cli("tune", *SIM, *SMALL, "--slo", "tbt=50,200", "-s", "sequential,chunked",
+                             "--chunk-size", "512")
     assert code == 0, err
     assert "TBT p99 <= 50 ms:" in out and "TBT p99 <= 200 ms:" in out
     vs = out[out.index("capacity (req/s) against the SLO"):].splitlines()
@@ -60,23 +53,23 @@ def test_tune_with_a_list_of_slos_prints_capacity_against_the_slo(capsys):
     (["--slo", "tbt=100", "--precision", "100"], "percentage"),
     (["--slo", "tbt=100", "-s", "fifo"], "unknown strategy"),
     (["--slo", "tbt=100", "--repeats", "0"], "--repeats"),
-    (["--slo", "tbt=100", "--export", "x.xml"], ".json or .csv"),
+    (["--slo", "tbt=100", "--export", "x.xml"], "use a .csv, .json or .jsonl name"),
     (["--slo", "tbt=100", "--no-sim", "--sim-only"], "exclude each other"),
 ])
-def test_bad_tune_input_is_one_line_and_exit_2(capsys, argv, message):
-    code, out, err = main(capsys, "tune", *SIM, *argv)
+def test_bad_tune_input_is_one_line_and_exit_2(run_cli, argv, message):
+    code, out, err = run_cli("tune", *SIM, *argv)
     assert code == 2 and out == ""
     assert err.strip().splitlines()[-1].startswith("prefillbench: error:") and message in err, err
 
 
-def test_capacity_says_when_the_search_hit_its_bound_and_names_the_limit_and_the_best(capsys):
-    code, out, err = main(capsys, "capacity", *SIM, "--pg", "64,4", "--slo", "tbt=1e9", "-s", "sequential",
-                          "--requests", "4", "--max-sched-delay", "1e12")
+def test_capacity_says_when_the_search_hit_its_bound_and_names_the_limit_and_the_best(run_cli):
+    code, out, err = run_cli("capacity", *SIM, "--pg", "64,4", "--slo", "tbt=1e9", "-s", "sequential",
+                             "--requests", "4", "--max-sched-delay", "1e12")
     assert code == 0, err
     assert "at least 1048576" in out and "search bound" in out
     assert "(the search hit its bound" in out.strip().splitlines()[-1]
-    code, out, err = main(capsys, "capacity", *SIM, "--pg", "1024,64", "--len-spread", "0.9", "--slo", "tbt=100",
-                          "-s", "sequential,chunked", "--chunk-size", "512", "--requests", "40", "--precision", "20")
+    code, out, err = run_cli("capacity", *SIM, "--pg", "1024,64", "--len-spread", "0.9", "--slo", "tbt=100",
+                             "-s", "sequential,chunked", "--chunk-size", "512", "--requests", "40", "--precision", "20")
     assert code == 0, err
     assert "limited by" in out.splitlines()[0]
     seq = [line for line in out.splitlines() if line.startswith("| mistral-7b") and "| sequential " in line][0]
@@ -84,18 +77,18 @@ def test_capacity_says_when_the_search_hit_its_bound_and_names_the_limit_and_the
     assert out.strip().splitlines()[-1].startswith("best within TBT p99 <= 100 ms: chunked (512)")
 
 
-def test_capacity_precision_is_a_percentage(capsys):
-    code, out, err = main(capsys, "capacity", *SIM, "--slo", "tbt=100", "--precision", "100")
+def test_capacity_precision_is_a_percentage(run_cli):
+    code, out, err = run_cli("capacity", *SIM, "--slo", "tbt=100", "--precision", "100")
     assert code == 2 and "a percentage of the capacity between 0 and 100 (5 means 5%), got 100" in err
 
 
-def test_capacity_relative_to_help_is_whole(capsys):
-    code, out, err = main(capsys, "capacity", "--help")
+def test_capacity_relative_to_help_is_whole(run_cli):
+    code, out, err = run_cli("capacity", "--help")
     text = " ".join(out.replace("│", " ").split())  # rich wraps the help inside a box
     assert "show each capacity's ratio to this strategy's capacity" in text
 
 
-def test_ctrl_c_during_capacity_keeps_the_finished_probes(capsys, monkeypatch):
+def test_ctrl_c_during_capacity_keeps_the_finished_probes(run_cli, monkeypatch):
     real = capacity.probe_case
     calls = []
 
@@ -106,22 +99,21 @@ def test_ctrl_c_during_capacity_keeps_the_finished_probes(capsys, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(capacity, "probe_case", probe_then_interrupt)
-    code, out, err = main(capsys, "capacity", *SIM, "--pg", "256,16", "--slo", "tbt=100", "-s", "sequential",
-                          "--requests", "20")
+    code, out, err = run_cli("capacity", *SIM, "--pg", "256,16", "--slo", "tbt=100", "-s", "sequential",
+                             "--requests", "20")
     assert code == 130
     assert "(interrupted)" in out and "interrupted; kept 1 capacity row(s)" in err
     row = [line for line in out.splitlines() if "| sequential " in line][0]
     assert row.rstrip("|").split("|")[-1].strip() == "2"  # both finished probes
 
 
-def test_run_tune_on_a_real_backend_predicts_on_the_calibrated_sim_then_measures_its_top_k(tmp_path, monkeypatch):
+def test_run_tune_on_a_real_backend_predicts_on_the_calibrated_sim_then_measures_its_top_k(tmp_path, use_backend):
     """The command's sim-first path: a calibration file, the sim's grid, then the top K and sequential measured."""
     import dataclasses
     import io
 
-    from fake_backend import FakeBackend
+    from prefillbench.backends.fake import FakeBackend
     from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
-    from prefillbench.commands import runner
     from prefillbench.commands.tune import TuneOptions, run_tune
 
     cal = tmp_path / "cal.json"
@@ -130,10 +122,11 @@ def test_run_tune_on_a_real_backend_predicts_on_the_calibrated_sim_then_measures
                                "gpu": dataclasses.asdict(load_gpu_spec("a100"))}))
     out, err = io.StringIO(), io.StringIO()
     # A real backend's flags, loading the fake one in its place.
-    monkeypatch.setattr(runner, "load_backend", lambda *args, **kwargs: FakeBackend(0.0005, 0.01))
+    use_backend(lambda *args, **kwargs: FakeBackend(0.0005, 0.01))
     options = TuneOptions.from_flags(backend="torch", pg=[(256, 8)], strategy=["sequential", "chunked"], chunk_size=[64, 128],
                                      slo="tbt=100", requests=20, precision=20.0, top_k=1, calibration=str(cal),
-                                     no_progress=True, no_warmup=True, export=str(tmp_path / "t.json"), out=out, err=err)
+                                     no_progress=True, no_warmup=True, export=str(tmp_path / "t.json"), out=out, err=err,
+                                     verbose=True)
     assert run_tune(options) == 0, err.getvalue()
     text, log = out.getvalue(), err.getvalue()
     assert "measuring the sim's top 1 and sequential on fake CPU" in log
@@ -156,11 +149,11 @@ def test_run_tune_on_a_real_backend_predicts_on_the_calibrated_sim_then_measures
 
 
 @pytest.mark.parametrize("command", ["capacity", "tune"])
-def test_capacity_and_tune_search_a_workload_without_pg(capsys, tmp_path, command):
+def test_capacity_and_tune_search_a_workload_without_pg(run_cli, tmp_path, command):
     trace = tmp_path / "trace.csv"
     trace.write_text("prompt_len,gen_len\n200,20\n300,30\n250,10\n")
     extra = ["--repeats", "1", "--chunk-size", "256"] if command == "tune" else []
-    code, out, err = main(capsys, command, *SIM, "--workload", str(trace), "--slo", "tbt=100", "-s", "sequential",
-                          "--requests", "3", *extra)
+    code, out, err = run_cli(command, *SIM, "--workload", str(trace), "--slo", "tbt=100", "-s", "sequential",
+                             "--requests", "3", *extra)
     assert code == 0, err
     assert "best within TBT p99 <= 100 ms: sequential" in out

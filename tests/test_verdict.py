@@ -3,21 +3,16 @@ from __future__ import annotations
 
 import csv
 import io
+from functools import partial
 
 from prefillbench import cli
-from prefillbench.bench.metrics import ResultRow
 from prefillbench.report import compare_tables, verdict
+from rows import make_row
 
 SIM = ["run", "--backend", "sim", "--sim-model", "mistral-7b", "--sim-gpu", "a100", "--no-progress", "--no-results-file"]
 
 
-def row(**kw) -> ResultRow:
-    base = dict(model="m", backend="sim", strategy="sequential", test="pp64", n_prompt=64, n_gen=0,
-                concurrency=4, chunk_size=None, requests=4, repetitions=3, ts_mean=50.0, ts_std=1.0,
-                ms_per_token=20.0, throughput=100.0, ttft_p50_ms=100.0, ttft_p99_ms=200.0, tbt_p50_ms=float("nan"),
-                tbt_p99_ms=float("nan"), ts_cv=0.01, ts_ci95=1.0, throughput_cv=0.01, throughput_ci95=1.0)
-    base.update(kw)
-    return ResultRow(**base)
+row = partial(make_row, ts_cv=0.01, ts_ci95=1.0, throughput_cv=0.01, throughput_ci95=1.0)
 
 
 def test_batching_that_costs_latency_is_named_even_where_p99_hides_it():
