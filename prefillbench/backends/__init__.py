@@ -25,6 +25,9 @@ BACKENDS: dict[str, BackendEntry] = {
     "torch": BackendEntry("prefillbench.backends.torch.backend", "TorchBackend"),
     "gguf": BackendEntry("prefillbench.backends.gguf", "GGUFBackend"),
     "sim": BackendEntry("prefillbench.backends.sim.backend", "SimBackend"),
+    # Serving engines, measured from outside (backends/server): llama.cpp's own server, or any engine's command.
+    "llama-server": BackendEntry("prefillbench.backends.server.backend", "LlamaServerBackend"),
+    "server": BackendEntry("prefillbench.backends.server.backend", "ServerBackend"),
     # Not in the help: a model-free backend for testing the command path (failures on demand; see its module).
     "fake": BackendEntry("prefillbench.backends.fake", "FakeBackend"),
 }

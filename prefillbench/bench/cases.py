@@ -142,7 +142,10 @@ WARMUP_OPEN_LOOP_CONCURRENCY = 4
 
 def warm_up(backend: Backend, strategy: Strategy, case: Case, config: BenchConfig) -> None:
     """One untimed closed-loop pass at the case's concurrency: the first pass after load, and the first
-    at a new batch shape, pay for allocation and kernel selection; keep that out of the numbers."""
+    at a new batch shape, pay for allocation and kernel selection; keep that out of the numbers. A server warms
+    itself after each launch (its flags follow the case), so nothing is sent here."""
+    if getattr(backend, "serves_requests", False):
+        return
     c = case.concurrency or WARMUP_OPEN_LOOP_CONCURRENCY
     warm = make_requests(case.test, c, backend.vocab_size, config.seed + 1)[:c]
     short = [Request(r.prompt[:WARMUP_PROMPT_TOKENS], min(r.n_gen, 2)) for r in warm]

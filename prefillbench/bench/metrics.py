@@ -24,6 +24,7 @@ import pandas as pd
 from strategies import strategy_label
 
 from prefillbench.bench import stats
+from prefillbench.errors import BackendError
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.stats import mean_std
 from prefillbench.bench.workloads import TestSpec
@@ -106,6 +107,7 @@ class ResultRow:
     slo_met: float = math.nan  # their share of the requests
     capacity_rps: float = math.nan  # `capacity`: the highest rate that met the capacity criteria
     capacity_probes: int = 0  # `capacity`: the runs its search took
+    failed_requests: int = 0  # a server's requests that failed (HTTP error, dropped stream, short): in no figure
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -287,6 +289,10 @@ def summarize(
     slo: SLO | None = None,
 ) -> ResultRow:
     reqs = [r for run in runs for r in run.requests]
+    failed = sum(len(run.failed) for run in runs)
+    if not reqs:
+        raise BackendError(f"every one of the {failed} requests failed: {runs[0].failed[0].error}" if failed
+                           else "a run finished no request")
     rates = [request_rate(test, r) for r in reqs]
     ts_mean, ts_std = mean_std(rates)
     run_rates = [mean_std([request_rate(test, r) for r in run.requests])[0] for run in runs]
@@ -306,7 +312,7 @@ def summarize(
         n_gen=test.n_gen,
         concurrency=concurrency,
         chunk_size=chunk_size,
-        requests=len(runs[0].requests),
+        requests=len(runs[0].requests) + len(runs[0].failed),
         repetitions=len(runs),
         ts_mean=ts_mean,
         ts_std=ts_std,
@@ -339,5 +345,7 @@ def summarize(
         achieved_rps=_mean([achieved_rate(run) for run in runs]) if open_loop else math.nan,
         slo=str(slo) if slo else "",
         goodput_rps=_mean([goodput(run, slo) for run in runs]) if slo else math.nan,
-        slo_met=sum(slo.met(r) for r in reqs) / len(reqs) if slo else math.nan,
+        # A failed request is a miss: it is in the denominator, never among those that met the SLO.
+        slo_met=sum(slo.met(r) for r in reqs) / (len(reqs) + failed) if slo else math.nan,
+        failed_requests=failed,
     )

@@ -80,6 +80,22 @@ Calibration = Annotated[Optional[str], option(
     "--calibration", panel=SIM_PANEL, help="sim: calibration file written by `prefillbench calibrate`")]
 Trace = Annotated[Optional[str], option(
     "--trace", panel=SIM_PANEL, metavar="FILE", help="sim: write every step's per-operator cost breakdown here (JSONL)")]
+# servers
+SERVER_PANEL = "Serving engines (--backend llama-server, --backend server)"
+ServerBin = Annotated[Optional[str], option(
+    "--server-bin", panel=SERVER_PANEL, metavar="PATH",
+    help="llama-server: this binary instead of the one built from the installed llama-cpp-python's llama.cpp")]
+ServerCmd = Annotated[Optional[str], option(
+    "--server-cmd", panel=SERVER_PANEL, metavar="'CMD {model} {port} ...'",
+    help="server: the engine's command, run without a shell; placeholders {bin} {model} {port} {budget} {slots} "
+    "{threads} {ctx}; the strategy's flags follow it")]
+EngineName = Annotated[Optional[str], option(
+    "--engine", panel=SERVER_PANEL, metavar="llama-server|vllm|sglang|tgi",
+    help="server: the engine's preset (its command, API and the strategies it can express)")]
+Url = Annotated[Optional[str], option(
+    "--url", panel=SERVER_PANEL, metavar="URL",
+    help="server: measure a server already running (no launch; the budget is the server's); an API key is read "
+    "from $PREFILLBENCH_API_KEY")]
 
 # tests
 NPrompt = Annotated[Optional[list[str]], option(

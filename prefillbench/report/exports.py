@@ -19,7 +19,7 @@ from prefillbench.writers import SUFFIX_FORMATS
 
 KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "rate")
 
-_INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions", "capacity_probes"}
+_INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions", "capacity_probes", "failed_requests"}
 _TEXT_FIELDS = {"arrival", "slo"}
 _KEY_TEXT = {"model", "backend", "strategy", "test"}
 _ALL_FIELDS = {f.name: f for f in fields(ResultRow)}

@@ -102,6 +102,8 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
     slos = sorted({r.slo for r in rows if r.slo})
     if slos:
         columns = columns + [(f"goodput req/s (met {' | '.join(slos)})", goodput_cell, True)]
+    if any(r.failed_requests for r in rows):  # a server's failed requests: counted, in no figure
+        columns = columns + [("failed", lambda r: f"{r.failed_requests}/{r.requests * r.repetitions}", True)]
     return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
 
 

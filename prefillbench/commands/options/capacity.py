@@ -44,7 +44,7 @@ class CapacityOptions(Measuring):
         tests = test_specs(None, None, request_shape(self.pg, self.workload), self.arrival, self.len_spread, self.workload)
         if len(tests) != 1:
             raise UsageError("capacity searches one test: give one --pg or a --workload")
-        strategies = strategy_names(self.strategy)
+        strategies = strategy_names(self.strategy, self.load)
         check_relative_to(self.relative_to, strategies, "searched")
         check_precision(self.precision)
         check_export(self.export)

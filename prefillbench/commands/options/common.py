@@ -58,11 +58,17 @@ def check_relative_to(strategy: str | None, strategies: list[str], what: str) ->
         raise UsageError(f"--relative-to {strategy}: not among the strategies {what} ({', '.join(strategies)})")
 
 
-def strategy_names(given: list[str] | None) -> list[str]:
-    names = unique(given, "-s") or list(STRATEGIES)
+def strategy_names(given: list[str] | None, load: "BackendOptions | None" = None) -> list[str]:
+    """-s, checked; by default every strategy, or on a serving engine every one it can express."""
+    served = load.served_engine() if load is not None else None
+    names = unique(given, "-s") or (list(served.strategies) if served else list(STRATEGIES))
     unknown = [s for s in names if s not in STRATEGIES]
     if unknown:
         raise UsageError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
+    if served is not None and not (load.url and not given):
+        for name in names:
+            if not served.expresses(name):
+                raise UsageError(str(served.refuse(name)))
     return names
 
 
@@ -96,6 +102,10 @@ class BackendOptions:
     pp: int = _backend_option(1, "--pp", "pp")
     calibration: str | None = _backend_option(None, "--calibration", "calibration")
     trace: str | None = _backend_option(None, "--trace", "trace")
+    server_bin: str | None = _backend_option(None, "--server-bin", "server_bin")
+    server_cmd: str | None = _backend_option(None, "--server-cmd", "server_cmd")
+    engine: str | None = _backend_option(None, "--engine", "engine")
+    url: str | None = _backend_option(None, "--url", "url")
     skip_idle: bool | None = None  # the engine's clock, not a load option: None leaves it to the command (tune --quick)
 
     @classmethod
@@ -107,6 +117,12 @@ class BackendOptions:
     def name(self) -> str:
         """The backend that runs: --backend with auto resolved for this model."""
         return choose_backend(self.backend, self.model, self.tp)
+
+    def served_engine(self):
+        """The serving engine (backends.server.engines.Engine) of a server backend; None for the others."""
+        from prefillbench.backends.server.engines import engine_for
+
+        return engine_for(self.name, self.engine)
 
     def _given(self) -> list[tuple[Any, Any]]:
         """(field, value) of each option set away from its default."""

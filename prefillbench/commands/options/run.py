@@ -64,7 +64,7 @@ class RunOptions(Measuring):
             note("warning: --skip-idle does nothing in a closed loop (no step there waits for an arrival)")
 
     def bench_config(self) -> BenchConfig:
-        strategies = strategy_names(self.strategy)
+        strategies = strategy_names(self.strategy, self.load)
         tests = test_specs(self.n_prompt, self.n_gen, self.pg, self.arrival, self.len_spread, self.workload)
         arrival = self.arrival or ("trace" if tests and tests[0].workload and tests[0].workload.arrivals else "closed")
         if arrival not in ARRIVALS + ("trace",):

@@ -129,7 +129,7 @@ class TuneOptions(Measuring):
         tests = test_specs(None, None, request_shape(self.pg, self.workload), self.arrival, self.len_spread, self.workload)
         if len(tests) != 1:
             raise UsageError("tune searches one test: give one --pg or a --workload")
-        strategies = strategy_names(self.strategy)
+        strategies = strategy_names(self.strategy, self.load)
         if self.output not in TUNE_OUTPUTS:
             raise UsageError(f"-o {self.output}: tune prints {', '.join(TUNE_OUTPUTS)}")
         if self.export:

@@ -1,0 +1,229 @@
+"""Serving engines as backends: `--backend llama-server` (llama.cpp's own server, built from the very llama.cpp the
+gguf backend runs), `--backend server --server-cmd '...'` or `--engine vllm|sglang|tgi` (any engine's command), and
+`--url` (a server already running).
+
+Such a backend executes no step: it launches the engine with the flags that express the case's strategy and token
+budget (engines.py), submits the case's requests over the engine's streaming API (client.py) and reports when each
+token arrived. The engine's own scheduler decides every step: that is what is measured.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from prefillbench.backends.base import Backend
+from prefillbench.backends.server import client
+from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, Engine, parse_template
+from prefillbench.backends.server.process import ServerProcess, free_port
+from prefillbench.errors import BackendError
+from prefillbench.sequence import Request
+from prefillbench.step import Step, StepResult
+
+#: Requests sent after each launch and not measured: the first requests a server sees pay its cold start.
+WARMUP_REQUESTS = 2
+#: The environment variable an API key for --url is read from (never printed, logged or exported).
+API_KEY_VARIABLE = "PREFILLBENCH_API_KEY"
+#: llama.cpp's LLAMA_MAX_SEQ: the most slots a llama-server takes.
+MAX_SLOTS = 256
+
+
+class ServerBackend(Backend):
+    """A serving engine measured from outside: it schedules its own steps."""
+
+    device = "CPU"
+    serves_requests = True
+    options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "server_cmd", "engine", "url", "context"})
+
+    def __init__(self, engine: Engine, model: str, *, binary: str | None = None, threads: int | None = None,
+                 url: str | None = None, context: int | None = None, launch: bool = True) -> None:
+        self.engine, self.model_path, self.binary = engine, model, binary
+        self.name = "llama-server" if engine is LLAMA_SERVER and launch else "server"
+        self.model_name = Path(model).stem if model else "served"
+        self.threads = threads or max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 1)
+        self.url, self.launch = url, launch
+        self.context_length = context or 8192
+        self.vocab_size = 32000
+        self.weights = f"as {engine.name} loads {Path(model).name}" if model else f"as the server at {url} has them"
+        self.server: ServerProcess | None = None
+        self.configuration: tuple | None = None  # (strategy, budget, slots, ctx per slot) of the server running
+        self.argv: list[str] = []
+        self.launches = 0
+        self.failed_requests = 0
+        self.lags: list[float] = []
+        self.version = ""
+        self.key = os.environ.get(API_KEY_VARIABLE) if url else None
+
+    @classmethod
+    def load(cls, model: str | None = None, *, server_bin: str | None = None, server_cmd: str | None = None,
+             engine: str | None = None, url: str | None = None, threads: int | None = None,
+             context: int | None = None) -> "ServerBackend":
+        if url is None and server_cmd is None and engine is None:
+            raise BackendError("--backend server needs --engine, --server-cmd or --url (--backend llama-server "
+                               "launches llama.cpp's own server)")
+        if url is not None:
+            return cls(ENGINES.get(engine or "llama-server", LLAMA_SERVER), model or "", url=url.rstrip("/"),
+                       threads=threads, context=context, launch=False)
+        chosen = ENGINES.get(engine or "llama-server")
+        if chosen is None:
+            raise BackendError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+        if server_cmd:
+            chosen = Engine(chosen.name, parse_template(server_cmd), chosen.api, chosen.health_path, chosen.strategies,
+                            chosen.default_strategy, chosen.default_budget)
+        if chosen is LLAMA_SERVER:
+            binary = server_bin or _llama_server_binary()
+            if not Path(binary).exists():
+                raise BackendError(f"--server-bin {binary}: no such file")
+        else:
+            binary = server_bin
+        backend = cls(chosen, model, binary=binary, threads=threads, context=context)
+        backend.version = backend._version()
+        if chosen is LLAMA_SERVER:
+            backend.context_length, backend.vocab_size = _gguf_shape(model)
+        return backend
+
+    # ---- the contract a server keeps ------------------------------------------------------------------
+    def prepare(self, max_sequences, max_seq_len, max_step_tokens):
+        raise BackendError(f"{self.name} schedules its own steps; it serves requests (serve)")
+
+    def execute(self, step: Step, return_logits: bool = False) -> StepResult:
+        raise BackendError(f"{self.name} schedules its own steps; it serves requests (serve)")
+
+    def release(self, seq_id: int) -> None:
+        pass
+
+    def wait_until(self, t, *, stalled=False, idle=False):  # the client keeps the arrivals itself
+        pass
+
+    @property
+    def label(self) -> str:
+        return self.engine.name if self.launch else f"server {self.url}"
+
+    # ---- serving -----------------------------------------------------------------------------------------
+    def serve(self, strategy_name: str, budget: int | None, requests: list[Request], concurrency: int,
+              on_tokens: Callable[[int], None] | None = None,
+              watch: Callable[[client.StreamRun, list[client.Streamed], deque], bool] | None = None) -> client.StreamRun:
+        """The requests through the engine configured for (strategy, budget); the stream run, every request in it."""
+        if self.launch:
+            longest = max(len(r.prompt) + r.n_gen for r in requests)
+            slots = min(concurrency or len(requests), len(requests), MAX_SLOTS)
+            self._ensure(strategy_name, budget, slots, longest)
+            url, headers = self.base_url, {}
+        else:
+            url, headers = self.url, ({"Authorization": f"Bearer {self.key}"} if self.key else {})
+
+        def done(s: client.Streamed) -> None:
+            if on_tokens is not None:
+                on_tokens(len(s.request.prompt) + len(s.tokens))
+
+        alive = (lambda: self.server.died()) if self.server is not None else None
+        run = client.stream_requests(url, self.engine.api, requests, concurrency, model=self.model_name,
+                                     headers=headers, watch=watch, alive=alive, on_done=done)
+        self.failed_requests += sum(s.error is not None for s in run.done)
+        self.lags += [s.lag for s in run.done if not s.queued]
+        return run
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _ensure(self, strategy_name: str, budget: int | None, slots: int, longest: int) -> None:
+        """A server running with the flags for this case: kept where it already holds them (the same strategy and
+        budget, at least these slots of at least this length), launched anew otherwise."""
+        if not self.engine.expresses(strategy_name):
+            raise self.engine.refuse(strategy_name)
+        per_slot = -(-longest // 256) * 256
+        if self.configuration is not None and self.server is not None and self.server.alive:
+            s, b, n, length = self.configuration
+            if (s, b) == (strategy_name, budget) and n >= slots and length >= per_slot:
+                return
+        self.stop()
+        self.port = free_port()
+        values = {"bin": self.binary, "model": self.model_path, "port": self.port,
+                  "budget": budget if self.engine.strategies[strategy_name].uses_budget else None,
+                  "slots": slots, "threads": self.threads, "ctx": slots * per_slot}
+        self.argv = self.engine.argv(strategy_name, values)
+        self.server = ServerProcess(self.argv, self.base_url + self.engine.health_path)
+        self.server.start()
+        self.launches += 1
+        self.configuration = (strategy_name, budget, slots, per_slot)
+        warm = [Request(tuple(range(10, 26)), 4) for _ in range(WARMUP_REQUESTS)]
+        run = client.stream_requests(self.base_url, self.engine.api, warm, 1, model=self.model_name)
+        failed = [s.error for s in run.done if s.error]
+        if failed:
+            raise BackendError(f"{self.engine.name}'s warm-up request failed: {failed[0]}{self.server.log_tail()}")
+
+    def _version(self) -> str:
+        if not self.engine.version_args or not self.binary:
+            return ""
+        try:
+            out = subprocess.run([self.binary, *self.engine.version_args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        text = (out.stdout + out.stderr).strip().splitlines()
+        return next((line.strip() for line in text if "version" in line.lower()), text[0] if text else "")
+
+    def metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"weights": self.weights, "server_engine": self.engine.name,
+                                "server_launches": self.launches, "failed_requests": self.failed_requests,
+                                "server_threads": self.threads}
+        if self.version:
+            meta["server_version"] = self.version
+        if self.argv:
+            meta["server_command"] = shlex.join(self.argv)
+            meta["server_slots"] = self.configuration[2] if self.configuration else None
+        if not self.launch:
+            meta["server_url"] = self.url
+            meta["server_api_key"] = "used" if self.key else "none"
+        if self.lags:
+            lags = sorted(self.lags)
+            meta["client_lag_p50_ms"] = 1e3 * lags[len(lags) // 2]
+            meta["client_lag_p99_ms"] = 1e3 * lags[min(len(lags) - 1, int(0.99 * (len(lags) - 1)))]
+        if self.server is not None:
+            meta["server_log"] = str(self.server.log_path)
+        return meta
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def close(self) -> None:
+        self.stop()
+
+
+class LlamaServerBackend(ServerBackend):
+    """`--backend llama-server`: llama.cpp's server on the model (default: the shipped GGUF), built from the
+    installed llama-cpp-python's own llama.cpp unless --server-bin names another."""
+
+    options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "url", "context"})
+
+    @classmethod
+    def load(cls, model: str | None = None, *, server_bin: str | None = None, url: str | None = None,
+             threads: int | None = None, context: int | None = None) -> "ServerBackend":
+        return ServerBackend.load(model, engine="llama-server", server_bin=server_bin, url=url, threads=threads,
+                                  context=context)
+
+
+def _llama_server_binary() -> str:
+    from prefillbench.backends.server.build import llama_tool
+
+    return str(llama_tool("llama-server"))
+
+
+def _gguf_shape(path: str) -> tuple[int, int]:
+    """The model's trained context and vocabulary, read from the GGUF header."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+        arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+        ctx = int(reader.fields[f"{arch}.context_length"].parts[-1][0])
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else 32000
+        return ctx, vocab
+    except Exception as e:  # noqa: BLE001 - any unreadable header is one line
+        raise BackendError(f"cannot read {path} as a GGUF file: {e}") from None

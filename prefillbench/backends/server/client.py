@@ -1,0 +1,248 @@
+"""A streaming client made for measurement: asyncio and aiohttp, one keep-alive connection per request in flight,
+every streamed event stamped with the client's clock on arrival.
+
+Each request's scheduled and actual send time are kept (the difference is the client's lag, reported). Where the
+engine sends its own clock per token (llama-server's `timings_per_token`), both clocks are kept, and an event that
+carries several tokens is split by the server's clock rather than counted as one long gap and a zero one (vLLM's
+`bench serve` counts it as one: vllm#27485). Prompt progress events (llama-server's `return_progress`) give when a
+request's prompt started, the scheduling delay's end. A request that fails (an HTTP error, a dropped stream, fewer
+tokens than asked, a prompt served from the cache) is kept as failed with its reason, never dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefillbench.sequence import Request
+
+clock = time.perf_counter
+
+
+@dataclass
+class Streamed:
+    """One request as the client saw it. Times are perf_counter seconds."""
+
+    request: Request
+    scheduled: float  # when it was due: its arrival (open loop), or when a place in flight freed (closed loop)
+    sent: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    server_token_times: list[float] = field(default_factory=list)  # the engine's clock, ms from the slot's start
+    tokens: list[int] = field(default_factory=list)
+    first_scheduled: float | None = None  # the prompt's start, from the engine's progress events
+    error: str | None = None
+    events: int = 0
+    queued: bool = False  # it waited for a place in flight (the concurrency cap): its send time is not lag
+
+    @property
+    def lag(self) -> float:
+        return (self.sent - self.scheduled) if self.sent is not None else 0.0
+
+
+@dataclass
+class StreamRun:
+    start: float
+    end: float
+    done: list[Streamed]  # in the order they finished
+    stopped: bool = False
+
+
+class Api:
+    """How to ask one engine for a stream and read its events."""
+
+    path = ""
+
+    def body(self, request: Request, model: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def read(self, event: dict[str, Any], arrived: float, s: Streamed) -> bool:
+        """Take one event into `s`; True when it is the last."""
+        raise NotImplementedError
+
+
+class LlamaApi(Api):
+    """llama-server's native /completion: token ids in, token ids out, its clock and prompt progress."""
+
+    path = "/completion"
+
+    def body(self, request: Request, model: str) -> dict[str, Any]:
+        return {"prompt": list(request.prompt), "n_predict": request.n_gen, "ignore_eos": True, "stream": True,
+                "cache_prompt": False, "timings_per_token": True, "return_progress": True, "temperature": 0.0,
+                "return_tokens": True}
+
+    def read(self, event: dict[str, Any], arrived: float, s: Streamed) -> bool:
+        progress = event.get("prompt_progress")
+        if progress is not None and s.first_scheduled is None:
+            s.first_scheduled = arrived - progress.get("time_ms", 0.0) / 1e3
+        tokens = event.get("tokens") or []
+        timings = event.get("timings") or {}
+        if tokens:
+            # The server's time of the last of them: prompt done plus generation so far, ms from the slot's start.
+            server_now = timings.get("prompt_ms", 0.0) + timings.get("predicted_ms", 0.0) if timings else None
+            previous = s.server_token_times[-1] if s.server_token_times else None
+            k = len(tokens)
+            for i in range(k):
+                if server_now is not None and previous is not None and k > 1:
+                    server_i = previous + (i + 1) / k * (server_now - previous)
+                    s.token_times.append(arrived - (server_now - server_i) / 1e3)
+                    s.server_token_times.append(server_i)
+                else:
+                    s.token_times.append(arrived)
+                    if server_now is not None:
+                        s.server_token_times.append(server_now)
+            s.tokens.extend(int(t) for t in tokens)
+        if event.get("stop"):
+            if timings.get("cache_n", 0):
+                s.error = f"{timings['cache_n']} prompt tokens came from the server's prompt cache"
+            return True
+        return False
+
+
+class OpenAIApi(Api):
+    """/v1/completions as vLLM, SGLang and TGI serve it: token ids in, text chunks out (one token a chunk, counted
+    against the usage the last event reports)."""
+
+    path = "/v1/completions"
+
+    def body(self, request: Request, model: str) -> dict[str, Any]:
+        return {"model": model, "prompt": list(request.prompt), "max_tokens": request.n_gen, "ignore_eos": True,
+                "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
+
+    def read(self, event: dict[str, Any], arrived: float, s: Streamed) -> bool:
+        for choice in event.get("choices") or []:
+            if choice.get("text") is not None and (choice.get("text") or not choice.get("finish_reason")):
+                s.token_times.append(arrived)
+                s.tokens.append(-1)
+        usage = event.get("usage")
+        if usage:
+            told = int(usage.get("completion_tokens", len(s.tokens)))
+            if told > len(s.tokens):  # chunks that carried several tokens: the rest at the last chunk's arrival
+                s.token_times.extend([s.token_times[-1] if s.token_times else arrived] * (told - len(s.tokens)))
+                s.tokens.extend([-1] * (told - len(s.tokens)))
+            return True
+        return False
+
+
+APIS: dict[str, type[Api]] = {"llama": LlamaApi, "openai": OpenAIApi}
+
+
+async def _stream_one(session, url: str, api: Api, model: str, s: Streamed, headers: dict[str, str]) -> None:
+    import aiohttp
+
+    s.sent = clock()
+    try:
+        async with session.post(url + api.path, json=api.body(s.request, model), headers=headers) as response:
+            if response.status != 200:
+                text = (await response.text())[:200]
+                s.error = f"HTTP {response.status}: {' '.join(text.split())}"
+                return
+            finished = False
+            async for raw in response.content:
+                arrived = clock()
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                try:
+                    event = json.loads(data)
+                except json.JSONDecodeError:
+                    s.error = "a malformed event in the stream"
+                    return
+                if "error" in event:
+                    s.error = f"the server's error: {str(event['error'])[:200]}"
+                    return
+                s.events += 1
+                finished = api.read(event, arrived, s) or finished
+            if not finished:
+                s.error = "the stream ended before its last event"
+    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+        s.error = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    if s.error is None and len(s.tokens) < s.request.n_gen:
+        s.error = f"{len(s.tokens)} of {s.request.n_gen} tokens"
+
+
+def stream_requests(url: str, api_name: str, requests: list[Request], concurrency: int, *, model: str = "",
+                    headers: dict[str, str] | None = None, watch: Callable[[StreamRun, list[Streamed], deque], bool] | None = None,
+                    alive: Callable[[], Exception | None] | None = None, on_done: Callable[[Streamed], None] | None = None,
+                    poll_s: float = 0.05) -> StreamRun:
+    """Send every request and stream its tokens. Closed loop (no arrival times): `concurrency` in flight, each
+    finished one replaced by the next. Open loop: each sent at its arrival, at most `concurrency` in flight (0: no
+    cap; later ones wait, and their wait counts). `watch(run, live, pending)` is asked every `poll_s`: True ends the
+    run (`stopped`); `alive()` returns an exception that ends it (the server died)."""
+    return asyncio.run(_stream_all(url, APIS[api_name](), requests, concurrency, model, headers or {}, watch, alive,
+                                   on_done, poll_s))
+
+
+async def _stream_all(url, api, requests, concurrency, model, headers, watch, alive, on_done, poll_s) -> StreamRun:
+    import aiohttp
+
+    open_loop = bool(requests) and requests[0].arrival_s is not None
+    cap = concurrency if concurrency > 0 else len(requests)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=600)
+    run = StreamRun(clock(), 0.0, [])
+    live: list[Streamed] = []
+    pending: deque[Request] = deque(requests)
+    places = asyncio.Semaphore(cap)
+    failure: Exception | None = None
+
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one(request: Request, scheduled: float) -> None:
+            queued = places.locked()
+            async with places:
+                s = Streamed(request, scheduled, queued=queued)
+                live.append(s)
+                await _stream_one(session, url, api, model, s, headers)
+                live.remove(s)
+                run.done.append(s)
+                if on_done is not None:
+                    on_done(s)
+
+        async def send_all() -> None:
+            tasks = []
+            while pending:
+                request = pending[0]
+                if open_loop:
+                    due = run.start + request.arrival_s
+                    delay = due - clock()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                else:
+                    await places.acquire()  # a closed loop's request is due when a place frees
+                    places.release()
+                    due = clock()
+                pending.popleft()
+                tasks.append(asyncio.create_task(one(request, due)))
+                await asyncio.sleep(0)  # let it take its place before the next is considered
+            await asyncio.gather(*tasks)
+
+        async def watcher(main: asyncio.Task) -> None:
+            nonlocal failure
+            while not main.done():
+                await asyncio.sleep(poll_s)
+                if alive is not None and (failure := alive()) is not None:
+                    main.cancel()
+                    return
+                if watch is not None and watch(run, live, pending):
+                    run.stopped = True
+                    main.cancel()
+                    return
+
+        main = asyncio.create_task(send_all())
+        guard = asyncio.create_task(watcher(main))
+        try:
+            await main
+        except asyncio.CancelledError:
+            if not run.stopped and failure is None:
+                raise
+        guard.cancel()
+    run.end = clock()
+    if failure is not None:
+        raise failure
+    return run

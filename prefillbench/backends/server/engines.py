@@ -1,0 +1,154 @@
+"""The serving engines a server backend can launch: each a command template, its API, and which of prefillbench's
+strategies it can express with which flags.
+
+A template is a list of arguments (never a shell line) with placeholders: {bin}, {model}, {port}, {budget},
+{slots}, {threads}, {ctx}. Flags whose value is unknown (a budget where the strategy has none) are left out,
+never filled with a guess. Sources for each engine's flags are in docs/servers.md.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from prefillbench.errors import BackendError
+
+PLACEHOLDERS = ("bin", "model", "port", "budget", "slots", "threads", "ctx")
+
+
+@dataclass(frozen=True)
+class Expression:
+    """How an engine runs one of prefillbench's strategies: the flags it adds, with `{budget}` where the budget
+    goes; `budget_fixed`: the budget it uses whatever is asked (orca's: one above every step)."""
+
+    flags: tuple[str, ...]
+    uses_budget: bool = True
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    #: the base command; the strategy's flags follow it
+    template: tuple[str, ...]
+    #: "llama": llama-server's native /completion (its own per-token clock, prompt progress); "openai": /v1/completions
+    api: str
+    health_path: str
+    strategies: dict[str, Expression] = field(default_factory=dict)
+    #: the engine's own default configuration, the baseline a server's results are compared with
+    default_strategy: str = "sarathi-serve"
+    default_budget: int | None = None
+    version_args: tuple[str, ...] = ()
+
+    def expresses(self, strategy: str) -> bool:
+        return strategy in self.strategies
+
+    def refuse(self, strategy: str) -> BackendError:
+        can = ", ".join(self.strategies) or "none"
+        return BackendError(f"{self.name} cannot run {strategy} (it expresses {can}); "
+                            f"--backend gguf, torch or sim runs every strategy")
+
+    def argv(self, strategy: str, values: dict[str, object], extra: tuple[str, ...] = ()) -> list[str]:
+        """The command for `strategy` with the placeholders filled; a flag whose placeholder has no value is
+        dropped with its value."""
+        if strategy not in self.strategies:
+            raise self.refuse(strategy)
+        return fill([*self.template, *self.strategies[strategy].flags, *extra], values)
+
+
+def fill(template: list[str] | tuple[str, ...], values: dict[str, object]) -> list[str]:
+    """Each argument with its placeholders replaced. An argument naming a value that is None is dropped, and so is
+    the flag before it (`-b {budget}` goes whole). Never a shell: a value with spaces stays one argument."""
+    out: list[str] = []
+    for arg in template:
+        names = [n for n in PLACEHOLDERS if "{" + n + "}" in arg]
+        unknown = [part for part in _placeholders(arg) if part not in PLACEHOLDERS]
+        if unknown:
+            raise BackendError(f"unknown placeholder {{{unknown[0]}}} in the server command; use {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+        if any(values.get(n) is None for n in names):
+            if out and out[-1].startswith("-") and not _placeholders(out[-1]):
+                out.pop()
+            continue
+        for n in names:
+            arg = arg.replace("{" + n + "}", str(values[n]))
+        out.append(arg)
+    return out
+
+
+def _placeholders(arg: str) -> list[str]:
+    import re
+
+    return re.findall(r"\{([a-z_]+)\}", arg)
+
+
+def parse_template(text: str) -> tuple[str, ...]:
+    """A --server-cmd line split as a shell would split words (quotes kept together), but never run by one."""
+    try:
+        words = tuple(shlex.split(text))
+    except ValueError as e:
+        raise BackendError(f"--server-cmd: {e}") from None
+    if not words:
+        raise BackendError("--server-cmd is empty")
+    return words
+
+
+LLAMA_SERVER = Engine(
+    "llama-server",
+    ("{bin}", "-m", "{model}", "--host", "127.0.0.1", "--port", "{port}", "-np", "{slots}", "-c", "{ctx}",
+     "-t", "{threads}", "--poll", "0", "--no-webui", "--cache-ram", "0", "--slot-prompt-similarity", "0",
+     "--no-warmup", "--metrics"),
+    "llama", "/health",
+    {
+        # update_slots: every generating slot's decode first, then prompt tokens while the batch holds fewer than
+        # n_batch: Sarathi-Serve's token budget, counting the decodes.
+        "sarathi-serve": Expression(("-b", "{budget}")),
+        # a budget above every step: whole prompts beside the decodes, Orca's iteration-level batching
+        "orca": Expression(("-b", "{ctx}"), uses_budget=False, note="-b the whole context: no step is split"),
+        # request-level batching: a batch runs until all of it has finished
+        "static": Expression(("-b", "{ctx}", "--no-cont-batching"), uses_budget=False),
+    },
+    default_strategy="sarathi-serve", default_budget=2048, version_args=("--version",))
+
+VLLM = Engine(
+    "vllm",
+    ("vllm", "serve", "{model}", "--host", "127.0.0.1", "--port", "{port}", "--max-num-seqs", "{slots}",
+     "--no-enable-prefix-caching", "--disable-log-requests"),
+    "openai", "/health",
+    {
+        # V1's scheduler: running requests (decodes) first, then waiting prompts, chunked to the token budget
+        "sarathi-serve": Expression(("--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}")),
+    },
+    default_budget=None, version_args=("--version",))
+
+SGLANG = Engine(
+    "sglang",
+    ("python", "-m", "sglang.launch_server", "--model-path", "{model}", "--host", "127.0.0.1", "--port", "{port}",
+     "--max-running-requests", "{slots}", "--disable-radix-cache", "--skip-tokenizer-init"),
+    "openai", "/health",
+    {
+        # prefill chunks of at most the budget, mixed into the decode batch
+        "sarathi-serve": Expression(("--chunked-prefill-size", "{budget}", "--enable-mixed-chunk")),
+    },
+    default_budget=None)
+
+TGI = Engine(
+    "tgi",
+    ("text-generation-launcher", "--model-id", "{model}", "--hostname", "127.0.0.1", "--port", "{port}",
+     "--max-concurrent-requests", "{slots}"),
+    "openai", "/health",
+    {
+        # prefill batches of at most the budget, merged into the running batch (the router's waiting-served ratio)
+        "sarathi-serve": Expression(("--max-batch-prefill-tokens", "{budget}")),
+    },
+    default_budget=None, version_args=("--version",))
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (LLAMA_SERVER, VLLM, SGLANG, TGI)}
+
+
+
+def engine_for(backend: str, engine: str | None) -> Engine | None:
+    """The engine a resolved backend name serves with (None: not a server backend)."""
+    if backend == "llama-server":
+        return LLAMA_SERVER
+    if backend == "server":
+        return ENGINES.get(engine or "llama-server")
+    return None

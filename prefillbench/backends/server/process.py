@@ -1,0 +1,141 @@
+"""A serving engine's process, owned: started in its own process group on 127.0.0.1, its output in a log file,
+ready when its health endpoint says so, stopped (SIGTERM, then SIGKILL, of the whole group) however prefillbench
+ends, so that no server outlives the command."""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from prefillbench.errors import BackendError
+
+#: How long a server may take to load its model and answer its health check.
+START_TIMEOUT_S = 300.0
+#: How long a server has to exit after SIGTERM before its group is killed.
+STOP_GRACE_S = 5.0
+#: Lines of a server's log shown when it fails to start or dies.
+LOG_TAIL_LINES = 12
+
+_running: set["ServerProcess"] = set()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at 127.0.0.1 now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel kills it if prefillbench dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG; elsewhere the atexit and signal handlers below are all there is)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop_all() -> None:
+    for server in list(_running):
+        server.stop()
+
+
+def _on_signal(signum, frame) -> None:
+    """SIGTERM (a CI timeout, `kill`) ends prefillbench as Ctrl-C does: the servers are stopped on the way out."""
+    _stop_all()
+    raise KeyboardInterrupt
+
+
+atexit.register(_stop_all)
+
+
+class ServerProcess:
+    """One launch of a server command (a list of arguments: never through a shell)."""
+
+    def __init__(self, argv: list[str], health_url: str, log_dir: Path | None = None, env: dict[str, str] | None = None):
+        self.argv, self.health_url = argv, health_url
+        folder = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="prefillbench-server-"))
+        folder.mkdir(parents=True, exist_ok=True)
+        self.log_path = folder / f"{Path(argv[0]).name}-{os.getpid()}-{int(time.time() * 1000)}.log"
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Launch and wait until the health endpoint answers 200; BackendError with the log's last lines if the
+        process exits first or the time runs out."""
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _on_signal)
+        with self.log_path.open("wb") as log:
+            try:
+                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             start_new_session=True, env=self.env, preexec_fn=_die_with_parent)
+            except OSError as e:
+                raise BackendError(f"cannot start {self.argv[0]}: {e.strerror or e}") from None
+        _running.add(self)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise BackendError(f"{Path(self.argv[0]).name} exited with status {self.proc.returncode} before it "
+                                       f"was ready{self.log_tail()}")
+                if self._healthy():
+                    return
+                if time.monotonic() > deadline:
+                    raise BackendError(f"{Path(self.argv[0]).name} was not ready after {timeout_s:.0f} s{self.log_tail()}")
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.health_url, timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def died(self) -> BackendError | None:
+        """The error to end a run with, where the server has exited."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return BackendError(f"{Path(self.argv[0]).name} exited with status {self.proc.returncode} during the run"
+                            f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return ""
+        return f"; its log ({self.log_path}) ends: " + " | ".join(line.strip() for line in text) if text else ""
+
+    def stop(self) -> None:
+        """SIGTERM to the process group, SIGKILL after STOP_GRACE_S; idempotent."""
+        _running.discard(self)
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()

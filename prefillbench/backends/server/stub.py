@@ -1,0 +1,106 @@
+"""A stub of llama-server's streaming API that streams tokens at a set pace: for the client's own benchmark (what
+one client machine can drive, with no engine sharing its cores) and for tests of the server path (launch, health,
+streaming, failures, lifecycle) that need no build.
+
+  python -m prefillbench.backends.server.stub --port P [--token-ms 5] [--prompt-ms-per-token 0.01]
+      [--fail-every N] [--short-every N] [--die-after N] [--slow-start S] [--exit-at-start]
+
+Each request: `prompt_progress` events, then n_predict tokens, one event each, every --token-ms, with
+llama-server's `timings` (its own clock) on every event, and a last event with `stop`. Requests run concurrently
+(no scheduler: each is paced on its own).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="prefillbench-stub-server")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--token-ms", type=float, default=5.0)
+    parser.add_argument("--prompt-ms-per-token", type=float, default=0.01)
+    parser.add_argument("--fail-every", type=int, default=0, help="every Nth request answers HTTP 500")
+    parser.add_argument("--short-every", type=int, default=0, help="every Nth request stops one token short")
+    parser.add_argument("--die-after", type=int, default=0, help="the process exits during its Nth request")
+    parser.add_argument("--slow-start", type=float, default=0.0, help="seconds /health answers 503 (loading)")
+    parser.add_argument("--exit-at-start", action="store_true", help="print a line and exit 1 (a bad command)")
+    parser.add_argument("--pair-every", type=int, default=0, help="every Nth token event carries two tokens")
+    args, _ = parser.parse_known_args(argv)  # the strategy's flags (-b ...) follow; a stub takes none of them
+    if args.exit_at_start:
+        print("stub: refusing to start (--exit-at-start)", flush=True)
+        sys.exit(1)
+    asyncio.run(_serve(args))
+
+
+async def _serve(args) -> None:
+    from aiohttp import web
+
+    started = time.monotonic()
+    count = 0
+
+    async def health(request):
+        if time.monotonic() - started < args.slow_start:
+            return web.json_response({"error": {"message": "Loading model"}}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def completion(request):
+        nonlocal count
+        count += 1
+        n = count
+        body = await request.json()
+        if args.die_after and n >= args.die_after:
+            os._exit(3)
+        if args.fail_every and n % args.fail_every == 0:
+            return web.json_response({"error": {"message": "stub failure"}}, status=500)
+        prompt, n_predict = body.get("prompt") or [], int(body.get("n_predict", 16))
+        if args.short_every and n % args.short_every == 0:
+            n_predict -= 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        slot_start = time.perf_counter()
+
+        async def send(event: dict) -> None:
+            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+
+        prompt_s = len(prompt) * args.prompt_ms_per_token / 1e3
+        await send({"content": "", "tokens": [], "stop": False,
+                    "prompt_progress": {"total": len(prompt), "cache": 0, "processed": 0, "time_ms": 0.0}})
+        await asyncio.sleep(prompt_s)
+        prompt_ms = 1e3 * (time.perf_counter() - slot_start)
+        await send({"content": "", "tokens": [], "stop": False,
+                    "prompt_progress": {"total": len(prompt), "cache": 0, "processed": len(prompt), "time_ms": prompt_ms}})
+        produced, events = 0, 0
+        while produced < n_predict:
+            events += 1
+            k = 2 if args.pair_every and events % args.pair_every == 0 and produced + 2 <= n_predict else 1
+            if produced:
+                await asyncio.sleep(k * args.token_ms / 1e3)
+            predicted_ms = 1e3 * (time.perf_counter() - slot_start) - prompt_ms
+            produced += k
+            await send({"content": "x" * k, "tokens": list(range(produced - k, produced)), "stop": False,
+                        "timings": {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": prompt_ms,
+                                    "predicted_n": produced, "predicted_ms": predicted_ms}})
+        await send({"content": "", "tokens": [], "stop": True, "stop_type": "limit",
+                    "timings": {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": prompt_ms, "predicted_n": produced,
+                                "predicted_ms": 1e3 * (time.perf_counter() - slot_start) - prompt_ms}})
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/completion", completion)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    print(f"stub: listening on {args.host}:{args.port}", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
