@@ -37,7 +37,7 @@ from prefillbench.commands.options import (DEFAULT_PRESET, DEFAULT_TOP_K, QUICK,
                                            CalibrateOptions, CapacityOptions, CompareOptions, PlotOptions, RunOptions,
                                            TuneOptions)
 from prefillbench.commands.parsers import budgets, choice, five_ints, metric_list, metrics_if_given, percent, slo_spec
-from prefillbench.commands.session import error_prefix
+from prefillbench.commands.session import close_sessions, error_prefix
 from prefillbench.errors import UsageError
 from prefillbench.report.ab import AB_METRICS, DEFAULT_GATED
 from prefillbench.report.compare import METRICS
@@ -106,6 +106,8 @@ def command(name: str, help: str) -> Callable[[Callable[..., int]], Callable[...
             except KeyboardInterrupt:
                 print("prefillbench: interrupted", file=sys.stderr)
                 return 130
+            finally:
+                close_sessions()  # a server a command started never outlives it
 
         app.command(name, help=help, cls=Command)(guarded)
         return fn

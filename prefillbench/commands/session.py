@@ -168,6 +168,15 @@ class Session:
         return 2 if failed else 0
 
 
+_open: list[Session] = []
+
+
+def close_sessions() -> None:
+    """Close the backends the command's sessions opened (a server process stops here)."""
+    while _open:
+        _open.pop().backend.close()
+
+
 def open_session(load: BackendOptions, outputs: list[Output], **settings: Any) -> Session:
     """Check every output can be written (before minutes of measuring), open the backend, build the metadata
     (`settings`: the command's own, recorded beside the provenance). Past rank 0 nothing is written."""
@@ -178,4 +187,6 @@ def open_session(load: BackendOptions, outputs: list[Output], **settings: Any) -
     meta = run_metadata(backend.metadata())
     meta.update(model_path=load.model or "default", backend_name=backend.name, device=backend.device,
                 skip_idle=backend.skip_idle, **settings)
-    return Session(backend, meta, outputs)
+    session = Session(backend, meta, outputs)
+    _open.append(session)
+    return session

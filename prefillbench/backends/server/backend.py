@@ -122,6 +122,8 @@ class ServerBackend(Backend):
         alive = (lambda: self.server.died()) if self.server is not None else None
         run = client.stream_requests(url, self.engine.api, requests, concurrency, model=self.model_name,
                                      headers=headers, watch=watch, alive=alive, on_done=done)
+        if self.server is not None and (died := self.server.died()) is not None:
+            raise died  # its requests failed with it: the run ends here, as a step failure ends a local one
         self.failed_requests += sum(s.error is not None for s in run.done)
         self.lags += [s.lag for s in run.done if not s.queued]
         return run

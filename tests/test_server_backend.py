@@ -1,0 +1,200 @@
+"""The server backends end to end against the stub server (prefillbench.backends.server.stub, llama-server's
+streaming API at a set pace): launch, health, the streaming client, failures counted, a server that dies or never
+starts, Ctrl-C, --url, and no server process left behind. The real llama-server is checked in
+test_llama_server.py."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prefillbench.backends.server import client
+from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, SGLANG, TGI, VLLM, fill, parse_template
+from prefillbench.backends.server.process import ServerProcess, free_port
+from prefillbench.sequence import Request
+
+ROOT = Path(__file__).resolve().parents[1]
+STUB = f"{sys.executable} -m prefillbench.backends.server.stub --port {{port}}"
+RUN = ["run", "--backend", "server", "--engine", "llama-server", "-p", "0", "-n", "0", "--pg", "32,8",
+       "-r", "1", "-s", "sarathi-serve", "--chunk-size", "64", "--no-progress", "--no-results-file", "--no-verdict"]
+
+
+def stub(*flags: str) -> list[str]:
+    return ["--server-cmd", " ".join([STUB, *flags])]
+
+
+def stub_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "prefillbench.backends.server.stub" in line and "ps -eo" not in line]
+
+
+@pytest.fixture(autouse=True)
+def no_server_left():
+    yield
+    for _ in range(50):  # a stopped group may take a moment to be reaped
+        if not stub_processes():
+            return
+        time.sleep(0.1)
+    assert not stub_processes(), "a server outlived the command"
+
+
+def test_a_run_through_a_server_gives_rows_with_ttft_and_tbt(run_cli, tmp_path):
+    export = tmp_path / "r.json"
+    code, out, err = run_cli(*RUN, *stub("--token-ms", "4"), "-c", "1,3", "--export", str(export))
+    assert code == 0, err
+    doc = json.loads(export.read_text())
+    rows = doc["results"]
+    assert [r["concurrency"] for r in rows] == [1, 3]
+    for r in rows:
+        assert r["failed_requests"] == 0 and r["requests"] == r["concurrency"]
+        # the stub paces tokens 4 ms apart: the TBT median sees it (well above 0, well below a second)
+        assert 3.0 < r["tbt_p50_ms"] < 200 and r["ttft_p50_ms"] > 0
+    meta = doc["metadata"]
+    assert "prefillbench.backends.server.stub" in meta["server_command"] and meta["server_engine"] == "llama-server"
+    assert meta["server_launches"] == 2  # a launch per concurrency: its slots follow -c
+    assert "-b 64" in meta["server_command"]  # the strategy's flags follow the template
+
+
+def test_an_event_carrying_two_tokens_is_split_by_the_servers_clock():
+    port = free_port()
+    server = ServerProcess([*parse_template(STUB.format(port=port)), "--token-ms", "20", "--pair-every", "2"],
+                           f"http://127.0.0.1:{port}/health")
+    server.start()
+    try:
+        run = client.stream_requests(f"http://127.0.0.1:{port}", "llama", [Request((1, 2, 3), 7)], 1)
+        s = run.done[0]
+        assert s.error is None and len(s.token_times) == 7 and len(s.server_token_times) == 7
+        gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
+        # Counted as one long gap and a zero one, a pair would show a gap of 0; split by the server's clock,
+        # every gap is about the pace (20 ms; a pair's two tokens are 40 ms of the server's time apart in all).
+        assert min(gaps) > 0.005, gaps
+    finally:
+        server.stop()
+
+
+def test_failed_requests_are_counted_and_miss_the_slo(run_cli, tmp_path):
+    export = tmp_path / "r.json"
+    code, out, err = run_cli(*RUN, *stub("--token-ms", "2", "--fail-every", "3", "--short-every", "4"), "-c", "1",
+                             "--requests", "12", "--slo", "tbt=1000", "--export", str(export))
+    assert code == 0, err
+    row = json.loads(export.read_text())["results"][0]
+    # 12 requests after the 2 warm-ups (the stub counts those too): 14 in all, every 3rd failed, every 4th short
+    failed = sum(1 for n in range(3, 15) if n % 3 == 0 or n % 4 == 0)
+    assert row["failed_requests"] == failed and row["requests"] == 12
+    assert row["slo_met"] == pytest.approx((12 - failed) / 12)  # a failed request is a miss
+    assert "failed" in out
+
+
+def test_a_server_that_dies_mid_run_ends_it_in_one_line_and_keeps_the_finished_cases(run_cli, tmp_path):
+    export = tmp_path / "r.csv"
+    # -c 1 then -c 2: a launch each; a stub counts its own requests: 2 warm-ups + 1 for the first, and the second
+    # dies at its 4th (its run's second request)
+    code, out, err = run_cli(*RUN, *stub("--die-after", "4"), "-c", "1,2", "--export", str(export))
+    assert code == 2
+    errors = [line for line in err.splitlines() if line.startswith("prefillbench: error")]
+    assert len(errors) == 1 and "exited with status 3 during the run" in errors[0] and "kept 1" in errors[0]
+    assert export.read_text().count("\n") == 2  # the header and the finished case
+
+
+def test_a_server_command_that_cannot_start_shows_its_log(run_cli):
+    code, out, err = run_cli(*RUN, *stub("--exit-at-start"), "-c", "1")
+    assert code == 2 and "Traceback" not in err
+    line = [e for e in err.splitlines() if e.startswith("prefillbench: error")][0]
+    assert "exited with status 1 before it was ready" in line and "refusing to start" in line
+
+
+def test_a_server_still_loading_is_waited_for(run_cli):
+    code, out, err = run_cli(*RUN, *stub("--slow-start", "1.5"), "-c", "1")
+    assert code == 0, err
+
+
+def test_ctrl_c_stops_the_server_and_exits_130(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "prefillbench", *RUN, *stub("--token-ms", "200"), "--pg", "32,200", "-c", "1"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(300):
+        if stub_processes():
+            break
+        time.sleep(0.1)
+    time.sleep(1.5)  # streaming now
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+
+
+def test_a_killed_prefillbench_takes_its_server_with_it(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "prefillbench", *RUN, *stub("--token-ms", "200"), "--pg", "32,200", "-c", "1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):
+        if stub_processes():
+            break
+        time.sleep(0.1)
+    proc.kill()  # SIGKILL: no handler runs; the kernel's parent-death signal ends the server
+    proc.wait()
+
+
+def test_url_measures_a_running_server_and_never_records_its_key(run_cli, tmp_path, monkeypatch):
+    port = free_port()
+    server = ServerProcess([*parse_template(STUB.format(port=port)), "--token-ms", "2"], f"http://127.0.0.1:{port}/health")
+    server.start()
+    try:
+        monkeypatch.setenv("PREFILLBENCH_API_KEY", "sk-secret-123")
+        export = tmp_path / "u.json"
+        code, out, err = run_cli("run", "--backend", "server", "--url", f"http://127.0.0.1:{port}", "-p", "0", "-n", "0",
+                                 "--pg", "16,4", "-c", "2", "-r", "1", "--no-progress", "--no-results-file",
+                                 "--export", str(export))
+        assert code == 0, err
+        text = export.read_text()
+        assert "sk-secret-123" not in text + out + err
+        meta = json.loads(text)["metadata"]
+        assert meta["server_api_key"] == "used" and meta["server_url"] == f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def test_capacity_searches_a_servers_rate(run_cli, tmp_path):
+    code, out, err = run_cli("capacity", "--backend", "server", "--engine", "llama-server", *stub("--token-ms", "2"),
+                             "--pg", "32,8", "--slo", "tbt=50", "-s", "sarathi-serve", "--chunk-size", "64",
+                             "--requests", "10", "--precision", "50", "--no-progress", "--start-rate", "4")
+    assert code == 0, err
+    assert "best within" in out or "capacity" in out
+
+
+# ---------------------------------------------------------------- the engines' command lines
+
+
+def test_a_strategy_the_engine_cannot_express_is_refused_in_one_line(run_cli):
+    code, out, err = run_cli("run", "--backend", "llama-server", "-s", "sequential", "--pg", "32,8", "-p", "0", "-n", "0")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "prefillbench: error: llama-server cannot run sequential (it expresses sarathi-serve, orca, static); "
+        "--backend gguf, torch or sim runs every strategy")
+
+
+def test_a_template_is_never_a_shell_line():
+    argv = fill(parse_template("serve --model {model} --port {port}"), {"model": "/m/a b; rm -rf ~.gguf", "port": 5})
+    assert argv == ["serve", "--model", "/m/a b; rm -rf ~.gguf", "--port", "5"]
+
+
+def test_each_engine_presets_command_line():
+    values = {"bin": "/b/llama-server", "model": "/m/x.gguf", "port": 8000, "budget": 256, "slots": 8, "threads": 2,
+              "ctx": 4096}
+    llama = LLAMA_SERVER.argv("sarathi-serve", values)
+    assert llama[:3] == ["/b/llama-server", "-m", "/m/x.gguf"] and llama[-2:] == ["-b", "256"]
+    assert ["--poll", "0"] == llama[llama.index("--poll"):llama.index("--poll") + 2] and "-np" in llama
+    assert LLAMA_SERVER.argv("static", values)[-3:] == ["-b", "4096", "--no-cont-batching"]
+    assert VLLM.argv("sarathi-serve", values)[-2:] == ["--max-num-batched-tokens", "256"]
+    sglang = SGLANG.argv("sarathi-serve", values)
+    assert sglang[-3:] == ["--chunked-prefill-size", "256", "--enable-mixed-chunk"]
+    assert TGI.argv("sarathi-serve", values)[-2:] == ["--max-batch-prefill-tokens", "256"]
+    # a budget the case does not have: the flag goes with it
+    assert "--max-num-batched-tokens" not in VLLM.argv("sarathi-serve", {**values, "budget": None})
+    for engine in ENGINES.values():
+        # every preset takes the model and the port, and listens on loopback only
+        assert "{model}" in engine.template and "{port}" in engine.template and "127.0.0.1" in engine.template
