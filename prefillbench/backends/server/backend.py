@@ -27,6 +27,8 @@ from prefillbench.step import Step, StepResult
 WARMUP_REQUESTS = 2
 #: The environment variable an API key for --url is read from (never printed, logged or exported).
 API_KEY_VARIABLE = "PREFILLBENCH_API_KEY"
+#: How the client names a connection that failed or a stream that was cut: what a server's exit looks like.
+DROPPED = ("ServerDisconnectedError", "ClientConnectorError", "ClientOSError", "the stream ended")
 #: llama.cpp's LLAMA_MAX_SEQ: the most slots a llama-server takes.
 MAX_SLOTS = 256
 
@@ -122,6 +124,8 @@ class ServerBackend(Backend):
         alive = (lambda: self.server.died()) if self.server is not None else None
         run = client.stream_requests(url, self.engine.api, requests, concurrency, model=self.model_name,
                                      headers=headers, watch=watch, alive=alive, on_done=done)
+        if self.server is not None and any(s.error and s.error.startswith(DROPPED) for s in run.done):
+            self.server.settle()  # a dropped stream may be the server exiting: let its exit be seen
         if self.server is not None and (died := self.server.died()) is not None:
             raise died  # its requests failed with it: the run ends here, as a step failure ends a local one
         self.failed_requests += sum(s.error is not None for s in run.done)

@@ -107,6 +107,14 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def settle(self, timeout_s: float = 1.0) -> None:
+        """Wait up to `timeout_s` for the process to exit, where it is on its way out."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+
     def died(self) -> BackendError | None:
         """The error to end a run with, where the server has exited."""
         if self.proc is None or self.proc.poll() is None:
