@@ -1,0 +1,70 @@
+"""What one client machine can drive: prefillbench's streaming client alone against the stub server, which streams
+tokens at a set pace and schedules nothing, at rising request rates. Per rate: the send lag (actual minus scheduled
+send time) p50/p99, the client's CPU time per streamed token, and whether every request completed.
+
+  python -m benchmarks.server.client_load --rates 10,25,50,100 --tokens 100 --seconds 10
+
+The stub runs in a process of its own (on this 2-core VM it shares the cores with the client, as an engine would
+not: its cost is its own process's CPU time, reported apart).
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.lib import cli
+from prefillbench.backends.server import client
+from prefillbench.backends.server.process import ServerProcess, free_port
+from prefillbench.sequence import Request
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rates", default="10,25,50,100", help="requests per second, a comma list")
+    parser.add_argument("--tokens", type=int, default=100, help="tokens each request streams")
+    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens each request sends")
+    parser.add_argument("--seconds", type=float, default=10.0, help="arrivals span this long at each rate")
+    parser.add_argument("--token-ms", type=float, default=10.0, help="the stub's pace: ms between a request's tokens")
+
+
+def main(args: argparse.Namespace) -> None:
+    port = free_port()
+    server = ServerProcess([sys.executable, "-m", "prefillbench.backends.server.stub", "--port", str(port),
+                            "--token-ms", str(args.token_ms)], f"http://127.0.0.1:{port}/health")
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    print("| rate req/s | requests | failed | send lag p50 ms | send lag p99 ms | client CPU us/token | client CPU % |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    try:
+        for rate in (float(r) for r in args.rates.split(",")):
+            n = max(int(rate * args.seconds), 2)
+            arrivals = _poisson(n, rate)
+            requests = [Request(tuple(range(i % 1000, i % 1000 + args.prompt)), args.tokens, float(t))
+                        for i, t in enumerate(arrivals)]
+            cpu0, wall0 = _cpu(), time.perf_counter()
+            run = client.stream_requests(url, "llama", requests, 0)
+            cpu, wall = _cpu() - cpu0, time.perf_counter() - wall0
+            lags = np.array([s.lag for s in run.done]) * 1e3
+            tokens = sum(len(s.tokens) for s in run.done)
+            failed = sum(s.error is not None for s in run.done)
+            print(f"| {rate:g} | {n} | {failed} | {np.percentile(lags, 50):.2f} | {np.percentile(lags, 99):.2f} | "
+                  f"{1e6 * cpu / max(tokens, 1):.1f} | {100 * cpu / wall:.0f} |", flush=True)
+    finally:
+        server.stop()
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _poisson(n: int, rate: float) -> list[float]:
+    gaps = np.random.default_rng(7).exponential(1.0 / rate, n)
+    return list(np.cumsum(gaps) - gaps[0])
+
+
+if __name__ == "__main__":
+    cli.run(__name__)
