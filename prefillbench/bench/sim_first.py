@@ -15,10 +15,10 @@ from prefillbench.bench.tune import (Config, ConfigCallback, ConfigResult, GridR
                                      run_grid)
 
 
-def pick_for_measurement(order: list[ConfigResult], top_k: int, baseline: str = "sequential") -> list[Config]:
+def pick_for_measurement(order: list[ConfigResult], top_k: int, baseline: Config = Config("sequential", None)) -> list[Config]:
     """The first K configurations of `order` (the sim's predictions, best first) and the baseline, each once."""
     chosen = [r.config for r in order[:top_k]]
-    chosen += [r.config for r in order if r.config.strategy == baseline and r.config not in chosen][:1]
+    chosen += [r.config for r in order if r.config == baseline and r.config not in chosen][:1]
     return chosen
 
 
@@ -38,7 +38,8 @@ def picks(predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
     chosen: list[Config] = []
     for k in settings.criteria:
         mine = by_criteria(predicted, k)
-        chosen += pick_for_measurement(margin_ranked(mine, by_criteria(slower, k)) if slower else ranked(mine), top_k)
+        chosen += pick_for_measurement(margin_ranked(mine, by_criteria(slower, k)) if slower else ranked(mine), top_k,
+                                       settings.baseline)
     return list(dict.fromkeys(chosen))
 
 
@@ -51,7 +52,7 @@ def measure_picks(real: Backend, predicted: list[ConfigResult], settings: TuneSe
                   on_probe: ProbeCallback | None = None, on_config: ConfigCallback | None = None,
                   deadline: float | None = None, on_picked: Callable[[list[Config]], None] | None = None,
                   price: Pricer | None = None, slower: list[ConfigResult] | None = None) -> GridResult:
-    """The sim-first stage's second half: the sim's top K (and sequential) under each criteria, measured on the
+    """The sim-first stage's second half: the sim's top K (and the baseline) under each criteria, measured on the
     real backend, each search starting at the sim's prediction for the first criteria; `price`: the sim's
     price of each measured step, kept beside its time (ConfigResult.step_speed); `slower`: the slowed sim's
     results, by which the picks are ranked (picks)."""

@@ -135,8 +135,15 @@ class TuneSettings:
     start_rate: float | None = None  # None: each strategy's first search starts at its saturated throughput
     precision: float = 0.05
     warmup: bool = True
+    #: What every capacity is compared with and always measured: sequential; on a serving engine, its own default
+    #: configuration (it cannot run sequential), named `baseline_name`.
+    baseline: Config | None = None
+    baseline_name: str = ""
 
     def __post_init__(self) -> None:
+        if self.baseline is None:
+            object.__setattr__(self, "baseline", Config("sequential", None))
+        object.__setattr__(self, "baseline_name", self.baseline_name or self.baseline.label)
         if self.repeats < 1:
             raise ValueError(f"--repeats must be at least 1, got {self.repeats}")
         if not self.criteria:

@@ -135,7 +135,7 @@ def run_tune(o: TuneOptions) -> int:
                 bar.stage("measuring", o.top_k + 1, tune.EXPECTED_NEAR_PROBES * settings.repeats)
                 found.measured = ended(sim_first.measure_picks(
                     backend, found.predicted.results, settings, o.top_k, measured_probe, config_done, deadline,
-                    lambda picks: print(f"prefillbench: measuring the sim's top {o.top_k} and sequential on "
+                    lambda picks: print(f"prefillbench: measuring the sim's top {o.top_k} and {settings.baseline_name} on "
                                         f"{backend.label}: {', '.join(c.label for c in picks)}", file=err),
                     price=pricer(sim.cost), slower=found.edge.results))
                 if found.measured.stopped != "interrupted":
@@ -185,8 +185,10 @@ def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: lis
         if o.output == "md":
             if len(criteria) > 1:
                 print(f"\n{k.describe()}:", file=out)
-            out.write(report.render_ranked(rows, tokens, pred, repredicted, slower, o.verbose))
-        print(report.verdict(rows, k, pred, repredicted, slower), file=out if o.output == "md" else err)
+            out.write(report.render_ranked(rows, tokens, pred, repredicted, slower, o.verbose, settings.baseline,
+                                           settings.baseline_name))
+        print(report.verdict(rows, k, pred, repredicted, slower, settings.baseline, settings.baseline_name),
+              file=out if o.output == "md" else err)
         notes = report.stage_notes(tune.by_criteria(pred, k), rows, tune.by_criteria(repredicted, k)) if pred and o.verbose else []
         if predicted is not None and o.verbose:
             notes += report.edge_notes(tune.by_criteria(predicted.results, k), tune.by_criteria(slower, k))

@@ -11,7 +11,7 @@ from prefillbench.bench.capacity import Criteria
 from prefillbench.bench.pricing import STEP_KINDS
 from prefillbench.bench.sim_first import (EDGE_SLOWDOWN, Comparison, at_the_edge, capacity_change, compare_stages,
                                           margin_picks, margin_ranked, order_differs, probe_speeds)
-from prefillbench.bench.tune import ConfigResult, by_criteria, ranked
+from prefillbench.bench.tune import Config, ConfigResult, by_criteria, ranked
 from prefillbench.report.capacity import capacity_text
 from prefillbench.report.tables import fmt_number, md_table
 from prefillbench.writers import RECORD_FORMATS, format_for_path, write_export
@@ -26,8 +26,8 @@ def _ratio(r: ConfigResult, baseline: ConfigResult | None) -> str:
     return f"{r.capacity / baseline.capacity:.2f}x" if baseline is not None and baseline.capacity else "-"
 
 
-def baseline_of(results: list[ConfigResult], strategy: str = "sequential") -> ConfigResult | None:
-    refs = [r for r in results if r.config.strategy == strategy]
+def baseline_of(results: list[ConfigResult], baseline: Config = Config("sequential", None)) -> ConfigResult | None:
+    refs = [r for r in results if r.config == baseline]
     return refs[0] if refs else None
 
 
@@ -51,7 +51,8 @@ def _prediction_columns(by_key: dict, capacity_name: str, error_name: str) -> li
 
 def render_ranked(results: list[ConfigResult], tokens_per_request: float,
                   predicted: list[ConfigResult] | None = None, repredicted: list[ConfigResult] | None = None,
-                  slower: list[ConfigResult] | None = None, verbose: bool = False) -> str:
+                  slower: list[ConfigResult] | None = None, verbose: bool = False,
+                  baseline: Config = Config("sequential", None), baseline_name: str = "sequential") -> str:
     """One row per configuration, best first: what a deployer reads (rank with a tie mark, capacity, the sim's
     prediction beside a measurement, ratio to sequential, what limits it, the latencies at capacity). `verbose`
     adds the capacity's interval, tokens/s, the probes, the sim's error; with
@@ -59,7 +60,7 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
     with `slower`, how the sim's capacity changes when every step runs EDGE_SLOWDOWN times as long (and, for the
     sim's own results, the rows in the order of what they keep there: the sim's picks first)."""
     order = _order(results, predicted, slower)
-    base = baseline_of(results)
+    base = baseline_of(results, baseline)
     pred = {(r.config, r.criteria): r for r in predicted or []}
     repred = {(r.config, r.criteria): r for r in repredicted or []}
     slow = {(r.config, r.criteria): r for r in slower or []}
@@ -82,7 +83,7 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
         ("capacity req/s", lambda i: capacity_text(i[1].capacity, i[1].hit_bound, interrupted=i[1].interrupted), True),
         ("interval", lambda i: _interval(i[1]), True),
         ("tokens/s", lambda i: fmt_number(i[1].capacity * tokens_per_request, 0), True),
-        ("vs sequential", lambda i: _ratio(i[1], base), True),
+        (f"vs {baseline_name}", lambda i: _ratio(i[1], base), True),
         ("limited by", lambda i: i[1].limited_by or ("search bound" if i[1].hit_bound else "-"), False),
         ("P99 TBT ms", lambda i: at(i[1], "tbt_p99_ms", 1), True),
         ("P99 TTFT ms", lambda i: at(i[1], "ttft_p99_ms", 0), True),
@@ -97,12 +98,12 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
         where = 5 if pred else 3
         columns[where:where] = [(f"sim {EDGE_SLOWDOWN - 1:.0%} slower", lambda i: change(i[1]), True)]
     if not verbose:
-        columns = [c for c in columns if c[0] in DEPLOYER_COLUMNS]
+        columns = [c for c in columns if c[0] in DEPLOYER_COLUMNS or c[0].startswith("vs ")]
     return md_table(columns, list(enumerate(order)))
 
 
 #: The default table's columns: what a deployer needs; the rest are under --verbose and in the export.
-DEPLOYER_COLUMNS = ("rank", "configuration", "capacity req/s", "sim req/s", "vs sequential", "limited by",
+DEPLOYER_COLUMNS = ("rank", "configuration", "capacity req/s", "sim req/s", "vs <the baseline>", "limited by",
                     "P99 TBT ms", "P99 TTFT ms")
 
 
@@ -113,7 +114,8 @@ def _order(results: list[ConfigResult], predicted: list[ConfigResult] | None,
 
 
 def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[ConfigResult] | None = None,
-            repredicted: list[ConfigResult] | None = None, slower: list[ConfigResult] | None = None) -> str:
+            repredicted: list[ConfigResult] | None = None, slower: list[ConfigResult] | None = None,
+            baseline: Config = Config("sequential", None), baseline_name: str = "sequential") -> str:
     """'best within TBT p99 <= 100 ms: sarathi-serve, budget 512: 5.0 req/s, 2.96x sequential; measured ...'.
     The sim's own results with `slower` name its pick (sim_first.margin_ranked) and what the pick keeps there."""
     order = _order(results, predicted, slower)
@@ -122,10 +124,10 @@ def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[Con
     best = order[0]
     c = best.config
     name = c.strategy + (f", budget {c.budget}" if c.budget else "")
-    base = baseline_of(results)
+    base = baseline_of(results, baseline)
     text = f"best within {criteria.describe()}: {name}: {capacity_text(best.capacity, best.hit_bound, 3)} req/s"
     if base is not None and base is not best and base.capacity:
-        text += f", {best.capacity / base.capacity:.2f}x sequential"
+        text += f", {best.capacity / base.capacity:.2f}x {baseline_name}"
     kept = {(r.config, r.criteria): r for r in slower or []}.get((c, best.criteria)) if not predicted else None
     if kept is not None:
         text += f" ({kept.capacity:.3g} req/s with every step {EDGE_SLOWDOWN - 1:.0%} longer)"

@@ -1,0 +1,102 @@
+"""The engine: feeds a strategy's steps to a backend and records when every token appeared.
+
+Requests enter in one of two ways:
+- closed loop (requests without an arrival time): `concurrency` of them are in
+  flight from the start, and each one that finishes is replaced by the next, so
+  fresh prefills keep meeting running decodes;
+- open loop (every request has `arrival_s`, seconds after the run starts): a
+  request is admitted once it has arrived and fewer than `concurrency` are in
+  flight (0: no cap; later ones queue). When nothing can run before the next
+  arrival the backend waits for it (`Backend.wait_until`: wall time on a real
+  backend, the virtual clock on the sim).
+
+A backend may hold several steps at once (the sim's pipeline stages,
+`Backend.max_steps_in_flight`): a sequence whose step has not come out yet is
+not offered to the strategy again, since its next token does not exist yet.
+A strategy sees only `waiting` and `running`, never arrivals.
+
+Its parts, as nano-vllm's engine splits its own (LLMEngine, Scheduler, BlockManager):
+- `run`, here: checks the requests and sets the run up (the backend's cache, the strategy);
+- `admission`: how many sequences may be in flight (`fit`: the most the KV cache holds beside their steps),
+  and which requests enter when (`Admission`);
+- `loop`: the steps, in flight and retired, decode runs, stop checks (`Loop`);
+- `records`: what a run returns (RunRecord, RequestRecord, StepRecord) and what `stop` sees (Progress).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from strategies import Strategy
+
+from prefillbench.backends.base import Backend, BackendError
+from prefillbench.engine.admission import Admission, fit
+from prefillbench.engine.loop import STOP_CHECK_STEPS, Loop, StepFailed
+from prefillbench.engine.records import Progress, RequestRecord, RunRecord, StepRecord
+from prefillbench.engine.served import serve
+from prefillbench.sequence import Request
+
+__all__ = ["STOP_CHECK_STEPS", "Backend", "Progress", "RequestRecord", "RunRecord", "StepFailed", "StepRecord", "run"]
+
+
+def run(
+    backend: Backend,
+    strategy: Strategy,
+    requests: Iterable[Request],
+    concurrency: int,
+    *,
+    keep_logits: bool = False,
+    on_tokens: Callable[[int], None] | None = None,
+    stop: Callable[[Progress], bool] | None = None,
+) -> RunRecord:
+    """Run every request to completion and return what happened, with timestamps.
+
+    `concurrency`: requests in flight (closed loop), or at most in flight (open
+    loop, where 0 means no cap). `on_tokens`: called after each step with the tokens it processed (prompt
+    tokens of its chunks, pads left out, plus its decodes), for a progress bar that counts work. `stop`: asked
+    every STOP_CHECK_STEPS steps whether the run's outcome is already known; True ends it there (`stopped`).
+    """
+    reqs, open_loop, longest_prompt, max_seq_len = _checked(requests, concurrency, backend)
+    if getattr(backend, "serves_requests", False):  # a serving engine schedules its own steps
+        return serve(backend, strategy, reqs, concurrency, on_tokens, stop)
+    cap = fit(backend, strategy, min(concurrency or len(reqs), len(reqs)), longest_prompt, max_seq_len)
+    backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
+    depth = max(1, backend.max_steps_in_flight)
+    strategy.reset()
+    # Decode runs (Loop.decode_run) skip the strategy and the step-by-step bookkeeping, where the backend can run
+    # them; a forced token or kept logits need every step's own.
+    steady = (strategy.steady_decodes and backend.runs_decodes and depth == 1 and not keep_logits
+              and all(r.forced_tokens is None for r in reqs))
+    admission = Admission(reqs, open_loop, cap, start=backend.now())
+    return Loop(backend, strategy, admission, depth, steady, keep_logits, on_tokens, stop).run()
+
+
+def _checked(requests: Iterable[Request], concurrency: int,
+             backend: Backend) -> tuple[list[Request], bool, int, int]:
+    """The requests as a list (an open loop's by arrival), whether they are an open loop, the longest prompt and
+    the most positions one sequence needs; raises on a run that cannot be."""
+    reqs = list(requests)
+    if not reqs:
+        raise ValueError("a run needs at least one request")
+    open_loop = _check_arrivals(reqs)
+    if concurrency < (0 if open_loop else 1):
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    if open_loop:
+        reqs.sort(key=lambda r: r.arrival_s)  # stable: ties keep their order
+    longest_prompt = max(len(r.prompt) for r in reqs)
+    max_seq_len = max(len(r.prompt) + r.n_gen for r in reqs)
+    if max_seq_len > backend.context_length:
+        raise BackendError(
+            f"a prompt of {longest_prompt} tokens plus its generation needs {max_seq_len} positions; "
+            f"the model's context is {backend.context_length}"
+        )
+    return reqs, open_loop, longest_prompt, max_seq_len
+
+
+def _check_arrivals(requests: list[Request]) -> bool:
+    """Whether the run is an open loop; the requests must agree."""
+    timed = [r.arrival_s is not None for r in requests]
+    if any(timed) and not all(timed):
+        raise ValueError("either every request has an arrival time or none has")
+    if all(timed) and min(r.arrival_s for r in requests) < 0:
+        raise ValueError("arrival times cannot be negative")
+    return all(timed)

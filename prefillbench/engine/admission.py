@@ -1,0 +1,92 @@
+"""Admission: how many sequences a run may hold at once, and which requests enter when (nano-vllm's BlockManager,
+for a backend that owns its cache).
+
+`fit` sizes the run once, before it starts: backends with a bounded KV cache (the sim) cap the sequences in
+flight, and the strategies only ever see those. Fewer sequences need smaller steps, which leave more room for
+cache, so it bisects for the most that fit together with their steps.
+
+`Admission` then holds the requests not admitted yet and, once per loop, admits those that have arrived while
+fewer than the cap are in flight: closed loop, every queued request has arrived (each finish lets the next in);
+open loop, request i arrives `arrival_s` after the run's start.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from strategies import Strategy
+
+from prefillbench.backends.base import Backend, BackendError
+from prefillbench.sequence import Request, Sequence
+
+
+def fit(backend: Backend, strategy: Strategy, asked: int, longest_prompt: int, max_seq_len: int) -> int:
+    """The most sequences, at most `asked`, whose KV cache fits in the backend beside the strategy's largest step
+    for that many; the backend is told (note_clamp) when that is fewer than asked."""
+
+    def fits(n: int) -> bool:
+        allowed = backend.max_concurrency(max_seq_len, strategy.max_step_tokens(longest_prompt, n))
+        return allowed is None or allowed >= n
+
+    if fits(asked):
+        return asked
+    lo, hi = 0, asked
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    if lo < 1:
+        raise BackendError(f"not one sequence of {max_seq_len} tokens fits in {backend.room()}")
+    backend.note_clamp(asked, lo)
+    return lo
+
+
+class Admission:
+    """The requests not admitted yet (`pending`, by arrival), and the sequences admitted and not finished (`live`,
+    by seq_id, which counts admissions from 0).
+
+    A sequence joins `waiting` (its prompt to process) or, with an empty prompt, `running`; the engine's loop
+    moves it on from there and takes it out of all three when it finishes.
+    """
+
+    __slots__ = ("pending", "cap", "open_loop", "start", "live", "waiting", "running", "next_id", "next_at")
+
+    def __init__(self, requests: list[Request], open_loop: bool, cap: int, start: float) -> None:
+        self.pending = deque(requests)
+        self.cap = cap  # most sequences in flight
+        self.open_loop = open_loop
+        self.start = start  # the clock when the run started: an open loop's arrivals count from it
+        self.live: dict[int, Sequence] = {}
+        # The strategy's two lists, kept by the loop as sequences move between them rather than rebuilt from `live`
+        # every step (a pass over every sequence in flight per step: a tenth of the sim's time). Both in admission order.
+        self.waiting: list[Sequence] = []  # prompt not fully processed
+        self.running: list[Sequence] = []  # decoding
+        self.next_id = 0
+        #: The clock from which the first pending request may enter (-inf: any time, a closed loop; inf: none is
+        #: left): the loop calls `admit` only from then on, one comparison a pass instead of a call.
+        self.next_at = self._first_arrival()
+
+    def _first_arrival(self) -> float:
+        if not self.pending:
+            return math.inf
+        return self.start + self.pending[0].arrival_s if self.open_loop else -math.inf
+
+    def admit(self, now: float) -> None:
+        """Admit, in order, the requests that have arrived by `now` while fewer than `cap` are in flight."""
+        if now < self.next_at or len(self.live) >= self.cap:
+            return
+        pending, live, cap, start, open_loop = self.pending, self.live, self.cap, self.start, self.open_loop
+        while pending and len(live) < cap:
+            if open_loop and start + pending[0].arrival_s > now:
+                break
+            req = pending.popleft()
+            arrival = start + req.arrival_s if open_loop else now
+            seq = live[self.next_id] = Sequence.admit(self.next_id, req, arrival)
+            (self.running if seq.prefill_done else self.waiting).append(seq)
+            self.next_id += 1
+        self.next_at = self._first_arrival()
+
+    def next_arrival(self) -> float | None:
+        """When the next queued request may be admitted; None if it may be now or never before a finish."""
+        if not self.pending or len(self.live) >= self.cap or not self.open_loop:
+            return None
+        return self.next_at

@@ -1,0 +1,228 @@
+"""The loop: ask the strategy for a step, launch it, take its tokens in; wait when nothing can start.
+
+Every pass: retire the steps in flight that have come out, admit what has arrived, offer the strategy the
+sequences that are in no step in flight, and launch its step. A backend that runs one step at a time
+(`max_steps_in_flight` 1) has finished the step when `launch` returns, so the loop retires it at once; a
+pipelined one (the sim's stages) holds up to that many, each retired once the clock passes its end. A decode-only
+step of a steady strategy may instead run as a decode run (`decode_run`). Every STOP_CHECK_STEPS steps, `stop`
+may end the run.
+
+This is the sim's hot loop: `Loop.run` binds what it reads every pass to locals, and the per-step methods
+(`launch`, `retire`) are bound once.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from itertools import repeat
+from operator import add
+
+from strategies import Strategy
+
+from prefillbench.backends.base import Backend, BackendError, Launched
+from prefillbench.engine.admission import Admission
+from prefillbench.engine.records import Progress, RequestRecord, RunRecord, StepRecord, request_record, step_record
+from prefillbench.sequence import Sequence
+from prefillbench.step import Step
+
+#: Steps between two calls of run's `stop`: often enough to save most of a doomed run, rare enough to cost little
+#: (a check reads every sequence in flight: on the sim, 2-3% of a probe that runs to its end). A count of steps,
+#: not a time, so that where a run stops, and what it reports, is the same on every machine.
+STOP_CHECK_STEPS = 256
+
+
+class StepFailed(BackendError):
+    """A backend could not execute a step; says which one."""
+
+
+class Loop:
+    """One run from its start to its record: the steps in flight and the records of what has come out."""
+
+    __slots__ = ("backend", "strategy", "admission", "depth", "pipelined", "steady", "keep_logits", "on_tokens", "stop",
+                 "start", "live", "waiting", "running", "in_flight", "busy", "done", "done_ids", "steps", "logits")
+
+    def __init__(self, backend: Backend, strategy: Strategy, admission: Admission, depth: int, steady: bool,
+                 keep_logits: bool, on_tokens: Callable[[int], None] | None,
+                 stop: Callable[[Progress], bool] | None) -> None:
+        self.backend = backend
+        self.strategy = strategy
+        self.admission = admission
+        self.depth = depth  # most steps in flight
+        self.pipelined = depth > 1  # then sequences in a step in flight are busy
+        self.steady = steady  # decode runs allowed
+        self.keep_logits = keep_logits
+        self.on_tokens = on_tokens
+        self.stop = stop
+        self.start = admission.start
+        self.live, self.waiting, self.running = admission.live, admission.waiting, admission.running
+        self.in_flight: list[tuple[Step, Launched]] = []  # in launch order
+        self.busy: set[int] = set()  # sequences inside an in-flight step
+        self.done: list[RequestRecord] = []  # in the order they finished
+        self.done_ids: list[int] = []
+        self.steps: list[StepRecord] = []
+        self.logits: dict[int, list] = {}
+
+    def run(self) -> RunRecord:
+        """Step until every request has finished or `stop` ends the run; what happened."""
+        backend, strategy, depth, steady, stop = self.backend, self.strategy, self.depth, self.steady, self.stop
+        live, waiting, running, in_flight, busy, steps = (self.live, self.waiting, self.running, self.in_flight,
+                                                          self.busy, self.steps)
+        admission = self.admission
+        pending, admit, next_arrival = admission.pending, admission.admit, admission.next_arrival
+        launch, retire, decode_run = self.launch, self.retire, self.decode_run
+        stopped = False
+        while live or pending:
+            now = backend.now()
+            if in_flight:
+                for item in [f for f in in_flight if f[1].end <= now]:
+                    in_flight.remove(item)
+                    retire(*item)
+            if now >= admission.next_at:  # one may have arrived (always so in a closed loop): not a call every pass
+                admit(now)
+            if not live and not pending:
+                break
+            # with one step at a time nothing is busy here
+            if busy:
+                ready_waiting = [s for s in waiting if s.seq_id not in busy]
+                ready_running = [s for s in running if s.seq_id not in busy]
+            else:
+                ready_waiting, ready_running = waiting, running
+            ready = bool(ready_waiting or ready_running)
+            if ready and len(in_flight) < depth:
+                step = strategy.next_step(ready_waiting, ready_running)
+                if step:
+                    if not (steady and not step.prefills and decode_run(step)):
+                        launched = launch(step)
+                        if depth == 1:
+                            retire(step, launched)  # done (Backend.launch): what the loop's next pass would do first
+                        else:
+                            in_flight.append((step, launched))
+                    if stop is not None and len(steps) % STOP_CHECK_STEPS == 0 and (live or pending) and stop(
+                            Progress(self.start, backend.now(), self.done, list(live.values()), pending)):
+                        stopped = True
+                        break
+                    continue
+            # Nothing to start now: let time pass to the next step out or the next arrival.
+            events = [launched.end for _, launched in in_flight]
+            if (t := next_arrival()) is not None:
+                events.append(t)
+            if not events:
+                raise RuntimeError(f"strategy {strategy.name} produced an empty step with work left")
+            backend.wait_until(min(events), stalled=ready and len(in_flight) >= depth, idle=not in_flight)
+        return self.record(stopped)
+
+    def record(self, stopped: bool) -> RunRecord:
+        """The run's record, its requests in admission order; tells the backend the run is over."""
+        backend = self.backend
+        if stopped:  # the steps in flight are left unretired: their sequences are dropped with the rest
+            for seq_id in list(self.live):
+                backend.release(seq_id)
+        end = backend.now()
+        backend.end_run()
+        done = self.done
+        order = sorted(range(len(done)), key=self.done_ids.__getitem__)
+        return RunRecord(self.start, end, [done[i] for i in order], self.steps, stopped)
+
+    def failed(self, step: Step, e: BackendError) -> StepFailed:
+        return StepFailed(f"step {len(self.steps)} ({step.n_tokens} tokens) failed: {e}")
+
+    def launch(self, step: Step) -> Launched:
+        """Hand `step` to the backend and record it; its sequences are busy until it is retired."""
+        try:
+            launched = self.backend.launch(step, return_logits=self.keep_logits)
+        except BackendError as e:
+            raise self.failed(step, e) from None
+        self.steps.append(step_record(step, launched.start, launched.end))
+        # A decoding sequence had its prompt in an earlier step: only a prompt chunk can be a first schedule.
+        for chunk in step.prefills:
+            seq = self.live[chunk.seq_id]
+            if seq.first_scheduled is None:
+                seq.first_scheduled = launched.start
+        if self.pipelined:
+            self.busy.update([c.seq_id for c in step.prefills])
+            self.busy.update([d.seq_id for d in step.decodes])
+        return launched
+
+    def retire(self, step: Step, launched: Launched) -> None:
+        """Take a step's results in: prompts advance (a finished one moves to running), tokens are appended, and
+        the sequences that finished leave."""
+        result = launched.result
+        live = self.live
+        prefilled = []
+        for chunk in step.prefills:
+            seq = live[chunk.seq_id]
+            seq.n_prefilled = chunk.end
+            if seq.prefill_done:
+                prefilled.append(seq)
+        if self.pipelined:
+            self.busy.difference_update([c.seq_id for c in step.prefills])
+            self.busy.difference_update([d.seq_id for d in step.decodes])
+        finished = []
+        end = launched.end
+        if self.keep_logits and result.logits is not None:
+            logits = self.logits
+            for seq_id in result.next_tokens:
+                logits.setdefault(seq_id, []).append(result.logits[seq_id])
+        for seq_id, token in result.next_tokens.items():
+            seq = live[seq_id]
+            if seq.append_token(token, end):
+                finished.append(seq)
+        if self.on_tokens is not None:  # prompt tokens count as work: a 512-token prefill is not one token of progress
+            self.on_tokens(sum(len(c.tokens) for c in step.prefills) + len(step.decodes))
+        if prefilled:
+            waiting, running = self.waiting, self.running
+            waiting[:] = [s for s in waiting if s.n_prefilled < len(s.prompt)]
+            # A prompt that was its request's whole work (one token to generate) never decodes.
+            moved = [s for s in prefilled if not s.finished]
+            if moved:
+                running.extend(moved)
+                running.sort(key=lambda s: s.seq_id)  # a step may finish a younger prompt before an older one
+        if finished:
+            self.leave(finished)
+
+    def leave(self, finished: list[Sequence]) -> None:
+        """Only a sequence that just got a token can have finished; admission (seq_id) order, as live keeps it."""
+        finished.sort(key=lambda s: s.seq_id)
+        running = self.running
+        running[:] = [s for s in running if not s.finished]
+        backend, live, done, done_ids, logits = self.backend, self.live, self.done, self.done_ids, self.logits
+        for seq in finished:
+            backend.release(seq.seq_id)
+            del live[seq.seq_id]
+            done_ids.append(seq.seq_id)
+            done.append(request_record(seq, logits.pop(seq.seq_id, [])))
+
+    def decode_run(self, step: Step) -> bool:
+        """Run the decode-only `step` and the same decodes after it, for as long as nothing could change the
+        strategy's next step: up to the first finish, the next admission, the next stop check. Whether the backend
+        could (Backend.run_decodes); the result is what launching each step alone gives, step records included."""
+        live, steps = self.live, self.steps
+        seqs = [live[d.seq_id] for d in step.decodes]
+        most = min([s.n_gen - len(s.generated) for s in seqs])  # the step that finishes the first of them ends it
+        if self.stop is not None:
+            most = min(most, STOP_CHECK_STEPS - len(steps) % STOP_CHECK_STEPS)
+        if most < 2:
+            return False
+        arrival = self.admission.next_arrival()
+        try:
+            burst = self.backend.run_decodes(step, most, math.inf if arrival is None else arrival)
+        except BackendError as e:
+            raise self.failed(step, e) from None
+        if burst is None:
+            return False
+        ends, tokens = burst.ends, burst.tokens
+        contexts = [d.position + 1 for d in step.decodes]
+        n = len(contexts)
+        begin = burst.start
+        for i, end in enumerate(ends):
+            steps.append(StepRecord(begin, end, [], 0, list(map(add, contexts, repeat(i, n)))))
+            begin = end
+        for seq in seqs:
+            seq.generated.extend(tokens[seq.seq_id])
+            seq.token_times.extend(ends)
+        if self.on_tokens is not None:
+            self.on_tokens(n * len(ends))
+        finished = [s for s in seqs if s.finished]
+        if finished:
+            self.leave(finished)
+        return True

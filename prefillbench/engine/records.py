@@ -1,0 +1,76 @@
+"""What a run returns: a record of every step and every request, with the backend's timestamps."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from prefillbench.sequence import Request, Sequence
+from prefillbench.step import Step
+
+
+@dataclass
+class StepRecord:
+    start: float
+    end: float
+    prefill_chunks: list[tuple[int, int]]  # (start position, length) of each chunk
+    n_pad: int
+    decode_contexts: list[int]  # context length each decode token attends to
+    chunk_emits: int = 0  # prompt chunks that were their prompt's last, so emitted a token (the decodes all do)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class RequestRecord:
+    prompt_len: int
+    arrival: float
+    token_times: list[float]
+    tokens: list[int]
+    logits: list = field(default_factory=list)
+    #: Start of the first step that carried the request; its scheduling delay is this minus `arrival`.
+    first_scheduled: float | None = None
+    #: A served request that failed (an HTTP error, a dropped stream, fewer tokens than asked): why.
+    error: str | None = None
+    #: A server's own clock for each token (ms from its slot's start), where the engine reports one.
+    server_token_times: list[float] | None = None
+
+
+@dataclass
+class RunRecord:
+    start: float
+    end: float
+    requests: list[RequestRecord]  # when stopped: only the finished ones
+    steps: list[StepRecord]
+    stopped: bool = False  # ended by `stop` before every request finished
+    failed: list[RequestRecord] = field(default_factory=list)  # served requests that failed: counted, never timed
+
+    @property
+    def wall(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Progress:
+    """A run so far, for a caller that can tell its outcome before it ends (capacity's certain failures).
+    Times are the backend's clock; `pending` are the requests not admitted yet, by arrival."""
+
+    start: float
+    now: float
+    finished: list[RequestRecord]  # in the order they finished
+    live: list[Sequence]
+    pending: deque[Request]
+
+
+def step_record(step: Step, start: float, end: float) -> StepRecord:
+    prefills = step.prefills
+    if not prefills:  # most steps on the sim: one record per simulated step
+        return StepRecord(start, end, [], 0, [d.position + 1 for d in step.decodes])
+    return StepRecord(start, end, [(c.start, len(c.tokens)) for c in prefills], step.n_pad_tokens,
+                      [d.position + 1 for d in step.decodes], sum([c.is_last for c in prefills]))
+
+
+def request_record(seq: Sequence, logits: list) -> RequestRecord:
+    """A finished sequence's record."""
+    return RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated, logits, seq.first_scheduled)

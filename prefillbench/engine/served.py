@@ -1,0 +1,47 @@
+"""A server's run: the engine hands the requests to a backend that schedules its own steps (a serving engine) and
+records when each token arrived, as it does for its own steps. There are no step records: the engine's steps are
+its own; the figures (TTFT, TBT, goodput, capacity) come from the token times alone."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from strategies import Strategy
+
+from prefillbench.engine.records import Progress, RequestRecord, RunRecord
+from prefillbench.sequence import Request, Sequence
+
+
+def serve(backend, strategy: Strategy, requests: list[Request], concurrency: int,
+          on_tokens: Callable[[int], None] | None, stop: Callable[[Progress], bool] | None) -> RunRecord:
+    budget = strategy.chunk_size if strategy.uses_chunk_size else None
+    finished: list[RequestRecord] = []
+    seen = 0
+
+    def watch(run, live, pending) -> bool:
+        """capacity's certain-failure rule on what the client knows so far (the token lists shared, not copied)."""
+        nonlocal seen
+        for s in run.done[seen:]:
+            if s.error is None:
+                finished.append(_record(s))
+        seen = len(run.done)
+        return stop(Progress(run.start, time.perf_counter(), finished, _live(live), pending))
+
+    run = backend.serve(strategy.name, budget, requests, concurrency, on_tokens, watch if stop is not None else None)
+    records = [_record(s) for s in run.done]
+    return RunRecord(run.start, run.end, [r for r in records if r.error is None], [], stopped=run.stopped,
+                     failed=[r for r in records if r.error is not None])
+
+
+def _record(s) -> RequestRecord:
+    return RequestRecord(len(s.request.prompt), s.scheduled, s.token_times, s.tokens, [], s.first_scheduled,
+                         error=s.error, server_token_times=s.server_token_times or None)
+
+
+def _live(live) -> list[Sequence]:
+    out = []
+    for i, s in enumerate(live):
+        seq = Sequence(i, s.request.prompt, s.request.n_gen, s.scheduled, first_scheduled=s.first_scheduled)
+        seq.token_times = s.token_times
+        out.append(seq)
+    return out
