@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prefillbench.backends import load_backend
 from prefillbench.backends.base import Backend
 from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.backends.sim.backend import SimBackend
@@ -155,13 +156,23 @@ def _calibration(o: TuneOptions, real: Backend, err) -> dict:
         cal = load_calibration(o.calibration)
         print(f"prefillbench: the sim calibrated by {o.calibration}", file=err)
         return cal
-    spec, nominal = sim_specs_for(real, o.load.model, o.sim_model, o.sim_gpu)
-    print(f"prefillbench: calibrating the sim on {real.label} (a quick sweep and this workload's step shapes; "
+    stepped = real
+    if getattr(real, "serves_requests", False):
+        # llama-server cannot be stepped: the sim is calibrated on the gguf backend, the same llama.cpp stepping the
+        # same model, and then predicts the server's own scheduling of it.
+        stepped = load_backend("gguf", o.load.model, threads=real.threads)
+    spec, nominal = sim_specs_for(stepped, o.load.model, o.sim_model, o.sim_gpu)
+    print(f"prefillbench: calibrating the sim on {stepped.label} (a quick sweep and this workload's step shapes; "
           f"--calibration FILE skips it)", file=err)
     test = o.settings.test
     budgets = sorted({c.budget for c in o.configs if c.budget})
-    return calibrate(real, spec, nominal, quick=True,
-                     extra=workload_points(test.n_prompt, test.n_gen, budgets, min(real.context_length, spec.max_context)))
+    try:
+        return calibrate(stepped, spec, nominal, quick=True,
+                         extra=workload_points(test.n_prompt, test.n_gen, budgets,
+                                               min(stepped.context_length, spec.max_context)))
+    finally:
+        if stepped is not real:
+            stepped.close()
 
 
 def _sim(o: TuneOptions, cal: dict) -> SimBackend:

@@ -84,6 +84,27 @@ class TuneOptions(Measuring):
         options.validate()
         return options
 
+    def _serve_with(self, engine) -> None:
+        """On a serving engine: the baseline is the engine's own default configuration (it cannot run sequential);
+        a server already running (--url) has its own budget, so only the rate is searched; an engine prefillbench
+        cannot step has no sim to calibrate on the gguf backend."""
+        if self.load.url:
+            if self.chunk_size:
+                raise UsageError("--url measures a server already running, whose budget is its own: drop --chunk-size "
+                                 "(the rate is searched)")
+            self.configs = [tune.Config(engine.default_strategy, None)]
+            baseline = self.configs[0]
+            name = "the server as it runs"
+        else:
+            baseline = tune.Config(engine.default_strategy, engine.default_budget)
+            if baseline not in self.configs:
+                self.configs.append(baseline)
+            name = f"{engine.name}'s default ({baseline.label})"
+        if not (self.load.name == "llama-server" and not self.load.url) and not (self.no_sim or self.calibration):
+            raise UsageError(f"tune on {engine.name}{' at --url' if self.load.url else ''} has no backend to calibrate "
+                             "the sim on: give --calibration FILE or --no-sim")
+        self.settings = replace(self.settings, baseline=baseline, baseline_name=name)
+
     @property
     def on_sim(self) -> bool:
         return self.load.name == "sim"
@@ -96,7 +117,8 @@ class TuneOptions(Measuring):
         self.requests = QUICK["requests"] if self.requests is None else self.requests
         self.precision = QUICK["precision"] if self.precision is None else self.precision
         self.chunk_size = self.chunk_size or QUICK["budgets"]
-        self.strategy = self.strategy or QUICK["strategies"]
+        served = self.load.served_engine()
+        self.strategy = self.strategy or [s for s in QUICK["strategies"] if served is None or served.expresses(s)]
         self.top_k = QUICK["top_k"] if self.top_k is None else self.top_k
         if self.load.skip_idle is None and self.load.name != "sim":
             self.load.skip_idle = QUICK["skip_idle"]  # the baseline's probes at its low capacity are two-thirds idle
@@ -151,5 +173,8 @@ class TuneOptions(Measuring):
         except ValueError as e:
             raise UsageError(str(e)) from None
         self.configs = tune.grid(strategies, unique(self.chunk_size, "--chunk-size") or DEFAULT_BUDGETS)
+        served = self.load.served_engine()
+        if served is not None:
+            self._serve_with(served)
         self.load.check_concurrency(self.concurrency)
         self.load.validate()
