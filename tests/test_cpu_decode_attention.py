@@ -13,6 +13,7 @@ from prefillbench.backends.torch import fused as torch_fused
 from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 from kernel_builds import forget_build
+from parity import assert_logits_match
 from tiny_models import tiny_model
 
 
@@ -89,7 +90,7 @@ def _decode_steps(backend: TorchBackend, prompts):
 
 def test_backend_decodes_through_the_kernel_with_the_matmul_path_logits(monkeypatch):
     monkeypatch.setenv("PREFILLBENCH_DECODE_PLAN", "0")  # the eager path's attention (the plan is tested on its own)
-    model, _ = tiny_model("llama")
+    model, reference = tiny_model("llama")
     backend = TorchBackend(model, "tiny-llama", "cpu")
     prompts = [tuple(range(3, 40)), tuple(range(5, 12)), tuple(range(1, 60))]
     backend.prepare(len(prompts), 128, 512)
@@ -108,7 +109,7 @@ def test_backend_decodes_through_the_kernel_with_the_matmul_path_logits(monkeypa
     assert not calls
     assert backend.metadata()["decode_attention"] == "matmuls/SDPA; kernel off (test)"
     for seq in with_kernel:
-        np.testing.assert_allclose(with_kernel[seq], without[seq], atol=1e-4, rtol=1e-4)
+        assert_logits_match(with_kernel[seq], without[seq], reference, prompts[seq] + (7,))
 
 
 def test_without_a_compiler_the_kernel_is_off_with_the_reason(monkeypatch, tmp_path):

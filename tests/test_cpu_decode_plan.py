@@ -11,6 +11,7 @@ from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 from prefillbench.sequence import Request
 from strategies import make_strategy
+from parity import assert_logits_match
 from tiny_models import reference_logits, tiny_model
 
 PROMPTS = [tuple(range(3, 40)), tuple(range(5, 12)), tuple(range(1, 60)), tuple(range(9, 30)), tuple(range(2, 5)),
@@ -39,7 +40,7 @@ def test_a_decode_step_matches_the_eager_path_in_logits_and_cache(arch, order):
     got, expected = planned.execute(step, return_logits=True).logits, eager.execute(step, return_logits=True).logits
     assert calls == [1]
     for i in order:
-        np.testing.assert_allclose(got[i], expected[i], atol=1e-4, rtol=1e-4)
+        assert_logits_match(got[i], expected[i], reference, PROMPTS[i] + (11 + i,))
         transformers_logits = reference_logits(reference, list(PROMPTS[i]) + [11 + i])[-1]
         torch.testing.assert_close(torch.tensor(got[i]), transformers_logits, atol=2e-4, rtol=1e-4)
     for layer in range(planned.n_layers):  # the step's K/V were written where the eager path writes them

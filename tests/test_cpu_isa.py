@@ -8,7 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -21,6 +20,7 @@ from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
 from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 from kernel_builds import forget_build
+from parity import assert_logits_match
 from tiny_models import reference_logits, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,11 +90,11 @@ def test_kernels_built_for_an_ordinary_cpu_give_a_plain_forwards_logits(target, 
     prompts = [list(range(3, 40)), list(range(50, 61))]
     for seq, prompt in enumerate(prompts):
         got = backend.execute(Step(prefills=(PrefillChunk(seq, tuple(prompt), 0, True),)), return_logits=True).logits[seq]
-        np.testing.assert_allclose(got, reference_logits(reference, prompt)[-1].numpy(), atol=1e-4, rtol=1e-4)
+        assert_logits_match(got, reference_logits(reference, prompt)[-1], reference, prompt)
     step = Step(decodes=tuple(DecodeToken(seq, 7, len(p)) for seq, p in enumerate(prompts)))
     got = backend.execute(step, return_logits=True).logits
     for seq, prompt in enumerate(prompts):
-        np.testing.assert_allclose(got[seq], reference_logits(reference, prompt + [7])[-1].numpy(), atol=1e-4, rtol=1e-4)
+        assert_logits_match(got[seq], reference_logits(reference, prompt + [7])[-1], reference, prompt + [7])
     assert len(list(tmp_path.glob("prefillbench/*.so"))) == len(KERNELS)  # the target is in the cache key: built anew
 
 

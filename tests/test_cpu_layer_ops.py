@@ -1,7 +1,6 @@
 """The compiled layer loops compute what transformers' modules compute, and the backend uses them."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +10,7 @@ from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
 from prefillbench.backends.torch.backend import TorchBackend
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 from kernel_builds import forget_build
+from parity import assert_logits_match
 from tiny_models import tiny_model
 
 
@@ -97,19 +97,23 @@ def test_bad_inputs_are_refused_not_misread():
         cpu_layer_ops.rotary_(torch.randn(3, 20), torch.randn(3, 8), torch.randn(3, 8), 3, 8)  # 3 heads of 8 > 20
 
 
+MIXED_PROMPTS = [tuple(range(3, 40)), tuple(range(5, 12))]
+#: Each sequence's tokens up to the logits _mixed_step_logits returns for it.
+MIXED_TOKENS = {0: MIXED_PROMPTS[0] + (9,), 1: MIXED_PROMPTS[1] + (9,), 2: tuple(range(7, 30))}
+
+
 def _mixed_step_logits(backend: TorchBackend):
     """Two prompts, then a step with a chunk of a third and both decodes: every kind of row."""
-    prompts = [tuple(range(3, 40)), tuple(range(5, 12))]
-    for i, p in enumerate(prompts):
+    for i, p in enumerate(MIXED_PROMPTS):
         backend.execute(Step(prefills=(PrefillChunk(i, p, 0, is_last=True),)))
-    step = Step(prefills=(PrefillChunk(2, tuple(range(7, 30)), 0, is_last=True),),
-                decodes=tuple(DecodeToken(i, 9, len(p)) for i, p in enumerate(prompts)))
+    step = Step(prefills=(PrefillChunk(2, MIXED_TOKENS[2], 0, is_last=True),),
+                decodes=tuple(DecodeToken(i, 9, len(p)) for i, p in enumerate(MIXED_PROMPTS)))
     return backend.execute(step, return_logits=True).logits
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_backend_runs_the_compiled_loops_with_the_torch_ops_logits(arch, monkeypatch):
-    model, _ = tiny_model(arch)
+    model, reference = tiny_model(arch)
     backend = TorchBackend(model, f"tiny-{arch}", "cpu")
     assert backend.fused.c_layer_ops
     calls = []
@@ -128,8 +132,9 @@ def test_backend_runs_the_compiled_loops_with_the_torch_ops_logits(arch, monkeyp
     backend.prepare(3, 128, 512)
     torch_ops = _mixed_step_logits(backend)
     assert not calls
+    assert sorted(compiled) == sorted(MIXED_TOKENS)
     for seq in compiled:
-        np.testing.assert_allclose(compiled[seq], torch_ops[seq], atol=1e-4, rtol=1e-4)
+        assert_logits_match(compiled[seq], torch_ops[seq], reference, MIXED_TOKENS[seq])
 
 
 def test_without_the_kernels_the_torch_ops_run_and_say_why(monkeypatch, tmp_path):
