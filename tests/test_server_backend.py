@@ -198,3 +198,19 @@ def test_each_engine_presets_command_line():
     for engine in ENGINES.values():
         # every preset takes the model and the port, and listens on loopback only
         assert "{model}" in engine.template and "{port}" in engine.template and "127.0.0.1" in engine.template
+
+
+def test_capacity_at_a_url_searches_the_rate_of_the_server_as_it_runs(run_cli):
+    port = free_port()
+    server = ServerProcess([*parse_template(STUB.format(port=port)), "--token-ms", "2"], f"http://127.0.0.1:{port}/health")
+    server.start()
+    try:
+        url = ["capacity", "--backend", "server", "--url", f"http://127.0.0.1:{port}", "--pg", "32,8", "--slo", "tbt=50",
+               "--requests", "6", "--precision", "50", "--no-progress", "--start-rate", "4"]
+        code, out, err = run_cli(*url, "--chunk-size", "64")
+        assert code == 2 and "drop --chunk-size" in err
+        code, out, err = run_cli(*url)
+        assert code == 0, err
+        assert "sarathi-serve (" not in out  # the server's own budget: no budget is named
+    finally:
+        server.stop()

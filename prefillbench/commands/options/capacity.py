@@ -45,6 +45,11 @@ class CapacityOptions(Measuring):
         if len(tests) != 1:
             raise UsageError("capacity searches one test: give one --pg or a --workload")
         strategies = strategy_names(self.strategy, self.load)
+        if self.load.url:
+            if self.chunk_size:
+                raise UsageError("--url measures a server already running, whose budget is its own: drop --chunk-size "
+                                 "(the rate is searched)")
+            strategies = strategies[:1]  # the server as it runs: one search
         check_relative_to(self.relative_to, strategies, "searched")
         check_precision(self.precision)
         check_export(self.export)
@@ -60,5 +65,7 @@ class CapacityOptions(Measuring):
             self.config.validate()
         except ValueError as e:
             raise UsageError(str(e)) from None
+        if self.load.url:
+            self.config.chunk_sizes = [None]  # the server's own budget, unknown here: the rows name none
         self.load.check_concurrency(self.concurrency)
         self.load.validate()
