@@ -214,3 +214,15 @@ def test_capacity_at_a_url_searches_the_rate_of_the_server_as_it_runs(run_cli):
         assert "sarathi-serve (" not in out  # the server's own budget: no budget is named
     finally:
         server.stop()
+
+
+def test_prompt_progress_events_are_no_tokens_and_ttft_includes_the_prompt(run_cli, tmp_path):
+    # llama-server's progress events carry a placeholder token ([0], tokens_predicted 0): counted as a token, the
+    # first "token" would come before the prompt is processed and the prompt's time would show up as a TBT.
+    export = tmp_path / "p.json"
+    code, out, err = run_cli(*RUN, *stub("--token-ms", "2", "--prompt-ms-per-token", "2"), "-c", "1",
+                             "--export", str(export))
+    assert code == 0, err
+    row = json.loads(export.read_text())["results"][0]
+    assert row["ttft_p50_ms"] >= 32 * 2  # the 32-token prompt at 2 ms a token comes before the first token
+    assert row["tbt_p99_ms"] < 32 * 2  # and never between two tokens

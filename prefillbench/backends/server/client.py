@@ -79,6 +79,12 @@ class LlamaApi(Api):
         if progress is not None and s.first_scheduled is None:
             s.first_scheduled = arrived - progress.get("time_ms", 0.0) / 1e3
         tokens = event.get("tokens") or []
+        predicted = event.get("tokens_predicted")
+        if predicted is not None:
+            # Prompt progress events carry a placeholder token ([0]) with tokens_predicted 0: only the count of
+            # tokens generated says which of an event's tokens are new.
+            new = predicted - len(s.tokens)
+            tokens = tokens[-new:] if new > 0 else []
         timings = event.get("timings") or {}
         if tokens:
             # The server's time of the last of them: prompt done plus generation so far, ms from the slot's start.
@@ -134,37 +140,51 @@ async def _stream_one(session, url: str, api: Api, model: str, s: Streamed, head
     import aiohttp
 
     s.sent = clock()
-    try:
-        async with session.post(url + api.path, json=api.body(s.request, model), headers=headers) as response:
-            if response.status != 200:
-                text = (await response.text())[:200]
-                s.error = f"HTTP {response.status}: {' '.join(text.split())}"
+    for attempt in (0, 1):
+        try:
+            await _post(session, url, api, model, s, headers)
+            break
+        except aiohttp.ServerDisconnectedError:
+            # A kept-alive connection the server had closed, found so before a byte came back: the request never
+            # reached it; once more, on a fresh connection. Past the first event it is a dropped stream.
+            if attempt or s.events:
+                s.error = "ServerDisconnectedError: the server closed the stream"
                 return
-            finished = False
-            async for raw in response.content:
-                arrived = clock()
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                try:
-                    event = json.loads(data)
-                except json.JSONDecodeError:
-                    s.error = "a malformed event in the stream"
-                    return
-                if "error" in event:
-                    s.error = f"the server's error: {str(event['error'])[:200]}"
-                    return
-                s.events += 1
-                finished = api.read(event, arrived, s) or finished
-            if not finished:
-                s.error = "the stream ended before its last event"
-    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
-        s.error = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+            s.error = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            return
     if s.error is None and len(s.tokens) < s.request.n_gen:
         s.error = f"{len(s.tokens)} of {s.request.n_gen} tokens"
+
+
+async def _post(session, url: str, api: Api, model: str, s: Streamed, headers: dict[str, str]) -> None:
+    """One request and its stream, read into `s`."""
+    async with session.post(url + api.path, json=api.body(s.request, model), headers=headers) as response:
+        if response.status != 200:
+            text = (await response.text())[:200]
+            s.error = f"HTTP {response.status}: {' '.join(text.split())}"
+            return
+        finished = False
+        async for raw in response.content:
+            arrived = clock()
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            try:
+                event = json.loads(data)
+            except json.JSONDecodeError:
+                s.error = "a malformed event in the stream"
+                return
+            if "error" in event:
+                s.error = f"the server's error: {str(event['error'])[:200]}"
+                return
+            s.events += 1
+            finished = api.read(event, arrived, s) or finished
+        if not finished:
+            s.error = "the stream ended before its last event"
 
 
 def stream_requests(url: str, api_name: str, requests: list[Request], concurrency: int, *, model: str = "",

@@ -69,11 +69,12 @@ async def _serve(args) -> None:
             await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
 
         prompt_s = len(prompt) * args.prompt_ms_per_token / 1e3
-        await send({"content": "", "tokens": [], "stop": False,
+        # As llama-server sends them: a progress event carries a placeholder token and tokens_predicted 0.
+        await send({"content": "", "tokens": [0], "stop": False, "tokens_predicted": 0,
                     "prompt_progress": {"total": len(prompt), "cache": 0, "processed": 0, "time_ms": 0.0}})
         await asyncio.sleep(prompt_s)
         prompt_ms = 1e3 * (time.perf_counter() - slot_start)
-        await send({"content": "", "tokens": [], "stop": False,
+        await send({"content": "", "tokens": [0], "stop": False, "tokens_predicted": 0,
                     "prompt_progress": {"total": len(prompt), "cache": 0, "processed": len(prompt), "time_ms": prompt_ms}})
         produced, events = 0, 0
         while produced < n_predict:
@@ -84,9 +85,10 @@ async def _serve(args) -> None:
             predicted_ms = 1e3 * (time.perf_counter() - slot_start) - prompt_ms
             produced += k
             await send({"content": "x" * k, "tokens": list(range(produced - k, produced)), "stop": False,
+                        "tokens_predicted": produced,
                         "timings": {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": prompt_ms,
                                     "predicted_n": produced, "predicted_ms": predicted_ms}})
-        await send({"content": "", "tokens": [], "stop": True, "stop_type": "limit",
+        await send({"content": "", "tokens": [], "stop": True, "stop_type": "limit", "tokens_predicted": produced,
                     "timings": {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": prompt_ms, "predicted_n": produced,
                                 "predicted_ms": 1e3 * (time.perf_counter() - slot_start) - prompt_ms}})
         await response.write_eof()
