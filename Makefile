@@ -28,9 +28,14 @@ BENCH_AB_OUT ?= results/bench-ab
 TP ?= 3
 TP_ARGS ?= -p 0 -n 0 --pg 64,8 -c 1,2 -s sequential,chunked --chunk-size 32 -r 1
 
-.PHONY: install run test clean bench-ci bench-ci-baseline tp-check
+.PHONY: install server run test clean bench-ci bench-ci-baseline tp-check
 
 install: $(STAMP)
+
+# llama.cpp's own server (and llama-bench), built once from the installed llama-cpp-python's llama.cpp (its sdist,
+# fetched with pip) and cached per version in ~/.cache/prefillbench: --backend llama-server and its tests use it.
+server: $(STAMP)
+	$(PY) -m prefillbench.backends.server.build
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +47,7 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/prefillbench run $(RUN_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) server
 	$(PY) -m pytest
 
 bench-ci: $(STAMP)

@@ -1,0 +1,45 @@
+"""llama.cpp's own server (`--backend llama-server`), built from the installed llama-cpp-python's llama.cpp (`make
+server`, which `make test` runs first), on the shipped model: rows with TTFT and TBT, the same tokens a greedy
+gguf run makes, the metadata, and no server left."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from prefillbench.backends.server.build import llama_tool
+
+TARGET = ["run", "--backend", "llama-server", "--pg", "64,8", "-p", "0", "-n", "0", "-c", "1,4", "-s", "sarathi-serve",
+          "--chunk-size", "16,64", "-r", "1", "--no-progress", "--no-results-file", "--no-verdict"]
+
+
+def servers() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split(" ")[0].endswith("llama-server")]
+
+
+def test_the_server_binary_is_built_from_the_installed_llama_cpp():
+    binary = llama_tool("llama-server")
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    assert "version" in (out.stdout + out.stderr).lower()
+
+
+def test_llama_server_runs_the_issue_workload_and_leaves_no_server(run_cli, tmp_path):
+    export = tmp_path / "s.json"
+    code, out, err = run_cli(*TARGET, "--export", str(export))
+    assert code == 0, err
+    doc = json.loads(export.read_text())
+    rows = doc["results"]
+    assert [(r["chunk_size"], r["concurrency"]) for r in rows] == [(16, 1), (64, 1), (16, 4), (64, 4)]
+    for r in rows:
+        assert r["failed_requests"] == 0 and r["ttft_p50_ms"] > 0 and r["tbt_p50_ms"] > 0
+    meta = doc["metadata"]
+    assert meta["server_engine"] == "llama-server" and "-b 64" in meta["server_command"]
+    assert "--poll 0" in meta["server_command"] and meta["server_version"]
+    assert not servers()
+
+
+def test_sequential_on_llama_server_is_refused_in_one_line(run_cli):
+    code, out, err = run_cli("run", "--backend", "llama-server", "-s", "sequential", "--pg", "64,8", "-p", "0", "-n", "0")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "llama-server cannot run sequential" in err
