@@ -101,6 +101,11 @@ class ServerBackend(Backend):
         pass
 
     @property
+    def reports_scheduling(self) -> bool:
+        """Whether the engine tells when each prompt started (llama-server's progress events)."""
+        return self.engine.api == "llama"
+
+    @property
     def label(self) -> str:
         return self.engine.name if self.launch else f"server {self.url}"
 

@@ -151,6 +151,9 @@ class BackendOptions:
                 note(f"warning: {shown} is ignored by the {name} backend{why}")
         if self.skip_idle and name == "sim":
             note("warning: --skip-idle is ignored by the sim backend (its clock never sleeps)")
+        if self.skip_idle and self.served_engine() is not None:
+            note(f"warning: --skip-idle is ignored by the {name} backend (a server's requests arrive in real time)")
+            self.skip_idle = False
 
     def check_concurrency(self, most: int) -> None:
         """Refuse a -c the backend cannot hold, before loading a model to find out."""

@@ -120,7 +120,7 @@ class TuneOptions(Measuring):
         served = self.load.served_engine()
         self.strategy = self.strategy or [s for s in QUICK["strategies"] if served is None or served.expresses(s)]
         self.top_k = QUICK["top_k"] if self.top_k is None else self.top_k
-        if self.load.skip_idle is None and self.load.name != "sim":
+        if self.load.skip_idle is None and self.load.name != "sim" and self.load.served_engine() is None:
             self.load.skip_idle = QUICK["skip_idle"]  # the baseline's probes at its low capacity are two-thirds idle
 
     def validate(self) -> None:
