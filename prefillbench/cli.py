@@ -25,7 +25,7 @@ from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
 from prefillbench.commands import ab, calibrate, capacity, compare, plot, run, tune
 from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
-                                         EngineName, ServerBin, ServerCmd, Url,
+                                         EngineName, ExpertParallel, KvDtype, ServerBin, ServerCmd, SimDtype, Url,
                                          Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
                                          MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
@@ -143,6 +143,9 @@ def _model_and_backend(
     sim_gpu: SimGpu = None,
     tp: TensorParallel = B.tp,
     pp: PipelineStages = B.pp,
+    ep: ExpertParallel = B.ep,
+    sim_dtype: SimDtype = None,
+    kv_dtype: KvDtype = None,
     calibration: Calibration = None,
     trace: Trace = None,
     server_bin: ServerBin = None,

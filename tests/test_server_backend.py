@@ -29,6 +29,12 @@ def stub(*flags: str) -> list[str]:
     return ["--server-cmd", " ".join([STUB, *flags])]
 
 
+def children_serving(pid: int) -> bool:
+    """Whether process `pid` has started a stub server (its own child, not another test's)."""
+    out = subprocess.run(["ps", "-eo", "ppid,args"], capture_output=True, text=True).stdout
+    return any(line.split(None, 1)[0] == str(pid) and "server.stub" in line for line in out.splitlines()[1:])
+
+
 def stub_processes() -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if "prefillbench.backends.server.stub" in line and "ps -eo" not in line]
@@ -118,8 +124,8 @@ def test_ctrl_c_stops_the_server_and_exits_130(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "prefillbench", *RUN, *stub("--token-ms", "200"), "--pg", "32,200", "-c", "1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for _ in range(300):
-        if stub_processes():
+    for _ in range(600):
+        if children_serving(proc.pid):
             break
         time.sleep(0.1)
     time.sleep(1.5)  # streaming now
@@ -132,8 +138,8 @@ def test_a_killed_prefillbench_takes_its_server_with_it(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "prefillbench", *RUN, *stub("--token-ms", "200"), "--pg", "32,200", "-c", "1"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(300):
-        if stub_processes():
+    for _ in range(600):
+        if children_serving(proc.pid):
             break
         time.sleep(0.1)
     proc.kill()  # SIGKILL: no handler runs; the kernel's parent-death signal ends the server

@@ -130,10 +130,11 @@ def _static_decode_steps(backend, reference, poison: bool) -> None:
                     cache[3:] = -1e4  # the unused slot and the scratch slot
         with torch.inference_mode():
             logits = graphs.run(Step(decodes=decodes), [backend.slots.slot(d.seq_id) for d in decodes])
-        # Each decode's block lists name exactly its own context's tiles, whatever the cache's length.
+        # Each decode's block list names exactly its own context's tiles, whatever the cache's length (one list a
+        # row over the whole key width, no full list: the layout test_flex_compiled checks against the kernels).
         mask = backend.route.decode_block_mask
-        listed = (flex.blocks_to_dense(mask.kv_num_blocks[:, 0], mask.kv_indices[:, 0], backend.route.n_tiles)
-                  | flex.blocks_to_dense(mask.full_kv_num_blocks[:, 0], mask.full_kv_indices[:, 0], backend.route.n_tiles))[:, 0]
+        assert mask.full_kv_indices is None and backend.route.layout_problems() == []
+        listed = flex.blocks_to_dense(mask.kv_num_blocks[:, 0], mask.kv_indices[:, 0], backend.route.n_tiles)[:, 0]
         for i, d in enumerate(decodes):
             first = backend.slots.slot(d.seq_id) * backend.route.tiles_per_slot
             expected = torch.zeros(backend.route.n_tiles, dtype=torch.bool)
@@ -241,3 +242,33 @@ def test_chunk_block_lists_name_every_tile_a_row_sees_and_only_those():
     assert torch.equal(partial | full, seen)
     assert torch.equal(full, whole)
     assert full.any() and partial.any()
+
+
+def test_a_step_contract_goes_to_cuda_in_one_pinned_non_blocking_copy(monkeypatch):
+    """The contract's arrays and the step's tokens and LM-head rows: one pinned host buffer, one non-blocking copy
+    (a CUDA copy is stood in for here: the buffer stays on the CPU), the same tensors as the CPU's contract."""
+    copies, pins = [], []
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if args and isinstance(args[0], torch.device) and args[0].type == "cuda":
+            copies.append(kwargs.get("non_blocking"))
+            return self
+        return real_to(self, *args, **kwargs)
+
+    step = Step(prefills=(PrefillChunk(0, (1,) * 5, 0, True), PrefillChunk(1, (2,) * 3, 4, False, pad=2)),
+                decodes=(DecodeToken(2, 7, 9), DecodeToken(3, 8, 130)))
+    packed = pack(step)
+    extra = {"tokens": packed.tokens, "logit_rows": packed.logit_rows}
+    on_cpu = AttentionMeta.for_step(step, packed, [0, 1, 2, 3], torch.device("cpu"), extra=extra)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pins.append(self.numel()) or self)
+    meta = AttentionMeta.for_step(step, packed, [0, 1, 2, 3], torch.device("cuda"), extra=extra)
+    monkeypatch.undo()
+    assert copies == [True] and len(pins) == 1
+    for name in ("row_slots", "row_positions", "cu_seqlens_q", "cu_seqlens_k", "chunk_slots", "chunk_contexts",
+                 "decode_slots", "decode_contexts"):
+        a, b = getattr(meta, name), getattr(on_cpu, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    for name in extra:
+        assert torch.equal(meta.extra[name], on_cpu.extra[name]) and meta.extra[name].dtype == torch.long

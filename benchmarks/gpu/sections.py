@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from strategies import make_strategy
 
 from benchmarks.lib.limits import copy_bandwidth, gemm_peak
 from benchmarks.lib.profiling import AttentionProfile, attention_profile
-from benchmarks.lib.timing import Clock, Timing, time_within
+from benchmarks.lib.timing import Clock, Timing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,6 +73,25 @@ class Setup:
 
     def run(self, step: Step) -> Callable[[], object]:
         return lambda: self.backend.execute(step)
+
+
+def time_sized(contenders: dict[object, Callable[[], object]], seconds: float, clock: Clock, max_reps: int,
+               min_reps: int = 3) -> dict[object, Timing]:
+    """Contenders alternated rep by rep (so drift hits them alike), as many reps as fit in `seconds` (between
+    min_reps and max_reps), sized from a round timed after one untimed call of each: a first call pays for
+    compiles, captures and first allocations, and reps sized from it would be too few."""
+    for fn in contenders.values():
+        fn()  # untimed: whatever a first call costs
+    t0 = time.perf_counter()
+    for fn in contenders.values():
+        clock(fn)  # the sizing round, timed but not kept
+    per_rep = max(time.perf_counter() - t0, 1e-6)
+    reps = max(min_reps, min(max_reps, int((seconds - per_rep) / per_rep)))
+    out = {name: Timing([]) for name in contenders}
+    for _ in range(reps):
+        for name, fn in contenders.items():
+            out[name].seconds.append(clock(fn))
+    return out
 
 
 def decodes(n: int, context: int, first: int = 0) -> tuple[DecodeToken, ...]:
@@ -144,7 +165,7 @@ def prefill(setup: Setup, seconds: float) -> Timing:
     s = setup.sizes
     setup.backend.prepare(1, s.pp + 8, s.pp)
     step = Step(prefills=(PrefillChunk(0, setup.tokens(s.pp), 0, is_last=True),))
-    return time_within({"pp": setup.run(step)}, seconds, setup.clock, s.reps)["pp"]
+    return time_sized({"pp": setup.run(step)}, seconds, setup.clock, s.reps)["pp"]
 
 
 @dataclass
@@ -160,13 +181,13 @@ def decode_steps(setup: Setup, seconds: float) -> DecodeTimes:
     s, backend = setup.sizes, setup.backend
     slots = max(max(s.decodes), s.k + 1)
     backend.prepare(slots, s.context + s.chunk + 8, max(s.chunk + s.k, slots))
-    batches = time_within({n: setup.run(Step(decodes=decodes(n, s.context))) for n in s.decodes}, seconds / 2,
+    batches = time_sized({n: setup.run(Step(decodes=decodes(n, s.context))) for n in s.decodes}, seconds / 2,
                           setup.clock, s.reps)
     chunk = PrefillChunk(0, setup.tokens(s.chunk), s.context, is_last=False)  # mid-prompt: no token, no LM head
     riders = decodes(s.k, s.context, first=1)
     triple = {"chunk": Step(prefills=(chunk,)), "mixed": Step(prefills=(chunk,), decodes=riders), "alone": Step(decodes=riders)}
     # The ratio is a difference of two close step times: it gets reps of its own, as many as fit.
-    times = time_within({n: setup.run(step) for n, step in triple.items()}, seconds / 2, setup.clock, 3 * s.reps)
+    times = time_sized({n: setup.run(step) for n, step in triple.items()}, seconds / 2, setup.clock, 3 * s.reps)
     return DecodeTimes(batches, times["chunk"], times["mixed"], times["alone"])
 
 
@@ -174,7 +195,7 @@ def context_scaling(setup: Setup, seconds: float) -> tuple[Timing, Timing]:
     """(decodes at short_context, the same decodes at long_context), both in one cache of cache_len positions a slot."""
     s = setup.sizes
     setup.backend.prepare(s.long_batch, s.cache_len, s.long_batch)
-    times = time_within({c: setup.run(Step(decodes=decodes(s.long_batch, c))) for c in (s.short_context, s.long_context)},
+    times = time_sized({c: setup.run(Step(decodes=decodes(s.long_batch, c))) for c in (s.short_context, s.long_context)},
                         seconds, setup.clock, s.reps)
     return times[s.short_context], times[s.long_context]
 
@@ -219,6 +240,19 @@ def attention_kernels(setup: Setup, seconds: float) -> dict[str, AttentionProfil
 
 
 @dataclass
+class Compiles:
+    """dynamo's graphs: compiled while the cache was prepared and the route warmed (before anything is timed),
+    compiled during the timed sections, and compiled by the route inside steps after its warm-up (target 0)."""
+
+    before_timing: int
+    seconds: float
+    note: str  # the backend's own count (metadata "flex_compiles")
+    during_timing: int | None = None
+    inside_steps: int | None = None
+    recompiles_logged: int | None = None
+
+
+@dataclass
 class Parity:
     passed: int
     failed: int
@@ -231,30 +265,56 @@ class Parity:
 
 
 class ParityRun:
-    """The torch backend's logit-parity tests on `device`, in a pytest process of their own (started at once,
-    so that they run while the model is built; waited for before anything is timed)."""
+    """The torch backend's logit-parity tests on `device`, in a pytest process of their own, started at once so
+    that they run beside the model's build, the cache and the profiler (nothing timed); waited for before
+    the first timed section. Its output goes to $OUT/parity.log as it comes and its JUnit report to
+    $OUT/parity.xml, so a run stopped by its budget (SIGINT: pytest still reports) keeps what it did."""
 
-    def __init__(self, device: str, files: list[str], select: str | None) -> None:
-        env = dict(os.environ, PREFILLBENCH_TEST_DEVICE=device)
+    def __init__(self, device: str, files: list[str], select: str | None, out=None) -> None:
+        env = dict(os.environ, PREFILLBENCH_TEST_DEVICE=device, TORCH_LOGS="recompiles")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        log = out.path("parity.log") if out is not None else None
+        self.log_path = Path(log) if log else Path(tempfile.mkstemp(prefix="parity", suffix=".log")[1])
+        junit = out.path("parity.xml") if out is not None else None
         # addopts emptied: one -q, whatever the project's pytest options, so the summary line comes out.
-        command = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", *files]
+        command = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-rfE", "-p", "no:cacheprovider", *files]
         command += ["-k", select] if select else []
+        command += [f"--junitxml={junit}"] if junit else []
         self.start = time.perf_counter()
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.stopped_after: float | None = None
+        with open(self.log_path, "w") as log_file:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGINT (pytest writes its summary and JUnit report), then a kill if it does not end in `grace` s."""
+        if self.process.poll() is not None:
+            return
+        self.stopped_after = time.perf_counter() - self.start
+        try:
+            self.process.send_signal(signal.SIGINT)
+            self.process.wait(timeout=grace)
+        except (subprocess.TimeoutExpired, OSError):
+            self.process.kill()
+            self.process.wait()
 
     def wait(self, timeout: float) -> Parity:
         try:
-            out, _ = self.process.communicate(timeout=max(timeout, 1.0))
+            self.process.wait(timeout=max(timeout, 1.0))
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.communicate()
-            return Parity(0, 0, f"stopped after {timeout:.0f} s (its budget)", time.perf_counter() - self.start)
+            self.stop()
+        return self.result()
+
+    def result(self) -> Parity:
         seconds = time.perf_counter() - self.start
-        lines = [line for line in out.strip().splitlines() if line.strip()]
-        last = lines[-1].strip("= ") if lines else f"no output (exit {self.process.returncode})"
-        counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error|errors)", last)}
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        lines = [line.strip("= ") for line in text.strip().splitlines() if line.strip()]
+        summary = next((line for line in reversed(lines) if re.search(r"\d+ (passed|failed|errors?|skipped|deselected)|no tests ran", line)),
+                       lines[-1] if lines else f"no output (exit {self.process.returncode})")
+        counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error|errors)", summary)}
         failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
-        if self.process.returncode not in (0, 1) and not failed:
+        if self.stopped_after is not None:
+            summary = f"stopped after {self.stopped_after:.0f} s (its budget): {summary}"
+            failed = max(failed, 1)  # not all ran: no pass
+        elif self.process.returncode not in (0, 1) and not failed:
             failed = 1  # pytest could not run the tests at all (exit 2-5): that is no pass
-        return Parity(counts.get("passed", 0), failed, last, seconds)
+        return Parity(counts.get("passed", 0), failed, summary, seconds)

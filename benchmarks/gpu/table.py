@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.gpu.sections import DecodeTimes, Limits, Parity, Sizes, Workload
+from benchmarks.gpu.sections import Compiles, DecodeTimes, Limits, Parity, Sizes, Workload
 from benchmarks.lib.models import StepCosts
 from benchmarks.lib.profiling import AttentionProfile
 from benchmarks.lib.timing import Timing, piggyback
@@ -37,7 +37,7 @@ def rows_for(results: dict[str, object], s: Sizes, costs: StepCosts | None, devi
 
     def value(section: str, kind: type, checks: list[tuple[str, str]]):
         """The section's result, or None with its checks' rows failed for the reason it has none."""
-        got = results.get(section, "not run: no model")
+        got = results.get(section, "not run")
         if isinstance(got, kind):
             return got
         why = got if isinstance(got, str) else f"no result ({type(got).__name__})"
@@ -114,5 +114,19 @@ def rows_for(results: dict[str, object], s: Sizes, costs: StepCosts | None, devi
     if isinstance(parity, Parity):
         rows.append(Row(f"parity tests on {device}", f"{parity.summary} ({parity.seconds:.0f} s)", target="all pass", passed=parity.ok))
     else:
-        rows.append(Row(f"parity tests on {device}", "not run (--parity-tests '')", target="all pass", passed=False))
+        rows.append(Row(f"parity tests on {device}", parity if isinstance(parity, str) else "not run: still running",
+                        target="all pass", passed=False))
+
+    target = "0 inside steps"
+    compiles = value("cache and warm-up", Compiles, [("compiles", target)])
+    if compiles is not None:
+        measured = f"{compiles.before_timing} graphs before the first timed step ({compiles.seconds:.0f} s with the cache)"
+        if compiles.during_timing is None:
+            measured += "; the timed sections did not finish"
+        else:
+            measured += f", {compiles.during_timing} during the timed sections, {compiles.inside_steps} inside steps"
+        if compiles.recompiles_logged:
+            measured += f"; {compiles.recompiles_logged} recompiles logged"
+        rows.append(Row("compiles", measured, against=f"the backend: {compiles.note}", target=target,
+                        passed=compiles.inside_steps == 0))
     return rows

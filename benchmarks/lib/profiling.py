@@ -20,6 +20,9 @@ ATTENTION_NAME = re.compile(r"flash|fmha|attention|attn|flex|sdpa|triton_tem", r
 DISPATCH_OPS = {"aten::scaled_dot_product_attention"}
 MATH_OPS = {"aten::_scaled_dot_product_attention_math"}
 BMM_OPS = {"aten::bmm", "aten::baddbmm"}
+#: Device events that are no kernel: copies and fills. A CUDA-graph replay whose profile holds only these
+#: shows nothing of its kernels, and is blind.
+NOT_KERNELS = re.compile(r"memcpy|memset", re.IGNORECASE)
 
 
 @dataclass
@@ -86,5 +89,11 @@ def attention_profile(step: Callable[[], object], device: torch.device, head_dim
         elif ATTENTION_NAME.search(key) and key not in DISPATCH_OPS:
             ops[key] += event.self_cpu_time_total
     named = on_device or ops
-    seen_device = any(e.device_type != DeviceType.CPU for e in prof.key_averages())
-    return AttentionProfile(sorted(named, key=named.get, reverse=True), sorted(unfused), blind=cuda and not seen_device)
+    return AttentionProfile(sorted(named, key=named.get, reverse=True), sorted(unfused), blind=cuda and not saw_kernels(prof.key_averages()))
+
+
+def saw_kernels(events) -> bool:
+    """Whether a profile's events hold a device kernel: a device event that is no copy or fill."""
+    from torch.autograd import DeviceType
+
+    return any(e.device_type != DeviceType.CPU and not NOT_KERNELS.search(e.key) for e in events)

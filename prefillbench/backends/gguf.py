@@ -12,7 +12,15 @@ Design notes
   allocated once per context (`llama_batch_init`/`llama_batch_free` are not
   used), and the per-token `seq_id` pointer table is built once, pointing into
   one int32 array. A step is laid out by `prefillbench.step.pack` (the layout
-  the torch backend uses too) and copied in with a few slice assignments.
+  the torch backend uses too) and copied in with a few slice assignments; a
+  decode-only step (every step of a tg run) is written straight in, in the
+  order pack() would give, without building the packed arrays.
+* Per decode step the Python side is kept to a few microseconds: no
+  allocation of ctypes structures, the logits read through a cached numpy view
+  of llama.cpp's output buffer (argmax over it, no copy unless logits are
+  asked for), and the clock read without a llama_synchronize (execute
+  synchronizes before it returns, so the device is idle whenever the engine
+  reads the clock).
 * One context per size: `prepare()` creates a context only when a run needs a
   larger one (n_seq_max >= sequences, cells per sequence >= positions,
   n_batch >= the largest step); otherwise it clears the KV cache.
@@ -85,11 +93,12 @@ QUANTIZED_TOLERANCE = LogitTolerance(3.0, 2.0, "quantized GGUF: 3x the largest m
 FLOAT_TOLERANCE = LogitTolerance(0.1, 0.1, "float GGUF with an f16 KV cache: 5x the largest move measured")
 _log_callback = None  # keeps the ctypes callback alive while llama.cpp holds it
 _backend_ready = False
+_get_logits_addr = None  # llama_get_logits returning the address as an int (_install_log binds it)
 
 
 def _install_log() -> None:
     """Silence llama.cpp's stderr logging but keep its warnings and errors for our messages."""
-    global _log_callback, _backend_ready
+    global _log_callback, _backend_ready, _get_logits_addr
     if _log_callback is None:
 
         def _log(level: int, text: bytes, user_data) -> None:
@@ -101,6 +110,11 @@ def _install_log() -> None:
     if not _backend_ready:
         llama.llama_backend_init()
         _backend_ready = True
+    if _get_logits_addr is None:
+        # The same C function with an address for its result: llama-cpp-python's binding returns a ctypes
+        # POINTER(c_float), and turning that into an array cost a few microseconds a step.
+        address = ctypes.cast(llama.llama_get_logits, ctypes.c_void_p).value
+        _get_logits_addr = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(address)
 
 
 def _last_error(default: str = "no details from llama.cpp") -> str:
@@ -177,6 +191,7 @@ class GGUFBackend(Backend):
 
         self.ctx = None
         self.mem = None
+        self._logits_addr, self._logits_views = None, {}  # _logits()'s views of llama.cpp's output buffer
         self.n_ctx = self.n_batch = self.n_ubatch = self.n_seq_max = self.n_ctx_seq = 0
         self.max_seq_len = 0
         self.slots = SlotTable(0)
@@ -322,6 +337,7 @@ class GGUFBackend(Backend):
         if self.ctx is not None:
             llama.llama_free(self.ctx)
             self.ctx = self.mem = None
+            self._logits_addr, self._logits_views = None, {}
             self.n_ctx = self.n_batch = self.n_ubatch = self.n_seq_max = self.n_ctx_seq = 0
 
     # -- execution ---------------------------------------------------------
@@ -329,26 +345,46 @@ class GGUFBackend(Backend):
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if self.ctx is None:
             raise BackendError("prepare() must be called before execute()")
-        check_cache_room(step, self.max_seq_len)
         padded: list[tuple[int, int]] = []
-        packed = pack(step)
-        n = len(packed.tokens)
-        if n > self.n_batch:
-            raise BackendError(f"a step of {n} tokens exceeds the prepared n_batch={self.n_batch}")
-        # Bulk copies into the arrays the llama_batch points at; only the sequence ids need mapping to slots.
-        self._tok[:n] = packed.tokens
-        self._pos[:n] = packed.positions
-        seq, slot_of = self._seq, self.slots.slot
-        bounds = packed.chunk_offsets + (packed.decode_from,)
-        for c, a, b in zip(step.prefills, bounds, bounds[1:]):
-            seq[a:b] = slot = slot_of(c.seq_id)
-            if c.pad:
-                padded.append((slot, c.end))
-        if step.decodes:
-            seq[packed.decode_from : n] = [slot_of(d.seq_id) for d in step.decodes]
         out = self._out
-        out[:n] = 0
-        out[packed.logit_rows] = 1
+        if step.prefills:
+            check_cache_room(step, self.max_seq_len)
+            packed = pack(step)
+            n = len(packed.tokens)
+            if n > self.n_batch:
+                raise BackendError(f"a step of {n} tokens exceeds the prepared n_batch={self.n_batch}")
+            # Bulk copies into the arrays the llama_batch points at; only the sequence ids need mapping to slots.
+            self._tok[:n] = packed.tokens
+            self._pos[:n] = packed.positions
+            seq, slot_of = self._seq, self.slots.slot
+            bounds = packed.chunk_offsets + (packed.decode_from,)
+            for c, a, b in zip(step.prefills, bounds, bounds[1:]):
+                seq[a:b] = slot = slot_of(c.seq_id)
+                if c.pad:
+                    padded.append((slot, c.end))
+            if step.decodes:
+                seq[packed.decode_from : n] = [slot_of(d.seq_id) for d in step.decodes]
+            out[:n] = 0
+            out[packed.logit_rows] = 1
+            seq_ids = packed.emitting
+        else:
+            # Decode-only (every step of a tg run): one token per sequence, each emitting, in step order, which is
+            # what pack() would give; written straight into the batch arrays.
+            decodes = step.decodes
+            n = len(decodes)
+            if n > self.n_batch:
+                raise BackendError(f"a step of {n} tokens exceeds the prepared n_batch={self.n_batch}")
+            if n == 1:
+                seq_id, self._tok[0], self._pos[0] = decodes[0]
+                self._seq[0] = self.slots.slot(seq_id)
+                seq_ids = (seq_id,)
+            elif n:
+                seq_ids, self._tok[:n], self._pos[:n] = zip(*decodes)
+                slot_of = self.slots.slot
+                self._seq[:n] = [slot_of(s) for s in seq_ids]
+            else:
+                seq_ids = ()
+            out[:n] = 1
         self._batch.n_tokens = n
 
         t0 = perf_counter()
@@ -367,17 +403,35 @@ class GGUFBackend(Backend):
         for slot, real_end in padded:
             llama.llama_memory_seq_rm(self.mem, slot, real_end, -1)
 
-        seq_ids = packed.emitting
         n_out = len(seq_ids)
         if not n_out:
             return StepResult({})
         # llama.cpp stores output rows in batch order, which is pack()'s `emitting` order.
-        logits = np.ctypeslib.as_array(llama.llama_get_logits(self.ctx), shape=(n_out, self.vocab_size))
-        next_ids = logits.argmax(axis=1).tolist()
-        result = StepResult(dict(zip(seq_ids, next_ids)))
+        logits = self._logits(n_out)
+        if n_out == 1:
+            result = StepResult({seq_ids[0]: int(logits.argmax())})
+        else:
+            result = StepResult(dict(zip(seq_ids, logits.argmax(axis=1).tolist())))
         if return_logits:
             result.logits = dict(zip(seq_ids, logits.copy()))
         return result
+
+    def _logits(self, n_out: int) -> np.ndarray:
+        """The step's logits, [n_out, vocab], as a view of llama.cpp's output buffer (valid until the next decode).
+
+        The views are cached per buffer address and row count: the buffer moves only when llama.cpp grows it, and
+        building a view through np.ctypeslib.as_array each step cost more than the argmax over it."""
+        addr = _get_logits_addr(self.ctx)
+        if not addr:
+            raise BackendError("llama.cpp returned no logits")
+        if addr != self._logits_addr:
+            self._logits_addr, self._logits_views = addr, {}
+        view = self._logits_views.get(n_out)
+        if view is None:
+            size = n_out * self.vocab_size
+            view = np.ctypeslib.as_array((ctypes.c_float * size).from_address(addr)).reshape(n_out, self.vocab_size)
+            self._logits_views[n_out] = view
+        return view
 
     def _decode_error(self, rc: int, n_tokens: int) -> str:
         if rc == 1:
@@ -398,6 +452,11 @@ class GGUFBackend(Backend):
     def synchronize(self) -> None:
         if self.ctx is not None:
             llama.llama_synchronize(self.ctx)
+
+    def now(self) -> float:
+        """The run's clock. execute() synchronizes before it returns, so the device is idle whenever the engine
+        reads the clock, and the base class's synchronize before each reading (three a step) is left out."""
+        return perf_counter() + self.idle_skipped
 
     # -- reporting ---------------------------------------------------------
 

@@ -66,11 +66,22 @@ FlashAttn = Annotated[Optional[str], option(
 
 # sim backend (used only with --backend sim)
 SimModel = Annotated[Optional[str], option(
-    "--sim-model", panel=SIM_PANEL, help="sim: model preset (llama-13b, llama-33b, llama-2-70b, mistral-7b, gpt3-175b) "
+    "--sim-model", panel=SIM_PANEL, help="sim: model preset (llama-13b, llama-33b, llama-2-70b, mistral-7b, gpt3-175b, "
+    "llama-3.1-8b, llama-3.1-70b, qwen3-32b, qwen3-30b-a3b, mixtral-8x7b, deepseek-v3, gpt-oss-20b, gpt-oss-120b) "
     "or a transformers config.json (default: llama-13b)")]
 SimGpu = Annotated[Optional[str], option(
     "--sim-gpu", panel=SIM_PANEL,
-    help="sim: GPU preset (a6000, a100-sxm, a100-pcie, h100-sxm, h200) or a spec .yaml/.json (default: a6000)")]
+    help="sim: GPU preset (a6000, a100-sxm, a100-pcie, h100-sxm, h200, b200, mi300x, l40s) or a spec .yaml/.json "
+    "(default: a6000)")]
+SimDtype = Annotated[Optional[str], option(
+    "--sim-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8|int8|int4|mxfp4",
+    help="sim: weight precision to price: fp8 is W8A8 on FP8 tensor cores where the GPU has them, int4 weight-only, "
+    "mxfp4 MoE experts only (default: what the preset or config.json ships)")]
+KvDtype = Annotated[Optional[str], option(
+    "--kv-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8", help="sim: KV cache precision to price (default: bf16)")]
+ExpertParallel = Annotated[int, option(
+    "--ep", panel=SIM_PANEL, help="sim: expert-parallel GPUs per pipeline stage, a multiple of --tp (attention runs in "
+    "ep/tp data-parallel groups; MoE models only)")]
 TensorParallel = Annotated[int, option(
     "--tp", panel=MODEL_PANEL,
     help="tensor-parallel ranks: torch runs one process per rank under torchrun (see the README's \"Past one machine\"); "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 import sys
+from bisect import bisect_right
 from itertools import repeat
 from operator import add, mod
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Any, TextIO
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
 from prefillbench.backends.sim.pipeline import Pipeline
-from prefillbench.backends.sim.specs import GiB, GPUSpec, ModelSpec, load_gpu_spec, load_model_spec
+from prefillbench.backends.sim.specs import (GiB, GPUSpec, ModelSpec, load_gpu_spec, load_model_spec, precision_words,
+                                             with_precision)
 from prefillbench.step import Step, StepResult
 from prefillbench.writers import jsonl_text
 
@@ -35,6 +37,16 @@ def placeholder_token(seq_id: int, length: int, span: int) -> int:
     return 100 + (SEQ_STRIDE * seq_id + POSITION_STRIDE * length) % span
 
 
+#: What this process has said on stderr already: a grid of sims loads the same model many times.
+_SAID: set[str] = set()
+
+
+def say_once(line: str) -> None:
+    if line not in _SAID:
+        _SAID.add(line)
+        print(f"prefillbench: sim: {line}", file=sys.stderr)
+
+
 def placeholder_run(seq_id: int, length: int, n: int, span: int) -> list[int]:
     """placeholder_token after `length`, `length` + 1, ... positions, n of them (in C: maps over a range)."""
     first = SEQ_STRIDE * seq_id + POSITION_STRIDE * length
@@ -48,31 +60,41 @@ class SimBackend(Backend):
     # and a larger -c only means more requests, not more in flight.
     sequence_limit = 1024
     # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
-    options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "calibration", "trace"})
+    # sim_dtype / kv_dtype: the precision the sim prices (--dtype's float32 default cannot be told from no flag).
+    options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "calibration", "trace"})
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1,
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
                  trace: str | Path | None = None) -> None:
         self.spec_gpu = gpu
         if calibration:
             gpu = gpu.with_calibration(calibration.get("fitted", calibration))
         self.model, self.gpu = model, gpu
-        self.cost = CostModel(model, gpu, tp, pp)
+        self.cost = CostModel(model, gpu, tp, pp, ep)
         self.cost.check_fits()
-        self._kv_capacity = self.cost.kv_capacity_tokens()
-        self.tp, self.pp = tp, pp
+        # A windowed model's sequences hold fewer positions on its windowed layers: its cache is counted in
+        # positions summed over layers (ModelSpec.kv_positions), a dense one's in tokens, as before.
+        self._windows = model.windows
+        self._kv_capacity = self.cost.kv_capacity_positions() if self._windows else self.cost.kv_capacity_tokens()
+        if self._windows:
+            self._full_layers = sum(1 for w in model.windows if not w)
+            self._window_layers = {w: sum(1 for x in model.windows if x == w) for w in self.cost.windows}
+        self.tp, self.pp, self.ep = tp, pp, ep
         self.max_steps_in_flight = pp
         self.calibrated = calibration is not None
         self.calibration_path = calibration_path
-        n = tp * pp
-        self.device = gpu.name if n == 1 else f"{n}x{gpu.name} TP{tp} PP{pp}"
+        n = self.cost.n_gpus
+        self.device = gpu.name if n == 1 else f"{n}x{gpu.name} TP{tp} PP{pp}" + (f" EP{ep}" if ep > 1 else "")
         if self.calibrated:
             self.device += " calibrated"
         self.model_name = model.name
         self.context_length = model.max_context
         self.vocab_size = model.vocab
         self._token_span = max(model.vocab - 100, 1)  # placeholder_token's range
-        self.weights = f"none (roofline model of {model.n_params / 1e9:.3g}B params, {model.weight_bytes:.3g} bytes each; " + (
+        active = f", {model.n_active_params / 1e9:.3g}B active per token" if model.is_moe else ""
+        priced = (f"{model.weight_bytes:.3g} bytes each" if not (model.precision or model.kv_bytes)
+                  else precision_words(model))
+        self.weights = f"none (roofline model of {model.n_params / 1e9:.3g}B params{active}, {priced}; " + (
             f"calibrated from {calibration_path})" if self.calibrated else "spec sheets only)")
         self.clock = 0.0
         self.n_steps = 0
@@ -84,18 +106,38 @@ class SimBackend(Backend):
         self._jitter: random.Random | None = None  # each run's draws of step jitter, from the same seed
         self._trace_path = Path(trace) if trace else None
         self._trace: TextIO | None = None
+        for line in self.approximations():
+            say_once(line)
+
+    def approximations(self) -> list[str]:
+        """What the sim prices by a named approximation for this model and GPU (also in the metadata)."""
+        out = list(self.model.approximations) + self.cost.approximations
+        m = self.model
+        if m.is_moe:
+            out.append(f"{m.name}: experts priced under uniform routing (a step of T tokens reads the weights of "
+                       f"E(1-(1-k/E)^T) of its {m.n_experts} experts per MoE layer, k={m.experts_per_tok}); "
+                       "see docs/sim.md for where that errs")
+        if self.cost.dp > 1:
+            out.append(f"--ep {self.ep} with --tp {self.tp}: attention in {self.cost.dp} data-parallel groups, each "
+                       "priced on an equal share of every step's tokens")
+        return out
 
     @classmethod
-    def load(cls, model: str | None = None, gpu: str | None = None, *, tp: int = 1, pp: int = 1,
+    def load(cls, model: str | None = None, gpu: str | None = None, *, tp: int = 1, pp: int = 1, ep: int = 1,
              calibration: str | None = None, trace: str | None = None, sim_model: str | None = None,
-             sim_gpu: str | None = None) -> "SimBackend":
-        """Presets or files by name; a calibration file supplies the model and device it measured when none is named."""
+             sim_gpu: str | None = None, sim_dtype: str | None = None, kv_dtype: str | None = None) -> "SimBackend":
+        """Presets or files by name; a calibration file supplies the model and device it measured when none is named.
+        sim_dtype: the weights' precision (bf16, fp16, fp8, int8, int4, mxfp4), kv_dtype: the KV cache's (bf16,
+        fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config)."""
         model, gpu = sim_model or model, sim_gpu or gpu
         cal = load_calibration(calibration) if calibration else None
         cal_model, cal_gpu = calibration_specs(cal) if cal else (None, None)
-        model_spec = load_model_spec(model) if model else (cal_model or load_model_spec("llama-13b"))
+        model_spec = (load_model_spec(model, precision_given=sim_dtype is not None) if model
+                      else (cal_model or load_model_spec("llama-13b")))
+        if sim_dtype is not None or kv_dtype is not None:
+            model_spec = with_precision(model_spec, sim_dtype, kv_dtype)
         gpu_spec = load_gpu_spec(gpu) if gpu else (cal_gpu or load_gpu_spec("a6000"))
-        return cls(model_spec, gpu_spec, tp=tp, pp=pp, calibration=cal, calibration_path=calibration, trace=trace)
+        return cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration, trace=trace)
 
     # ---- capacity ---------------------------------------------------------------
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int = 0) -> int:
@@ -108,7 +150,8 @@ class SimBackend(Backend):
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
         fits = self.max_concurrency(max_seq_len, max_step_tokens)
         if max_sequences > fits:
-            kv = max_sequences * max_seq_len * self.cost.kv_bytes_per_token_per_gpu() / GiB
+            held = max_seq_len if not self._windows else self.model.kv_positions(max_seq_len) / self.model.n_layers
+            kv = max_sequences * held * self.cost.kv_bytes_per_token_per_gpu() / GiB / self.cost.dp
             raise BackendError(
                 f"{max_sequences} sequences of {max_seq_len} tokens need {kv:.1f} GiB of KV cache per GPU; "
                 f"{self.gpu.name} has room for {fits} beside {self.model.name}'s weights"
@@ -135,6 +178,8 @@ class SimBackend(Backend):
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if return_logits:
             raise BackendError("the sim backend has no logits: it never runs the model")
+        if self._windows:
+            return self._execute_windowed(step)
         # One pass over the step: the shape the cost model needs, the cache it holds, and its tokens. This loop
         # runs once per sequence per simulated step, so it is written out here (see benchmarks.sim.steps).
         held = self._seq_tokens
@@ -175,6 +220,46 @@ class SimBackend(Backend):
                                f"{self._kv_capacity} fit on {self.gpu.name}")
         return StepResult(tokens)
 
+    def _execute_windowed(self, step: Step) -> StepResult:
+        """execute for a model with sliding windows: each sequence holds kv_positions(length) of the cache, and
+        decode attention is priced on each window's capped contexts."""
+        held = self._seq_tokens
+        span = self._token_span
+        charge = self.model.kv_positions
+        tokens: dict[int, int] = {}
+        lengths = []
+        for d in step.decodes:
+            length = d.position + 1
+            lengths.append(length)
+            self._held += charge(length) - charge(held.get(d.seq_id, 0))
+            held[d.seq_id] = length
+            tokens[d.seq_id] = placeholder_token(d.seq_id, length, span)
+        n_emit = len(lengths)
+        chunks = []
+        for c in step.prefills:
+            end = c.start + len(c.tokens)
+            chunks.append((c.start, len(c.tokens) + c.pad))
+            self._held += charge(end) - charge(held.get(c.seq_id, 0))
+            held[c.seq_id] = end
+            if c.is_last:
+                n_emit += 1
+                tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
+        if self._trace_path is None:
+            window_ctx = {w: sum(min(x, w) for x in lengths) for w in self.cost.windows}
+            seconds = self.cost.fast_seconds(chunks, len(lengths), sum(lengths), n_emit, window_ctx)
+        else:
+            cost = self.step_cost(step)
+            self.trace_step(step, self.clock, cost)
+            seconds = cost.seconds
+        if self._jitter is not None:
+            seconds *= math.exp(self.gpu.step_jitter * self._jitter.gauss(0.0, 1.0))
+        self.clock += seconds
+        self.n_steps += 1
+        if self._held > self._kv_capacity:
+            raise BackendError(f"the KV cache overflowed: {self._held} layer-positions held, "
+                               f"{self._kv_capacity} fit on {self.gpu.name}")
+        return StepResult(tokens)
+
     @property
     def runs_decodes(self) -> bool:
         # Pipeline stages hold several steps at once, and a trace writes each step's operators.
@@ -186,6 +271,8 @@ class SimBackend(Backend):
         decode steps that change nothing but positions (benchmarks.sim.steps)."""
         if not self.runs_decodes or step.prefills or not step.decodes:
             return None
+        if self._windows:
+            return self._run_decodes_windowed(step, max_steps, until)
         decodes = step.decodes
         n = len(decodes)
         ids = [d[0] for d in decodes]
@@ -217,6 +304,51 @@ class SimBackend(Backend):
         span = self._token_span
         return DecodeRun(start, ends, {i: placeholder_run(i, length, k, span) for i, length in zip(ids, lengths)})
 
+    def _run_decodes_windowed(self, step: Step, max_steps: int, until: float) -> DecodeRun | None:
+        """run_decodes for a model with sliding windows: a step adds one position per sequence on each full layer
+        and on each windowed layer whose window the sequence has not yet filled."""
+        decodes = step.decodes
+        n = len(decodes)
+        ids = [d[0] for d in decodes]
+        lengths = [d[2] + 1 for d in decodes]
+        held = self._seq_tokens
+        charge = self.model.kv_positions
+        grown = sum(map(charge, lengths)) - sum(charge(held.get(i, 0)) for i in ids)
+        if self._held + grown > self._kv_capacity:
+            return None  # the first step overflows: execute says so
+        ordered = sorted(lengths)
+        windows = self.cost.windows
+        window_ctx = {w: sum(min(x, w) for x in lengths) for w in windows}
+        price, sigma, jitter = self.cost.fast_seconds, self.gpu.step_jitter, self._jitter
+        start = clock = self.clock
+        ctx = sum(lengths)
+        ends = []
+        k = 0
+        while True:
+            seconds = price((), n, ctx, n, window_ctx)
+            if jitter is not None:
+                seconds *= math.exp(sigma * jitter.gauss(0.0, 1.0))
+            clock += seconds
+            ends.append(clock)
+            k += 1
+            if clock >= until or k >= max_steps:
+                break
+            # The next step: contexts one longer; on a window's layers only those still under it grow.
+            under = {w: bisect_right(ordered, w - k) for w in windows}  # sequences with length + k <= w
+            more = self._full_layers * n + sum(self._window_layers[w] * under[w] for w in windows)
+            if self._held + grown + more > self._kv_capacity:
+                break
+            grown += more
+            ctx += n
+            for w in windows:
+                window_ctx[w] += under[w]
+        self.clock = clock
+        self.n_steps += k
+        self._held += grown
+        held.update(zip(ids, map(add, lengths, repeat(k - 1, n))))
+        span = self._token_span
+        return DecodeRun(start, ends, {i: placeholder_run(i, length, k, span) for i, length in zip(ids, lengths)})
+
     def placeholder_tokens(self, step: Step) -> dict[int, int]:
         """Deterministic in (sequence, position), so every strategy emits the same tokens."""
         span = max(self.vocab_size - 100, 1)
@@ -225,7 +357,8 @@ class SimBackend(Backend):
         return out
 
     def release(self, seq_id: int) -> None:
-        self._held -= self._seq_tokens.pop(seq_id, 0)
+        length = self._seq_tokens.pop(seq_id, 0)
+        self._held -= self.model.kv_positions(length) if self._windows else length
 
     # ---- the pipeline --------------------------------------------------------------
     def launch(self, step: Step, return_logits: bool = False) -> Launched:
@@ -290,6 +423,17 @@ class SimBackend(Backend):
             "sim_gpu": self.gpu.name,
             "sim_tp": self.tp,
             "sim_pp": self.pp,
+            "sim_ep": self.ep,
+            "sim_architecture": self.model.describe(),
+            "sim_params": self.model.n_params,
+            "sim_active_params": self.model.n_active_params,
+            "sim_precision": precision_words(self.model),
+            "sim_weight_bytes": self.model.weight_bytes,
+            "sim_expert_weight_bytes": self.model.expert_bytes if self.model.is_moe else None,
+            "sim_head_weight_bytes": self.model.head_bytes,
+            "sim_kv_bytes": self.model.kv_elem_bytes,
+            "sim_fp8_tensor_cores": self.cost.fp8,
+            "sim_approximations": self.approximations(),
             "sim_calibrated": self.calibrated,
             "sim_calibration": self.calibration_path,
             "sim_compute_fraction": self.gpu.compute_fraction,

@@ -204,11 +204,14 @@ class _Design:
                        decode_attention_fraction=1.0, mixed_step_factor=1.0)
         cm = CostModel(model, unit, tp, pp)
         names: dict[str, int] = {"decode_attention": 0}
+        fp8: set[str] = set()  # operators priced at the FP8 tensor rate
         rows = []
         for b in batches:
             row: dict[str, tuple[float, float, float]] = {}
             for stage in cm.step_cost(b).stages:
                 for op in stage.ops:
+                    if op.fp8:
+                        fp8.add(op.name)
                     if op.bound in ("compute", "memory"):
                         f, by, _ = row.get(op.name, (0.0, 0.0, 0.0))
                         row[op.name] = (f + op.flops, by + op.bytes, 0.0)
@@ -228,7 +231,7 @@ class _Design:
                 if name == "_fixed":
                     self.fixed[i] += s
                 else:
-                    self.t_compute[i, names[name]] = f / gpu.flops
+                    self.t_compute[i, names[name]] = f / (gpu.fp8_flops if name in fp8 else gpu.flops)
                     self.t_memory[i, names[name]] = by / gpu.mem_bw
 
     def predict(self, cf: float, mf: float, overhead: float, attention: float = 1.0, mixed: float = 1.0) -> np.ndarray:

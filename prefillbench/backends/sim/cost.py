@@ -11,6 +11,26 @@ chunks with decodes (GPUSpec.decode_attention_fraction, mixed_step_factor).
 Tensor parallelism splits heads and FFN columns over `tp` GPUs (Megatron
 style, two all-reduces per layer); pipeline parallelism splits layers over
 `pp` stages, the first also holding the embedding and the last the LM head.
+
+Beyond the dense decoder (docs/sim.md has the formulas and their sources):
+- Mixture of experts: per MoE layer a router, the routed experts and any shared
+  expert. FLOPs are the k experts each token computes; bytes are the weights of
+  the experts the step's T tokens touch, E·(1 − (1 − k/E)^T) in expectation
+  under uniform, independent routing (exact for that assumption; real routers
+  are skewed, so a small batch touches fewer, and a prompt's tokens are
+  correlated, so a chunk touches fewer than T independent tokens would).
+- Expert parallelism (`ep` > 1, a multiple of `tp`): each GPU holds E/ep whole
+  experts; attention runs in ep/tp data-parallel groups of `tp` GPUs, each on
+  1/(ep/tp) of the step's tokens (balanced); tokens reach their experts and come
+  back by two all-to-alls over NVLink (and the network past one node).
+- Multi-head latent attention: the cache holds kv_lora_rank + qk_rope_head_dim per
+  token and layer, the same on every TP rank; prefill up-projects the context's
+  latent to keys and values (kv_b_proj over every position a chunk attends), decode
+  runs absorbed (queries and outputs through kv_b's halves, attention over the latent).
+- Sliding windows: a layer with window W attends at most W positions, so its
+  attention FLOPs and KV reads, and the KV a sequence holds there, stop at W.
+- Precision: weights, experts, embedding/head and KV cache each at their own
+  bytes (ModelSpec); FP8 weights run on the GPU's FP8 tensor rate where it has one.
 """
 from __future__ import annotations
 
@@ -51,9 +71,10 @@ class Op:
     bytes: float
     seconds: float
     bound: str  # compute | memory | link | overhead
+    fp8: bool = False  # its FLOPs ran at the GPU's FP8 tensor rate
 
     def scaled(self, k: int) -> "Op":
-        return Op(self.name, self.flops * k, self.bytes * k, self.seconds * k, self.bound)
+        return Op(self.name, self.flops * k, self.bytes * k, self.seconds * k, self.bound, self.fp8)
 
 
 @dataclass
@@ -89,95 +110,292 @@ class StepCost:
 class Parallel:
     tp: int = 1
     pp: int = 1
+    ep: int = 1
+
+
+#: A layer operator's count key: every layer, layers with a dense FFN, MoE layers, or attention layers of a window.
+LAYER, DENSE_FFN, MOE = "layer", "dense_ffn", "moe"
+#: (name, FLOPs, bytes, share of the roofs, on FP8 tensor cores, count key): an operator before it is priced.
+Term = tuple[str, float, float, float, bool, object]
+
+
+def expected_experts(n_experts: int, k: int, tokens: float) -> float:
+    """Distinct experts `tokens` tokens touch in expectation, each routed to k of n_experts uniformly at random:
+    an expert is missed by one token with probability 1 - k/E, by all T independent tokens with (1 - k/E)^T."""
+    if tokens <= 0:
+        return 0.0
+    return n_experts * (1.0 - (1.0 - k / n_experts) ** tokens)
+
+
+def window_pairs(start: int, length: int, window: int) -> float:
+    """Query-key pairs of a causal chunk of `length` at `start` (each position attends itself and what precedes
+    it, at most `window` positions; 0: no window)."""
+    if window == 0 or start + length <= window:
+        return length * start + length * (length + 1) / 2
+    lo, hi = start + 1, start + length  # keys each query attends, before the cap
+    if lo >= window:
+        return float(length * window)
+    return (lo + window) * (window - lo + 1) / 2 + (hi - window) * window
 
 
 class CostModel:
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, pp: int = 1) -> None:
-        check_parallel(model, tp, pp)
-        self.model, self.gpu, self.tp, self.pp = model, gpu, tp, pp
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> None:
+        check_parallel(model, tp, pp, ep)
+        self.model, self.gpu, self.tp, self.pp, self.ep = model, gpu, tp, pp, ep
+        self.dp = ep // tp if ep > 1 else 1  # data-parallel attention groups beside expert parallelism
         base, extra = divmod(model.n_layers, pp)
         self.stage_layers = [base + (1 if i < extra else 0) for i in range(pp)]
+        self.stage_ranges = []
+        lo = 0
+        for n in self.stage_layers:
+            self.stage_ranges.append((lo, lo + n))
+            lo += n
+        self.stage_counts = [self._counts(lo, hi) for lo, hi in self.stage_ranges]
         self.q_local = model.q_dim // tp
         self.kv_local = max(model.n_kv_heads // tp, 1) * model.head_dim  # KV heads replicate when tp > kv heads
         self.heads_local = model.n_heads // tp
-        stages_per_node = max(1, gpu.gpus_per_node // tp)
+        # Window groups in a fixed order (full attention first): the order the attention operators are summed in.
+        self.attention_windows = tuple(sorted({model.window(i) for i in range(model.n_layers)}))
+        self.windows = tuple(w for w in self.attention_windows if w)
+        self.fp8 = bool(model.fp8_compute and gpu.fp8_flops)
+        self.approximations: list[str] = []
+        if model.fp8_compute and not gpu.fp8_flops:
+            self.approximations.append(
+                f"{gpu.name} has no FP8 tensor cores: {model.name}'s FP8 weights are priced weight-only (1 byte each, "
+                "bf16 math), as vLLM runs them there (FP8 Marlin)")
+        gpn = max(1, gpu.gpus_per_node)
+        stages_per_node = max(1, gpn // (tp * self.dp))
         self.send_bw = [
             (gpu.interconnect_bw if k // stages_per_node == (k + 1) // stages_per_node else gpu.network_bw)
             for k in range(pp - 1)
         ]
-        self._by_tokens: dict[int, tuple[float, float, float | None]] = {}
+        self._by_tokens: dict[int, tuple[float, list[float]]] = {}
         self._lm_head: dict[int, float] = {}
+        # fast_seconds' attention written out, where shape_terms is grouped-query attention with one KV precision
+        # on one data-parallel group: (window, layers) of stage 0 in shape_terms' order.
+        plain = not model.is_mla and self.dp == 1 and model.kv_elem_bytes == model.dtype_bytes
+        self._plain_groups = ([(w, self.stage_counts[0][("attn", w)]) for w in self.attention_windows
+                               if self.stage_counts[0].get(("attn", w))] if plain else None)
+
+    def _counts(self, lo: int, hi: int) -> dict[object, int]:
+        m = self.model
+        counts: dict[object, int] = {LAYER: hi - lo, DENSE_FFN: 0, MOE: 0}
+        for i in range(lo, hi):
+            counts[MOE if m.is_moe_layer(i) else DENSE_FFN] += 1
+            key = ("attn", m.window(i))
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    @property
+    def n_gpus(self) -> int:
+        return self.tp * self.dp * self.pp
 
     # ---- roofline primitives ------------------------------------------------
-    def _roof(self, name: str, flops: float, nbytes: float, share: float = 1.0) -> Op:
-        t_c = flops / (self.gpu.flops * self.gpu.compute_fraction * share)
+    def _time(self, flops: float, nbytes: float, share: float = 1.0, fp8: bool = False) -> float:
+        peak = self.gpu.fp8_flops if fp8 and self.fp8 else self.gpu.flops
+        return max(flops / (peak * self.gpu.compute_fraction * share),
+                   nbytes / (self.gpu.mem_bw * self.gpu.memory_fraction * share))
+
+    def _roof(self, name: str, flops: float, nbytes: float, share: float = 1.0, fp8: bool = False) -> Op:
+        fp8 = fp8 and self.fp8
+        peak = self.gpu.fp8_flops if fp8 else self.gpu.flops
+        t_c = flops / (peak * self.gpu.compute_fraction * share)
         t_m = nbytes / (self.gpu.mem_bw * self.gpu.memory_fraction * share)
-        return Op(name, flops, nbytes, max(t_c, t_m), "compute" if t_c >= t_m else "memory")
+        return Op(name, flops, nbytes, max(t_c, t_m), "compute" if t_c >= t_m else "memory", fp8)
 
     def _link(self, name: str, nbytes: float, bw: float) -> Op:
         return Op(name, 0.0, nbytes, nbytes / (bw * self.gpu.network_fraction) + self.gpu.collective_latency_s, "link")
 
-    def _linear(self, name: str, n: int, d_in: int, d_out: int) -> Op:
+    def _linear_term(self, name: str, n: float, d_in: int, d_out: float, wb: float | None = None,
+                     fp8: bool = True) -> tuple[str, float, float, float, bool]:
+        """A layer's linear: n rows through a d_in x d_out weight of wb bytes per parameter (the layers' own by
+        default, which run on FP8 tensor cores when they are FP8)."""
         b = self.model.dtype_bytes
-        return self._roof(name, 2.0 * n * d_in * d_out, self.model.weight_bytes * d_in * d_out + b * (n * d_in + n * d_out))
+        wb = self.model.weight_bytes if wb is None else wb
+        return name, 2.0 * n * d_in * d_out, wb * d_in * d_out + b * (n * d_in + n * d_out), 1.0, fp8
 
-    # ---- one layer ------------------------------------------------------------
-    def layer_ops(self, batch: Batch) -> list[Op]:
-        m, b, tp = self.model, self.model.dtype_bytes, self.tp
-        n = batch.n_tokens
-        d, ffn_local = m.hidden, m.ffn // tp
-        ops = [
-            self._linear("qkv_proj", n, d, self.q_local + 2 * self.kv_local),
-            self._linear("attn_out_proj", n, self.q_local, d),
-        ]
-        if m.gated_mlp:
-            ops.append(self._linear("mlp_gate_up", n, d, 2 * ffn_local))
+    def _linear(self, name: str, n: int, d_in: int, d_out: int) -> Op:
+        """The LM head's kind of linear (bf16 math, the head's bytes)."""
+        b = self.model.dtype_bytes
+        return self._roof(name, 2.0 * n * d_in * d_out, self.model.head_bytes * d_in * d_out + b * (n * d_in + n * d_out))
+
+    def _local(self, n: int) -> float:
+        """Tokens one GPU's attention sees: all of them, or its data-parallel group's share."""
+        return n if self.dp == 1 else n / self.dp
+
+    # ---- one layer: the operators of a step of n tokens that only its token count sets --------------
+    def token_terms(self, n: int) -> list[Term]:
+        """Projections, FFN or experts: their cost depends on the step's token count alone."""
+        m, tp = self.model, self.tp
+        nl = self._local(n)
+        d = m.hidden
+        terms: list[Term] = []
+        if m.is_mla:
+            h = self.heads_local
+            if m.q_lora_rank:
+                terms.append((*self._linear_term("q_a_proj", nl, d, m.q_lora_rank), LAYER))
+                terms.append((*self._linear_term("q_b_proj", nl, m.q_lora_rank, h * m.head_dim), LAYER))
+            else:
+                terms.append((*self._linear_term("q_proj", nl, d, h * m.head_dim), LAYER))
+            terms.append((*self._linear_term("kv_a_proj", nl, d, m.latent_dim), LAYER))
+            terms.append((*self._linear_term("attn_out_proj", nl, h * m.v_head_dim, d), LAYER))
         else:
-            ops.append(self._linear("mlp_up", n, d, ffn_local))
-        ops.append(self._linear("mlp_down", n, ffn_local, d))
-        # Prefill attention: each chunk attends causally to itself and re-reads the KV of its earlier chunks.
-        fl = by = 0.0
-        for start, length, _ in batch.chunks:
-            pairs = length * start + length * (length + 1) / 2
-            fl += 4.0 * m.head_dim * self.heads_local * pairs
-            by += b * (2 * length * self.q_local + 2 * (start + length) * self.kv_local + 2 * length * self.kv_local)
-        if batch.chunks:
-            ops.append(self._roof("prefill_attention", fl, by))
-        if batch.decodes:
-            ctx = sum(batch.decodes)
-            k = len(batch.decodes)
-            ops.append(self._roof(
-                "decode_attention",
-                4.0 * m.head_dim * self.heads_local * ctx,
-                b * (2 * ctx * self.kv_local + 2 * k * self.q_local + 2 * k * self.kv_local),
-                self.gpu.decode_attention_fraction,
-            ))
+            terms.append((*self._linear_term("qkv_proj", nl, d, self.q_local + 2 * self.kv_local), LAYER))
+            terms.append((*self._linear_term("attn_out_proj", nl, self.q_local, d), LAYER))
+        if not m.is_moe or m.dense_layers:
+            ffn_local = m.ffn // tp
+            if m.gated_mlp:
+                terms.append((*self._linear_term("mlp_gate_up", nl, d, 2 * ffn_local), DENSE_FFN))
+            else:
+                terms.append((*self._linear_term("mlp_up", nl, d, ffn_local), DENSE_FFN))
+            terms.append((*self._linear_term("mlp_down", nl, ffn_local, d), DENSE_FFN))
+        if m.is_moe:
+            terms.append((*self._linear_term("moe_router", nl, d, m.n_experts, wb=m.dtype_bytes, fp8=False), MOE))
+            terms.append((*self._experts_term(n), MOE))
+            if m.shared_ffn:
+                s_local = m.shared_ffn // tp
+                terms.append((*self._linear_term("shared_expert_gate_up", nl, d, (m.mlp_matrices - 1) * s_local), MOE))
+                terms.append((*self._linear_term("shared_expert_down", nl, s_local, d), MOE))
+        return terms
+
+    def _experts_term(self, n: int) -> tuple[str, float, float, float, bool]:
+        """The routed experts of one MoE layer, on one GPU: its share of the n·k token-expert pairs, and the
+        weights of the distinct experts those touch among the ones it holds."""
+        m = self.model
+        e, k, g, d = m.n_experts, m.experts_per_tok, m.mlp_matrices, m.hidden
+        if self.ep > 1:
+            held, f_local, pairs = e / self.ep, m.expert_ffn, n * k / self.ep
+        else:
+            held, f_local, pairs = e, m.expert_ffn / self.tp, n * k
+        touched = held * expected_experts(e, k, n) / e
+        flops = 2.0 * pairs * g * d * f_local
+        act = m.dtype_bytes * pairs * (d + (g - 1) * f_local + f_local + d)  # up/gate in and out, down in and out
+        return "moe_experts", flops, touched * g * d * f_local * m.expert_bytes + act, 1.0, True
+
+    # ---- one layer: attention, whose cost depends on the step's shape --------------------------------------
+    def shape_terms(self, chunks, n_decodes: int, decode_ctx: int,
+                    window_ctx: dict[int, int] | None = None) -> list[Term]:
+        """Attention of chunks [(start, computed tokens)] and of n_decodes decodes over decode_ctx positions in all
+        (window_ctx: per window W, the sum of min(context, W); without it, min(decode_ctx, n_decodes·W), exact when
+        every context is on one side of W)."""
+        m = self.model
+        b, kvb = m.dtype_bytes, m.kv_elem_bytes
+        h, hd = self.heads_local, m.head_dim
+        split = self.dp if self.dp > 1 else 0
+        terms: list[Term] = []
+        if chunks:
+            if m.is_mla:
+                rows = 0
+                for start, length in chunks:
+                    rows += start + length
+                width = h * (m.qk_nope_head_dim + m.v_head_dim)
+                terms.append(("mla_kv_b_proj", 2.0 * rows * m.kv_lora_rank * width,
+                              m.weight_bytes * m.kv_lora_rank * width + kvb * rows * m.kv_lora_rank + b * rows * width,
+                              1.0, True, LAYER))
+            for w in self.attention_windows:
+                fl = by = 0.0
+                for start, length in chunks:
+                    pairs = window_pairs(start, length, w)
+                    ctx = start + length if w == 0 else min(start, w - 1) + length
+                    if m.is_mla:
+                        fl += 2.0 * h * pairs * (hd + m.v_head_dim)
+                        by += b * (length * h * hd + length * h * m.v_head_dim + ctx * h * (hd + m.v_head_dim)) + kvb * length * m.latent_dim
+                    else:
+                        fl += 4.0 * hd * h * pairs
+                        if kvb == b:
+                            by += b * (2 * length * self.q_local + 2 * ctx * self.kv_local + 2 * length * self.kv_local)
+                        else:
+                            by += b * 2 * length * self.q_local + kvb * (2 * ctx * self.kv_local + 2 * length * self.kv_local)
+                if split:
+                    fl, by = fl / split, by / split
+                terms.append(("prefill_attention", fl, by, 1.0, False, ("attn", w)))
+        if n_decodes:
+            k = n_decodes
+            if m.is_mla:
+                r = m.kv_lora_rank
+                fl = 2.0 * k * h * (m.qk_nope_head_dim * r + r * m.v_head_dim)
+                by = b * h * r * (m.qk_nope_head_dim + m.v_head_dim) + b * k * h * (m.qk_nope_head_dim + 2 * r + m.v_head_dim)
+                terms.append(("mla_absorb", fl / split if split else fl, by, 1.0, False, LAYER))
+            for w in self.attention_windows:
+                if w == 0:
+                    ctx = decode_ctx
+                elif window_ctx is not None:
+                    ctx = window_ctx[w]
+                else:
+                    ctx = min(decode_ctx, k * w)
+                if m.is_mla:
+                    fl = 2.0 * h * ctx * (m.latent_dim + m.kv_lora_rank)
+                    by = kvb * ctx * m.latent_dim + b * k * h * (m.latent_dim + m.kv_lora_rank) + kvb * k * m.latent_dim
+                else:
+                    fl = 4.0 * hd * h * ctx
+                    if kvb == b:
+                        by = b * (2 * ctx * self.kv_local + 2 * k * self.q_local + 2 * k * self.kv_local)
+                    else:
+                        by = kvb * (2 * ctx * self.kv_local + 2 * k * self.kv_local) + b * 2 * k * self.q_local
+                if split:
+                    fl, by = fl / split, by / split
+                terms.append(("decode_attention", fl, by, self.gpu.decode_attention_fraction, False, ("attn", w)))
+        return terms
+
+    # ---- one layer: what follows attention, set by the token count ------------------------------------------------
+    def tail_ops(self, n: int) -> list[tuple[Op, object]]:
+        m, b, tp = self.model, self.model.dtype_bytes, self.tp
+        nl = self._local(n)
+        d = m.hidden
         # Norms, residual adds, rotary, activation: memory-bound elementwise passes.
-        act = (3 if m.gated_mlp else 2) * ffn_local
-        ops.append(self._roof("norms_elementwise", 10.0 * n * d, b * n * (10 * d + act + 2 * (self.q_local + self.kv_local))))
+        if m.is_moe:
+            act = m.mlp_matrices * (m.experts_per_tok * m.expert_ffn + m.shared_ffn) // tp
+        else:
+            act = (3 if m.gated_mlp else 2) * (m.ffn // tp)
+        qkv = self.q_local + (m.latent_dim if m.is_mla else self.kv_local)
+        ops = [(self._roof("norms_elementwise", 10.0 * nl * d, b * nl * (10 * d + act + 2 * qkv)), LAYER)]
         if tp > 1:
-            per_reduce = 2.0 * (tp - 1) / tp * n * d * b
+            per_reduce = 2.0 * (tp - 1) / tp * nl * d * b
             ar = self._link("tp_allreduce", per_reduce, self.gpu.interconnect_bw)
-            ops.append(Op(ar.name, 0.0, 2 * ar.bytes, 2 * ar.seconds, "link"))
+            ops.append((Op(ar.name, 0.0, 2 * ar.bytes, 2 * ar.seconds, "link"), LAYER))
+        if self.dp > 1:
+            ops.append((self._all_to_all(n), MOE))
         return ops
 
+    def _all_to_all(self, n: int) -> Op:
+        """Dispatch and combine of one MoE layer: each GPU sends the k copies of its 1/ep of the step's tokens to the
+        GPUs holding their experts, and takes as many back; in a node over NVLink, past it over the network."""
+        m, g = self.model, self.gpu
+        out = n / self.ep * m.experts_per_tok * m.hidden * m.dtype_bytes  # token copies one GPU sends, each way
+        gpn = max(1, g.gpus_per_node)
+        near = out * (min(self.ep, gpn) - 1) / self.ep
+        far = out * max(self.ep - gpn, 0) / self.ep
+        one_way = max(near / (g.interconnect_bw * g.network_fraction), far / (g.network_bw * g.network_fraction))
+        return Op("ep_all_to_all", 0.0, 2 * (near + far), 2 * (one_way + g.collective_latency_s), "link")
+
+    def layer_ops(self, batch: Batch) -> list[tuple[Op, object]]:
+        """One layer's operators, each with the count key that says on how many of a stage's layers it runs."""
+        n = batch.n_tokens
+        decodes = batch.decodes
+        window_ctx = {w: sum(min(c, w) for c in decodes) for w in self.windows} if decodes and self.windows else None
+        terms = self.token_terms(n) + self.shape_terms([(s, length) for s, length, _ in batch.chunks], len(decodes),
+                                                       sum(decodes), window_ctx)
+        ops = [(self._roof(name, fl, by, share, fp8), key) for name, fl, by, share, fp8, key in terms]
+        return ops + self.tail_ops(n)
+
     # ---- stages and steps -------------------------------------------------------
-    def stage_cost(self, batch: Batch, stage: int, layer_ops: list[Op] | None = None) -> StageCost:
+    def stage_cost(self, batch: Batch, stage: int, layer_ops: list[tuple[Op, object]] | None = None) -> StageCost:
         m, b = self.model, self.model.dtype_bytes
         n = batch.n_tokens
         layer_ops = self.layer_ops(batch) if layer_ops is None else layer_ops
+        counts = self.stage_counts[stage]
         ops: list[Op] = []
         if stage == 0:
-            ops.append(self._roof("embedding", 0.0, 2.0 * n * m.hidden * b))
+            ops.append(self._roof("embedding", 0.0, 2.0 * self._local(n) * m.hidden * b))
             if self.gpu.step_overhead_s:
                 ops.append(Op("step_overhead", 0.0, 0.0, self.gpu.step_overhead_s, "overhead"))
-        ops += [op.scaled(self.stage_layers[stage]) for op in layer_ops]
+        ops += [op.scaled(counts[key]) for op, key in layer_ops if counts.get(key)]
         if stage == self.pp - 1:
             if batch.n_emit:
                 vocab_local = -(-m.vocab // self.tp)
-                ops.append(self._linear("lm_head", batch.n_emit, m.hidden, vocab_local))
+                ops.append(self._linear("lm_head", self._local(batch.n_emit), m.hidden, vocab_local))
         else:
-            ops.append(self._link("pp_send", n * m.hidden * b, self.send_bw[stage]))
+            ops.append(self._link("pp_send", self._local(n) * m.hidden * b, self.send_bw[stage]))
         if batch.chunks and batch.decodes and self.gpu.mixed_step_factor != 1.0:
             ops.append(Op("mixed_step", 0.0, 0.0, (self.gpu.mixed_step_factor - 1.0) * sum(op.seconds for op in ops), "overhead"))
         return StageCost(ops)
@@ -192,62 +410,78 @@ class CostModel:
     # ---- the same time, fast -----------------------------------------------------
     # A capacity search prices hundreds of thousands of steps; building every Op of every step was half of the
     # sim's time (benchmarks.sim.steps --profile). Without pipeline stages a step's time is a sum whose terms
-    # depend on the token count alone (embedding, overhead, linears, elementwise passes, all-reduce), on the
-    # emitting rows (LM head), or on the attention shapes: the first two are priced once per count and cached,
+    # depend on the token count alone (embedding, overhead, linears, experts, elementwise passes, collectives), on
+    # the emitting rows (LM head), or on the attention shapes: the first two are priced once per count and cached,
     # and the sum keeps step_cost's order of terms, so the two give the same float.
-    def fast_seconds(self, chunks: list[tuple[int, int]], n_decodes: int, decode_ctx: int, n_emit: int) -> float:
-        """step_cost(batch).seconds for pp == 1, from (start, computed tokens) per chunk and the decode totals."""
+    def fast_seconds(self, chunks: list[tuple[int, int]], n_decodes: int, decode_ctx: int, n_emit: int,
+                     window_ctx: dict[int, int] | None = None) -> float:
+        """step_cost(batch).seconds for pp == 1, from (start, computed tokens) per chunk and the decode totals
+        (window_ctx: see shape_terms)."""
         n = n_decodes
         for _, length in chunks:
             n += length
         parts = self._by_tokens.get(n)
         if parts is None:
             parts = self._by_tokens[n] = self._token_terms(n)
-        head, norms, reduce = parts
+        head, tail = parts
         total = head
-        layers = self.stage_layers[0]
-        if chunks:
-            m, b = self.model, self.model.dtype_bytes
-            fl = by = 0.0
-            for start, length in chunks:
-                pairs = length * start + length * (length + 1) / 2
-                fl += 4.0 * m.head_dim * self.heads_local * pairs
-                by += b * (2 * length * self.q_local + 2 * (start + length) * self.kv_local + 2 * length * self.kv_local)
-            total += self._roof_seconds(fl, by) * layers
-        if n_decodes:
-            m, b = self.model, self.model.dtype_bytes
-            total += self._roof_seconds(4.0 * m.head_dim * self.heads_local * decode_ctx,
-                                        b * (2 * decode_ctx * self.kv_local + 2 * n_decodes * self.q_local
-                                             + 2 * n_decodes * self.kv_local), self.gpu.decode_attention_fraction) * layers
-        total += norms
-        if reduce is not None:
-            total += reduce
+        if chunks or n_decodes:
+            if self._plain_groups is not None:  # shape_terms' grouped-query attention, written out: the hot path
+                m, b = self.model, self.model.dtype_bytes
+                per_pair = 4.0 * m.head_dim * self.heads_local
+                q, kv = self.q_local, self.kv_local
+                if chunks:
+                    for w, count in self._plain_groups:
+                        fl = by = 0.0
+                        for start, length in chunks:
+                            fl += per_pair * window_pairs(start, length, w)
+                            ctx = start + length if w == 0 else min(start, w - 1) + length
+                            by += b * (2 * length * q + 2 * ctx * kv + 2 * length * kv)
+                        total += self._time(fl, by) * count
+                if n_decodes:
+                    share = self.gpu.decode_attention_fraction
+                    for w, count in self._plain_groups:
+                        ctx = decode_ctx if w == 0 else window_ctx[w] if window_ctx is not None else min(decode_ctx, n_decodes * w)
+                        total += self._time(per_pair * ctx, b * (2 * ctx * kv + 2 * n_decodes * q + 2 * n_decodes * kv),
+                                            share) * count
+            else:
+                counts = self.stage_counts[0]
+                for _, fl, by, share, fp8, key in self.shape_terms(chunks, n_decodes, decode_ctx, window_ctx):
+                    count = counts.get(key)
+                    if count:
+                        total += self._time(fl, by, share, fp8) * count
+        for seconds in tail:
+            total += seconds
         if n_emit:
             lm = self._lm_head.get(n_emit)
             if lm is None:
-                lm = self._lm_head[n_emit] = self._linear("lm_head", n_emit, self.model.hidden, -(-self.model.vocab // self.tp)).seconds
+                lm = self._lm_head[n_emit] = self._linear("lm_head", self._local(n_emit), self.model.hidden,
+                                                          -(-self.model.vocab // self.tp)).seconds
             total += lm
         if chunks and n_decodes and self.gpu.mixed_step_factor != 1.0:
             total += (self.gpu.mixed_step_factor - 1.0) * total
         return total
 
     def _roof_seconds(self, flops: float, nbytes: float, share: float = 1.0) -> float:
-        return max(flops / (self.gpu.flops * self.gpu.compute_fraction * share),
-                   nbytes / (self.gpu.mem_bw * self.gpu.memory_fraction * share))
+        return self._time(flops, nbytes, share)
 
-    def _token_terms(self, n: int) -> tuple[float, float, float | None]:
-        """The terms of a step of n tokens that its shape does not change: (the partial sum up to and including
-        the linears, the elementwise passes, the all-reduce or None), each as stage_cost adds it."""
+    def _token_terms(self, n: int) -> tuple[float, list[float]]:
+        """The terms of a step of n tokens that its shape does not change, each as stage_cost adds it: the partial
+        sum up to and including the linears and experts, then each term after attention (elementwise passes,
+        collectives) on its own."""
         if self.pp != 1:
             raise ValueError("fast_seconds prices single-stage steps; pipeline stages go through step_cost")
-        ops = self.stage_cost(Batch(((0, n, False),)), 0)
-        by_name = {op.name: op.seconds for op in ops.ops}
-        total = 0.0
-        for op in ops.ops:
-            if op.name in ("prefill_attention", "decode_attention", "norms_elementwise"):
-                break
-            total += op.seconds
-        return total, by_name["norms_elementwise"], by_name.get("tp_allreduce")
+        m = self.model
+        counts = self.stage_counts[0]
+        head = 0.0
+        head += self._roof("embedding", 0.0, 2.0 * self._local(n) * m.hidden * m.dtype_bytes).seconds
+        if self.gpu.step_overhead_s:
+            head += self.gpu.step_overhead_s
+        for name, fl, by, share, fp8, key in self.token_terms(n):
+            if counts.get(key):
+                head += self._roof(name, fl, by, share, fp8).scaled(counts[key]).seconds
+        tail = [op.scaled(counts[key]).seconds for op, key in self.tail_ops(n) if counts.get(key)]
+        return head, tail
 
     def stage_seconds(self, batch: Batch) -> list[float]:
         return [s.seconds for s in self.step_cost(batch).stages]
@@ -256,20 +490,48 @@ class CostModel:
     def weight_bytes_per_gpu(self) -> float:
         """Weights on the most loaded GPU (first or last stage, which hold the embedding / LM head)."""
         m = self.model
-        layer = m.layer_params / self.tp
-        emb = m.embedding_params / self.tp
-        per_stage = [layers * layer for layers in self.stage_layers]
+        if not (m.is_moe or m.is_mla) and m.head_bytes == m.weight_bytes:
+            layer = m.layer_params / self.tp
+            emb = m.embedding_params / self.tp
+            per_stage = [layers * layer for layers in self.stage_layers]
+            per_stage[0] += emb
+            if not m.tied_embeddings or self.pp > 1:
+                per_stage[-1] += emb  # untied head, or a tied one that must live on the last stage too
+            return max(per_stage) * m.weight_bytes
+        emb = m.embedding_params / self.tp * m.head_bytes
+        per_stage = [sum(self._layer_weight_bytes(i) for i in range(lo, hi)) for lo, hi in self.stage_ranges]
         per_stage[0] += emb
         if not m.tied_embeddings or self.pp > 1:
-            per_stage[-1] += emb  # untied head, or a tied one that must live on the last stage too
-        return max(per_stage) * m.weight_bytes
+            per_stage[-1] += emb
+        return max(per_stage)
+
+    def _layer_weight_bytes(self, i: int) -> float:
+        m, tp = self.model, self.tp
+        wb = m.weight_bytes
+        if m.is_mla:  # q_a and kv_a are replicated on every TP rank (vLLM's ReplicatedLinear), the rest split
+            attn = (m.mla_q_a_params + m.mla_kv_a_params) * wb + (m.mla_q_b_params + m.mla_kv_b_params
+                                                                   + m.v_dim * m.hidden) / tp * wb
+        else:
+            attn = m.attn_params / tp * wb
+        norms = 2 * m.hidden / tp * wb
+        if not m.is_moe_layer(i):
+            return attn + norms + m.dense_ffn_params / tp * wb
+        experts = m.n_experts * m.expert_params / (self.ep if self.ep > 1 else tp) * m.expert_bytes
+        return attn + norms + experts + m.shared_params / tp * wb + m.router_params * m.dtype_bytes
 
     def kv_bytes_per_token_per_gpu(self) -> float:
-        return 2 * max(self.stage_layers) * self.kv_local * self.model.dtype_bytes
+        """One token's KV cache on the most loaded GPU, every layer of its stage holding it (no window cap)."""
+        m = self.model
+        if m.is_mla:  # the latent is not split by heads: every TP rank holds all of it
+            return max(self.stage_layers) * m.latent_dim * m.kv_elem_bytes
+        return 2 * max(self.stage_layers) * self.kv_local * m.kv_elem_bytes
 
     def activation_bytes(self, max_step_tokens: int) -> float:
         m = self.model
         width = max(m.hidden, (2 if m.gated_mlp else 1) * m.ffn // self.tp, self.q_local + 2 * self.kv_local)
+        if m.is_moe:
+            f_local = m.expert_ffn if self.ep > 1 else m.expert_ffn // self.tp
+            width = max(width, (m.mlp_matrices - 1) * m.experts_per_tok * f_local)
         return 4.0 * max_step_tokens * width * m.dtype_bytes
 
     def free_bytes(self, max_step_tokens: int = 0) -> float:
@@ -279,30 +541,59 @@ class CostModel:
         free = self.free_bytes(0)
         if free <= 0:
             need = (self.weight_bytes_per_gpu() + self.gpu.memory_reserve_bytes) / GiB
+            more = "raise --tp, --pp or --ep" if self.model.is_moe else "raise --tp or --pp"
             raise SimConfigError(
-                f"{self.model.name} does not fit on {self.gpu.name} (tp={self.tp}, pp={self.pp}): it needs {need:.1f} GiB "
+                f"{self.model.name} does not fit on {self.gpu.name} ({self.layout}): it needs {need:.1f} GiB "
                 f"per GPU for weights and reserve, the GPU has {self.gpu.mem_bytes / GiB:.1f} GiB, short by "
-                f"{-free / GiB:.1f} GiB before any KV cache; raise --tp or --pp"
+                f"{-free / GiB:.1f} GiB before any KV cache; {more}"
             )
 
+    @property
+    def layout(self) -> str:
+        return f"tp={self.tp}, pp={self.pp}" + (f", ep={self.ep}" if self.ep > 1 else "")
+
     def kv_capacity_tokens(self, max_step_tokens: int = 0) -> int:
-        return max(0, int(self.free_bytes(max_step_tokens) // self.kv_bytes_per_token_per_gpu()))
+        """Tokens of KV cache that fit (on every layer; a sliding window's layers hold fewer of a long sequence's,
+        which kv_capacity_positions counts), over all data-parallel groups."""
+        per_gpu = max(0, int(self.free_bytes(max_step_tokens) // self.kv_bytes_per_token_per_gpu()))
+        return per_gpu * self.dp if self.dp > 1 else per_gpu
+
+    def kv_capacity_positions(self, max_step_tokens: int = 0) -> int:
+        """The same room counted in positions summed over layers (ModelSpec.kv_positions), as a windowed model's
+        sequences are held."""
+        return self.kv_capacity_tokens(max_step_tokens) * self.model.n_layers
 
     def max_sequences(self, max_seq_len: int, max_step_tokens: int = 0) -> int:
+        if self.model.windows:
+            return self.kv_capacity_positions(max_step_tokens) // max(self.model.kv_positions(max(max_seq_len, 1)), 1)
         return self.kv_capacity_tokens(max_step_tokens) // max(max_seq_len, 1)
 
 
-def check_parallel(model: ModelSpec, tp: int, pp: int) -> None:
-    if tp < 1 or pp < 1:
-        raise SimConfigError(f"--tp and --pp must be at least 1, got tp={tp}, pp={pp}")
+def check_parallel(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> None:
+    if tp < 1 or pp < 1 or ep < 1:
+        raise SimConfigError(f"--tp, --pp and --ep must be at least 1, got tp={tp}, pp={pp}, ep={ep}")
     if model.n_heads % tp:
         raise SimConfigError(f"--tp {tp} does not divide {model.name}'s {model.n_heads} attention heads")
-    if model.n_kv_heads % tp and tp % model.n_kv_heads:
+    if not model.is_mla and model.n_kv_heads % tp and tp % model.n_kv_heads:
         raise SimConfigError(f"--tp {tp} and {model.name}'s {model.n_kv_heads} KV heads: neither divides the other")
-    if model.ffn % tp:
+    if (not model.is_moe or model.dense_layers) and model.ffn % tp:
         raise SimConfigError(f"--tp {tp} does not divide {model.name}'s FFN size {model.ffn}")
     if pp > model.n_layers:
         raise SimConfigError(f"--pp {pp} is more stages than {model.name}'s {model.n_layers} layers")
+    if model.is_moe:
+        if ep == 1 and model.expert_ffn % tp:
+            raise SimConfigError(f"--tp {tp} does not divide {model.name}'s expert FFN size {model.expert_ffn}")
+        if model.shared_ffn % tp:
+            raise SimConfigError(f"--tp {tp} does not divide {model.name}'s shared-expert FFN size {model.shared_ffn}")
+    if ep > 1:
+        if not model.is_moe:
+            raise SimConfigError(f"--ep {ep}: {model.name} is dense, it has no experts to spread")
+        if ep % tp:
+            raise SimConfigError(f"--ep {ep} is not a multiple of --tp {tp} (expert-parallel GPUs are the tensor-parallel "
+                                 "groups times the data-parallel attention groups)")
+        if model.n_experts % ep:
+            raise SimConfigError(f"--ep {ep} does not divide {model.name}'s {model.n_experts} experts")
 
 
-__all__ = ["Batch", "CostModel", "Op", "StageCost", "StepCost", "check_parallel", "field"]
+__all__ = ["Batch", "CostModel", "Op", "StageCost", "StepCost", "check_parallel", "expected_experts", "window_pairs",
+           "field"]

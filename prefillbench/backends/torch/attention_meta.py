@@ -10,6 +10,11 @@ a decode step whose contract is built from its static input buffers
 
 The routes (flex.py, flash.py) read this contract; the CPU route keeps its own
 `StepLayout` (packed.py), tuned for its C kernels.
+
+On CUDA the contract's host arrays (and the step's tokens, positions and LM-head
+rows, `extra`) travel in one pinned, non-blocking copy (`upload`), not one
+pageable synchronous copy each: a mixed step of a few decodes is otherwise
+bound by the host.
 """
 from __future__ import annotations
 
@@ -50,6 +55,8 @@ class AttentionMeta:
     decode_contexts: torch.Tensor  # [m] int32: position + 1, the positions each decode reads
     #: What a route builds from the above once per step (its block masks), so no layer rebuilds it.
     route_state: dict[str, Any] = field(default_factory=dict)
+    #: The caller's own arrays, uploaded with the contract (for_step's `extra`): int64 tensors by name.
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def n_decodes(self) -> int:
@@ -61,8 +68,10 @@ class AttentionMeta:
         return all(c.start == 0 for c in self.chunks)
 
     @classmethod
-    def for_step(cls, step: Step, packed: PackedStep, slots: list[int], device: torch.device) -> "AttentionMeta":
-        """The contract of a packed step whose sequences sit in `slots` (prefills' then decodes', in step order)."""
+    def for_step(cls, step: Step, packed: PackedStep, slots: list[int], device: torch.device,
+                 extra: dict[str, np.ndarray] | None = None) -> "AttentionMeta":
+        """The contract of a packed step whose sequences sit in `slots` (prefills' then decodes', in step order);
+        `extra`: more int arrays to carry to the device in the same copy (meta.extra)."""
         chunks = []
         row_slots = np.empty(len(packed.tokens), dtype=np.int64)
         for chunk, row, slot in zip(step.prefills, packed.chunk_offsets, slots):
@@ -70,23 +79,30 @@ class AttentionMeta:
             chunks.append(ChunkRows(slot, chunk.start, row, n))
             row_slots[row : row + n] = slot
         row_slots[packed.decode_from :] = slots[len(step.prefills) :]
-        lengths = np.array([c.length for c in chunks], dtype=np.int32)
-        contexts = np.array([c.start + c.length for c in chunks], dtype=np.int32)
-        decode_positions = packed.positions[packed.decode_from :]
-        to = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+        lengths = np.array([c.length for c in chunks], dtype=np.int64)
+        contexts = np.array([c.start + c.length for c in chunks], dtype=np.int64)
+        arrays = {
+            "row_slots": row_slots,
+            "row_positions": packed.positions,
+            "cu_seqlens_q": np.concatenate([[0], np.cumsum(lengths)]),
+            "cu_seqlens_k": np.concatenate([[0], np.cumsum(contexts)]),
+            "chunk_slots": np.array([c.slot for c in chunks], dtype=np.int64),
+            "chunk_contexts": contexts,
+            "decode_slots": np.array(slots[len(step.prefills) :], dtype=np.int64),
+            "decode_contexts": packed.positions[packed.decode_from :] + 1,
+        }
+        names = list(arrays)
+        arrays.update(extra or {})
+        t = upload(arrays, device)
+        int32 = {"cu_seqlens_q", "cu_seqlens_k", "chunk_slots", "chunk_contexts", "decode_contexts"}
+        fields = {name: t[name].to(torch.int32) if name in int32 else t[name] for name in names}
         return cls(
-            row_slots=to(row_slots, torch.long),
-            row_positions=to(packed.positions, torch.long),
             n_prefill=packed.decode_from,
             chunks=tuple(chunks),
-            cu_seqlens_q=to(np.concatenate([[0], np.cumsum(lengths)]), torch.int32),
-            cu_seqlens_k=to(np.concatenate([[0], np.cumsum(contexts)]), torch.int32),
-            chunk_slots=to(np.array([c.slot for c in chunks], dtype=np.int64), torch.int32),
-            chunk_contexts=to(contexts, torch.int32),
             max_seqlen_q=int(lengths.max(initial=0)),
             max_seqlen_k=int(contexts.max(initial=0)),
-            decode_slots=to(np.array(slots[len(step.prefills) :], dtype=np.int64), torch.long),
-            decode_contexts=to(decode_positions + 1, torch.int32),
+            extra={name: t[name] for name in extra or {}},
+            **fields,
         )
 
     @classmethod
@@ -99,3 +115,17 @@ class AttentionMeta:
             max_seqlen_q=0, max_seqlen_k=0,
             decode_slots=slots, decode_contexts=(positions + 1).to(torch.int32),
         )
+
+
+def upload(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """The arrays as int64 tensors on `device`, by name. On a CPU, views of the arrays where they are int64
+    already; elsewhere one host buffer, pinned on CUDA, copied in one non-blocking transfer and split into views
+    (the host allocator keeps a pinned block until the copies reading it are done)."""
+    flat = [np.ascontiguousarray(a, dtype=np.int64).reshape(-1) for a in arrays.values()]
+    if device.type == "cpu":
+        return {name: torch.from_numpy(a) for name, a in zip(arrays, flat)}
+    host = torch.from_numpy(np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64))
+    if device.type == "cuda":
+        host = host.pin_memory()
+    on_device = host.to(device, non_blocking=True)
+    return dict(zip(arrays, on_device.split([a.size for a in flat])))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from prefillbench.backends.torch.attention_meta import AttentionMeta
 from prefillbench.backends.torch.routes import Route, RouteLayout, choose_route, make_route, requested_route, route_note, warm_route
 from prefillbench.backends.torch.cpu.decode_plan import CpuDecodePlan
 from prefillbench.backends.torch.compiled import CompiledDecode
-from prefillbench.backends.torch.fused import FusedDecoder
+from prefillbench.backends.torch.fused import CompiledLayerOps, FusedDecoder
 from prefillbench.backends.torch.graphs import DecodeGraphs
 from prefillbench.backends.torch.kernel_choice import TIMED_CONTEXT, KernelChoice, Shapes, decide
 from prefillbench.backends.torch.linear import LinearKernels
@@ -103,14 +104,18 @@ class TorchBackend(Backend):
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
                  parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True,
                  compile_decode: bool = False, decode_plan: bool = True, attention: str | None = None,
-                 kernels: str = "auto") -> None:
+                 kernels: str = "auto", flex_compiled: bool | None = None, compile_layer_ops: bool | None = None) -> None:
         """`tune_linear`: time the linear-layer kernels per row count (torch_linear); `cuda_graphs`:
         replay decode-only steps from CUDA graphs on a CUDA device (torch_graphs); `compile_decode`: run
         decode-only steps on the CPU through inductor-compiled graphs (torch_compiled); `decode_plan`: run
         them on the CPU as one list of C calls where it applies (cpu_decode_plan); `attention`: auto, flex
         or flash (default: PREFILLBENCH_ATTENTION, else auto: the CPU route on a CPU, flash or flex on
         CUDA; flex on a CPU runs the CUDA route's code eagerly, for tests; see routes.py); `kernels`: "auto",
-        the C kernels where they build and win when timed at prepare(), or "torch", plain torch only (kernel_choice)."""
+        the C kernels where they build and win when timed at prepare(), or "torch", plain torch only (kernel_choice);
+        `flex_compiled`: whether the flex route compiles (default: on CUDA only; True on a CPU compiles it through
+        inductor's C++ template, for the tests of the compiled route; not a command-line option);
+        `compile_layer_ops`: a fused decoder's elementwise work (add + RMSNorm, rotary, SiLU gate) through
+        inductor-compiled functions, one kernel a call (fused.CompiledLayerOps; default: on CUDA, off a CPU route)."""
         try:
             self.kernel_choice = KernelChoice(kernels)
         except ValueError as e:
@@ -147,6 +152,9 @@ class TorchBackend(Backend):
         self.vocab_size = text.vocab_size
         self.route_name = choose_route(self.torch_device.type, requested_route(attention), flash.available())
         self.route: Route | None = None  # made with the cache it reads
+        self.flex_compiled = self.torch_device.type == "cuda" if flex_compiled is None else bool(flex_compiled)
+        # The compiled flex route's compiles: at warm-ups (graphs, seconds), and after them (inside steps: 0 is the target).
+        self.flex_compiles = {"warm_graphs": 0, "warm_seconds": 0.0, "late_graphs": 0}
         self.sizes = memory.ModelSizes(self.n_layers, self.heads, self.kv_heads, self.head_dim, text.hidden_size,
                                        getattr(text, "intermediate_size", None) or 4 * text.hidden_size, self.vocab_size,
                                        self.dtype.itemsize)
@@ -159,6 +167,15 @@ class TorchBackend(Backend):
         self.graphs_note = "on" if self.use_cuda_graphs else "off"
         # Sharded layers keep transformers' own forward (its hooks do the all-reduces).
         self.fused = FusedDecoder.build(model, packed_attention) if parallel is None else None
+        if compile_layer_ops is None:
+            compile_layer_ops = self.torch_device.type == "cuda" and self.route_name != "cpu"
+        self.layer_ops_note: str | None = None  # why the compiled layer ops are off, where they were asked for
+        if compile_layer_ops and self.fused is not None:
+            if self.route_name == "cpu":
+                raise BackendError("compiled layer ops run beside a CUDA route's attention (flex or flash), not the CPU route's")
+            self.fused.compile_ops = self.fused.rms_norms
+            if not self.fused.rms_norms:
+                self.layer_ops_note = "torch ops (this model's norms are not the compiled functions' kind)"
         self.linear_kernels = LinearKernels(tune=tune_linear and parallel is None)
         if self.linear_kernels.tune:
             # The LM head's transposed copy (its size again) won its place on CPUs; on CUDA nothing measured it.
@@ -245,12 +262,16 @@ class TorchBackend(Backend):
                 raise BackendError(f"cannot allocate the KV cache of {max_sequences} sequences of {max_seq_len} tokens "
                                    f"({need:.2f} GiB; {self.free_memory(self.torch_device).describe()}): {first}") from None
             if on_route:
+                self._retire_route()
                 self.route = self._make_route()
-                self.route_warm(max_step_tokens)
+                self.route_warm(max_step_tokens)  # before the graphs' capture, whose warm-up runs would compile
+                self.layer_ops_warm()
             if self.use_cuda_graphs:
                 self.decode_graphs = self.make_decode_graphs(capture=True)
             if self.compiled is not None:
                 self.compiled.batch_sizes.clear()  # warmed on the old cache; a new one may change the graphs' guards
+        elif self.route is not None:
+            self.route_warm(max_step_tokens)  # the cache fits, but a larger step may bring a row class not warmed
         if self.compiled is not None:
             self.compiled.warm(range(1, self.cache.n_slots + 1), self.cache.scratch_slot, self.cache.keys, self.cache.values)
         with torch.inference_mode():
@@ -267,21 +288,67 @@ class TorchBackend(Backend):
         self.slots = SlotTable(self.cache.n_slots)
 
     def _make_route(self) -> "Route":
-        return make_route(self.route_name, self.cache.max_len, self.cache.n_slots, self.torch_device)
+        return make_route(self.route_name, self.cache.max_len, self.cache.n_slots, self.torch_device, self.flex_compiled)
+
+    def _retire_route(self) -> None:
+        """Fold the route's late compiles into the backend's count before a new cache replaces it."""
+        if isinstance(self.route, flex.FlexRoute):
+            self.flex_compiles["late_graphs"] += self.route.timed_graphs
+            self.route.timed_graphs = 0
 
     def route_note(self) -> str:
-        return route_note(self.route_name, self.torch_device.type)
+        return route_note(self.route_name, self.torch_device.type, self.flex_compiled)
+
+    def attention_scaling(self) -> float:
+        """The scale the model's attention passes (the first layer's; head_dim ** -0.5 where it keeps none)."""
+        first = next(iter(getattr(self.decoder, "layers", [])), None)
+        return getattr(getattr(first, "self_attn", None), "scaling", self.head_dim**-0.5)
 
     def route_warm(self, max_step_tokens: int) -> None:
-        """Compile the flex route's kernels for every shape class a step can bring, before any step is timed."""
-        heads = self.model.config.get_text_config().num_attention_heads // (self.parallel.tp if self.parallel else 1)
-        warm_route(self.route, self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, heads, max_step_tokens)
+        """Compile the flex route's kernels for every shape class a step can bring, before any step is timed:
+        with the model's own scale (a compiled call guards on it), on the cache the steps will read."""
+        if not isinstance(self.route, flex.FlexRoute) or not self.route.compiled:
+            return
+        graphs, seconds = self.route.warm_graphs, self.route.warm_seconds
+        warm_route(self.route, self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, self.heads, max_step_tokens,
+                   self.attention_scaling())
+        self.flex_compiles["warm_graphs"] += self.route.warm_graphs - graphs
+        self.flex_compiles["warm_seconds"] += self.route.warm_seconds - seconds
+
+    def layer_ops_warm(self) -> None:
+        """Compile the fused decoder's CompiledLayerOps before anything is timed: a forward of one token (a graph
+        of its own) and one of two (every longer step's), on the scratch slot. Where inductor fails, the layer
+        ops stay torch's, and the metadata says why."""
+        if self.fused is None or not self.fused.compile_ops or self.route is None:
+            return
+        dev, scratch = self.torch_device, self.cache.scratch_slot
+        graphs, t0 = flex.graphs_compiled(), time.perf_counter()
+        CompiledLayerOps.marking = True
+        try:
+            with torch.inference_mode():
+                one = torch.full((1,), scratch, dtype=torch.long, device=dev)
+                for meta in (AttentionMeta.for_decodes(torch.zeros_like(one), one), flex._scratch_chunks([2], scratch, dev)):
+                    positions = meta.row_positions
+                    self.route.begin_step(meta)
+                    self._hidden(torch.zeros_like(positions)[None], positions[None], RouteLayout(self.route, meta, self.cache))
+        except Exception as e:  # noqa: BLE001: the torch ops compute the same; the metadata says which ran
+            self.fused.compile_ops = False
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            self.layer_ops_note = f"torch ops (inductor failed: {type(e).__name__}: {first[:160]})"
+        finally:
+            CompiledLayerOps.marking = False
+        self.flex_compiles["warm_graphs"] += flex.graphs_compiled() - graphs
+        self.flex_compiles["warm_seconds"] += time.perf_counter() - t0
+
+    def late_compiles(self) -> int:
+        """Graphs the compiled flex route compiled inside steps, after its warm-ups (the target is 0)."""
+        late = self.flex_compiles["late_graphs"]
+        return late + (self.route.timed_graphs if isinstance(self.route, flex.FlexRoute) else 0)
 
     def _decide_kernels(self, max_step_tokens: int) -> None:
         """Time each C kernel against its torch equivalent on this model's shapes (kernel_choice): it runs only where it won."""
-        first = next(iter(getattr(self.decoder, "layers", [])), None)
-        scaling = getattr(getattr(first, "self_attn", None), "scaling", self.head_dim**-0.5)
-        self.kernel_choice.decide(Shapes(self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, self.heads, scaling,
+        self.kernel_choice.decide(Shapes(self.cache.keys[0], self.cache.values[0], self.cache.scratch_slot, self.heads,
+                                         self.attention_scaling(),
                                          self.fused, max_step_tokens))
 
     def _build_decode_plan(self, max_seq_len: int) -> None:
@@ -352,7 +419,8 @@ class TorchBackend(Backend):
         check_cache_room(step, self.cache.max_len)
         if self.route is not None:
             slots = [self.slots.slot(c.seq_id) for c in step.prefills] + [self.slots.slot(d.seq_id) for d in step.decodes]
-            meta = AttentionMeta.for_step(step, packed, slots, dev)
+            # The step's tokens and LM-head rows ride in the contract's one copy to the device.
+            meta = AttentionMeta.for_step(step, packed, slots, dev, extra={"tokens": packed.tokens, "logit_rows": packed.logit_rows})
             self.route.begin_step(meta)
             return RouteLayout(self.route, meta, self.cache)
         # Decided once a step, so SDPA's masks are built only for the chunks SDPA attends.
@@ -402,8 +470,12 @@ class TorchBackend(Backend):
         packed = pack(step)
         layout = self._layout(step, packed)
         dev = self.torch_device
-        hidden = self._hidden(torch.from_numpy(packed.tokens).to(dev).unsqueeze(0),
-                              torch.from_numpy(packed.positions).to(dev).unsqueeze(0), layout)
+        if isinstance(layout, RouteLayout):
+            tokens, positions, logit_rows = layout.meta.extra["tokens"], layout.meta.row_positions, layout.meta.extra["logit_rows"]
+        else:
+            tokens, positions = torch.from_numpy(packed.tokens).to(dev), torch.from_numpy(packed.positions).to(dev)
+            logit_rows = None
+        hidden = self._hidden(tokens.unsqueeze(0), positions.unsqueeze(0), layout)
         if layout.calls != self.n_layers:
             raise BackendError(
                 f"architecture {self.model.config.model_type!r} bypassed the packed attention "
@@ -413,7 +485,9 @@ class TorchBackend(Backend):
         if not seq_ids:  # a chunk in mid-prompt: no token, no LM head
             return StepResult({})
         # The LM head runs only where a next token is needed.
-        return self._result(seq_ids, self.lm_head(hidden[0, torch.from_numpy(packed.logit_rows).to(dev)]), return_logits)
+        if logit_rows is None:
+            logit_rows = torch.from_numpy(packed.logit_rows).to(dev)
+        return self._result(seq_ids, self.lm_head(hidden[0, logit_rows]), return_logits)
 
     @staticmethod
     def _result(seq_ids, logits: torch.Tensor, return_logits: bool) -> StepResult:
@@ -432,6 +506,10 @@ class TorchBackend(Backend):
         if self.graph_pool_bytes is not None:
             meta["cuda_graph_pool"] = f"{self.graph_pool_bytes / 2**20:.1f} MiB"
         meta["attention_route"] = self.route_note()
+        if (self.route_name == "flex" and self.flex_compiled) or (self.fused is not None and self.fused.compile_ops):
+            c = self.flex_compiles
+            meta["flex_compiles"] = (f"{c['warm_graphs']} graphs at warm-up ({c['warm_seconds']:.0f} s), "
+                                     f"{self.late_compiles()} inside steps")
         meta["kernels"] = self.kernel_choice.mode
         if self.torch_device.type == "cpu" and not self.kernel_choice.plain_torch:
             meta["kernel_build"] = cpu_prefill_attention.KERNEL.describe()
@@ -441,6 +519,10 @@ class TorchBackend(Backend):
         if self.compiled is not None:
             meta["compile"] = f"decode-only steps, batch sizes 1-{max(self.compiled.batch_sizes, default=0)}, compiled in {self.compiled.compile_s:.0f} s"
         meta.update(self.kernel_choice.paths(self.torch_device, self.dtype, self.head_dim, self.fused))
+        if self.fused is not None and self.fused.compile_ops:
+            meta["layer_ops"] = "inductor-compiled (add + RMSNorm, rotary, SiLU gate: one kernel a call)"
+        elif self.layer_ops_note:
+            meta["layer_ops"] = self.layer_ops_note
         if self.route_name != "cpu":  # the route attends: the CPU kernels' notes do not apply
             meta["decode_attention"] = f"{self.route_name} route: each decode reads its own context"
             meta["prefill_attention"] = "flex route: one call for the step's chunks" if self.route_name == "flex" else "flash route"

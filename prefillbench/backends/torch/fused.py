@@ -9,7 +9,19 @@ four 45.5 -> 41.1 ms (medians of 21 interleaved steps), logits unchanged.
 
 On the CPU in float32 or bfloat16 a layer's elementwise work (residual adds,
 RMSNorms, rotary, SiLU gate) goes through cpu_layer_ops' compiled loops, four
-calls a layer; elsewhere through transformers' own modules, in the same loop.
+calls a layer; on CUDA (`compile_ops`) through four functions inductor compiles
+into one kernel a call (`CompiledLayerOps`: an RMSNorm is 8 ops eager, rotary
+10, and under a CUDA graph every kernel is a launch the replay pays, some 35-40
+a layer); elsewhere through transformers' own modules, in the same loop.
+
+Whether the decode layer as a whole should be compiled under the graphs, as
+gpt-fast does: not here. The layer's products already run through the linear
+tuner's chosen kernels and attention through the flex route's compiled calls;
+what inductor adds is the fusion of the elementwise work between them, which
+these four functions give without tracing the tuner, the route's per-step
+lists or transformers' modules. backends/torch/compiled.py (`--compile`, the
+CPU's whole-step graph with attention as an opaque op) stays the CPU's and is
+not extended to CUDA.
 
 The transformers modules keep their weights, as views into the fused tensors,
 so nothing is stored twice and the model still runs as transformers' own (the
@@ -88,8 +100,11 @@ class FusedDecoder:
         self.rotary = apply_rotary_pos_emb
         norms = [n for f in layers for n in (f.module.input_layernorm, f.module.post_attention_layernorm)] + [decoder.norm]
         # Other norms (an offset weight, another eps name) keep their own modules.
-        self.c_layer_ops = all(type(n).__name__ in RMS_NORMS and hasattr(n, "variance_epsilon") for n in norms) and all(
+        self.rms_norms = all(type(n).__name__ in RMS_NORMS and hasattr(n, "variance_epsilon") for n in norms)
+        self.c_layer_ops = self.rms_norms and all(
             f.module.self_attn.head_dim <= cpu_layer_ops.MAX_HEAD_DIM and f.module.self_attn.head_dim % 2 == 0 for f in layers)
+        #: Whether the elementwise work runs through CompiledLayerOps (set by the backend: on CUDA by default).
+        self.compile_ops = False
 
     @classmethod
     def build(cls, model: nn.Module, attention) -> "FusedDecoder | None":
@@ -125,7 +140,12 @@ class FusedDecoder:
         d = self.decoder
         residual = d.embed_tokens(input_ids)  # a fresh tensor: the residual stream is added to in place
         cos, sin = d.rotary_emb(residual, position_ids=position_ids)
-        ops = CLayerOps(cos, sin) if self.c_layer_ops and cpu_layer_ops.applies(residual) else TorchLayerOps(cos, sin, self.rotary)
+        if self.compile_ops:
+            ops: TorchLayerOps = CompiledLayerOps(cos, sin, self.rotary)
+        elif self.c_layer_ops and cpu_layer_ops.applies(residual):
+            ops = CLayerOps(cos, sin)
+        else:
+            ops = TorchLayerOps(cos, sin, self.rotary)
         n_tokens = residual.shape[1]
         x = ops.add_norm(residual, None, self.layers[0].module.input_layernorm)
         for i, f in enumerate(self.layers):
@@ -196,3 +216,78 @@ class CLayerOps(TorchLayerOps):
     @staticmethod
     def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return cpu_layer_ops.silu_mul(gate_up.contiguous())
+
+
+# ------------------------------------------------------------------ compiled by inductor (CUDA)
+def _add_rms_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """residual += delta, then weight * residual / sqrt(mean(residual^2) + eps), as RMS_NORMS compute it."""
+    if delta is not None:
+        residual.add_(delta)
+    x = residual.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(residual.dtype)
+
+
+def _rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sizes: tuple[int, int, int], head_dim: int):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q, k, _ = split_heads(qkv, sizes, head_dim)
+    return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled(name: str):
+    """One compiled function per process (every layer and every backend shares its graphs): static in the widths
+    and constants, dynamic in the tokens where `CompiledLayerOps.marking` marked them (a single token is a
+    graph of its own: dynamo specialises a dimension of 1)."""
+    if name not in _COMPILED:
+        fn = {"add_norm": _add_rms_norm, "rotate": _rotate, "silu_mul": _silu_mul}[name]
+        _COMPILED[name] = torch.compile(fn, dynamic=False, fullgraph=True)
+    return _COMPILED[name]
+
+
+def _tokens_dynamic(*tensors: torch.Tensor | None) -> None:
+    import torch._dynamo
+
+    for t in tensors:
+        if t is not None and t.shape[1] > 1:
+            torch._dynamo.mark_dynamic(t, 1)
+
+
+class CompiledLayerOps(TorchLayerOps):
+    """The same work as TorchLayerOps (same formulas), each call one inductor-compiled kernel or two."""
+
+    #: While True (the backend's warm-up), calls mark their token dimension dynamic, so that one graph serves
+    #: every step length; after it a call that would compile is a shape class the warm-up missed.
+    marking = True
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, rotary) -> None:
+        super().__init__(cos, sin, rotary)
+
+    @staticmethod
+    def add_norm(residual: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module) -> torch.Tensor:
+        delta = None if delta is None else delta.contiguous()  # a tuned product may hand back a transposed view
+        if CompiledLayerOps.marking:
+            _tokens_dynamic(residual, delta)
+        return _compiled("add_norm")(residual, delta, norm.weight, norm.variance_epsilon)
+
+    def rotate(self, qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int):
+        qkv = qkv.contiguous()
+        if CompiledLayerOps.marking:
+            _tokens_dynamic(qkv, self.cos, self.sin)
+        q, k = _compiled("rotate")(qkv, self.cos, self.sin, tuple(sizes), head_dim)
+        return q, k, split_heads(qkv, sizes, head_dim)[2]
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        gate_up = gate_up.contiguous()
+        if CompiledLayerOps.marking:
+            _tokens_dynamic(gate_up)
+        return _compiled("silu_mul")(gate_up)

@@ -78,9 +78,11 @@ class DecodeGraphs:
         self.sizes = graph_batch_sizes(max_batch)
         self.scratch_slot = scratch_slot
         largest = self.sizes[-1]
-        self.tokens = torch.zeros(largest, dtype=torch.long, device=device)
-        self.positions = torch.zeros(largest, dtype=torch.long, device=device)
-        self.slots = torch.full((largest,), scratch_slot, dtype=torch.long, device=device)
+        self.device = torch.device(device)
+        # One buffer, rows tokens / positions / slots, so that a step's inputs arrive in one copy.
+        self.inputs = torch.zeros((3, largest), dtype=torch.long, device=device)
+        self.tokens, self.positions, self.slots = self.inputs.unbind(0)
+        self.slots.fill_(scratch_slot)
         self.logits: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, object] = {}
         self.pool_bytes: int | None = None
@@ -105,10 +107,12 @@ class DecodeGraphs:
         """Logits [m, vocab] of a decode-only step whose sequences sit in `slots`."""
         m = len(step.decodes)
         n = next(s for s in self.sizes if s >= m)
-        pad = n - m
-        self.tokens[:n].copy_(torch.tensor([d.token for d in step.decodes] + [0] * pad))
-        self.positions[:n].copy_(torch.tensor([d.position for d in step.decodes] + [0] * pad))
-        self.slots[:n].copy_(torch.tensor(slots + [self.scratch_slot] * pad))
+        pad = self.inputs.shape[1] - m  # the whole buffer, so that it is one contiguous copy
+        host = torch.tensor([[d.token for d in step.decodes] + [0] * pad, [d.position for d in step.decodes] + [0] * pad,
+                             slots + [self.scratch_slot] * pad])
+        if self.device.type == "cuda":
+            host = host.pin_memory()  # one pinned, non-blocking copy, not three pageable synchronous ones
+        self.inputs.copy_(host, non_blocking=True)
         if n in self.graphs:
             self.graphs[n].replay()
             return self.logits[n][:m]

@@ -9,7 +9,10 @@
 - "flex": FlexAttention with one block mask per step (flex.py), torch only.
 
 `attention="flex"` (or PREFILLBENCH_ATTENTION=flex) runs the CUDA route's
-attention code on a CPU, eagerly: how the tests check it here.
+attention code on a CPU, eagerly: how the tests check its logic here. The flex
+route compiles on CUDA; TorchBackend(..., flex_compiled=True) compiles it on a
+CPU too (inductor's C++ template), which is how the tests check the compiled
+kernels' reading of the block lists and that no step compiles after the warm-up.
 """
 from __future__ import annotations
 
@@ -23,7 +26,6 @@ from prefillbench.backends.base import BackendError
 from prefillbench.backends.torch import flash, flex
 from prefillbench.backends.torch.attention_meta import AttentionMeta
 from prefillbench.backends.torch.graphs import graph_batch_sizes
-from prefillbench.step import PrefillChunk, Step, pack
 
 Route = flex.FlexRoute | flash.FlashRoute
 
@@ -61,41 +63,31 @@ class RouteLayout:
     calls: int = 0
 
 
-def make_route(name: str, max_len: int, n_slots: int, device: torch.device) -> Route:
-    """The route over a cache of n_slots (+ scratch) x max_len positions; flex compiles on CUDA only."""
+def make_route(name: str, max_len: int, n_slots: int, device: torch.device, compiled: bool | None = None) -> Route:
+    """The route over a cache of n_slots (+ scratch) x max_len positions; flex compiles on CUDA unless `compiled`
+    says otherwise (True on a CPU: the tests of the compiled route)."""
     if name == "flash":
         return flash.FlashRoute()
-    return flex.FlexRoute(max_len, n_slots + 1, compiled=device.type == "cuda", batch_sizes=graph_batch_sizes(n_slots))
+    compiled = device.type == "cuda" if compiled is None else compiled
+    return flex.FlexRoute(max_len, n_slots + 1, compiled=compiled, batch_sizes=graph_batch_sizes(n_slots))
 
 
-def route_note(name: str, device_type: str) -> str:
+def route_note(name: str, device_type: str, compiled: bool | None = None) -> str:
     """How the metadata and stderr name the route."""
     if name == "cpu":
         return "cpu (SDPA and the C kernels)"
     if name == "flash":
         return "flash (flash-attn varlen and kv-cache kernels)"
-    compiled = "compiled" if device_type == "cuda" else "eager, the CUDA route's code on a CPU"
-    return f"flex (FlexAttention, one block mask per step, {compiled})"
+    compiled = device_type == "cuda" if compiled is None else compiled
+    how = "compiled" if compiled else "eager"
+    if device_type != "cuda":
+        how += ", the CUDA route's code on a CPU"
+    return f"flex (FlexAttention, one block mask per step, {how})"
 
 
 def warm_route(route: Route, k_cache: torch.Tensor, v_cache: torch.Tensor, scratch_slot: int, heads: int,
-               max_step_tokens: int) -> None:
-    """Compile a compiled flex route for every shape class a step can bring (chunk lengths 1, 2-127, 128+; each
-    decode batch size), on the scratch slot, so that no timed step pays for a compile."""
-    if not isinstance(route, flex.FlexRoute) or not route.compiled:
-        return
-    device, max_len = k_cache.device, k_cache.shape[2]
-    metas = []
-    for n in sorted({1, 2, min(flex.Q_BLOCK, max_len), min(max_step_tokens, max_len)}):
-        step = Step(prefills=(PrefillChunk(-1, (0,) * n, 0, False),))
-        metas.append(AttentionMeta.for_step(step, pack(step), [scratch_slot], device))
-    for m in route.batch_sizes:
-        slots = torch.full((m,), scratch_slot, dtype=torch.long, device=device)
-        metas.append(AttentionMeta.for_decodes(torch.zeros_like(slots), slots))
-    with torch.inference_mode():
-        for meta in metas:
-            t = meta.row_slots.shape[0]
-            q = k_cache.new_zeros((heads, t, k_cache.shape[3]))
-            kv = k_cache.new_zeros((k_cache.shape[1], t, k_cache.shape[3]))
-            route.begin_step(meta)
-            route.attend(q, kv, kv, k_cache, v_cache, meta, 1.0)
+               max_step_tokens: int, scaling: float) -> None:
+    """Compile a compiled flex route for every shape class a step can bring (FlexRoute.warm), with the model's
+    own attention scale, so that no timed step pays for a compile; nothing for the other routes."""
+    if isinstance(route, flex.FlexRoute) and route.compiled:
+        route.warm(k_cache, v_cache, scratch_slot, heads, max_step_tokens, scaling)
