@@ -5,6 +5,7 @@ deadline; its attention detector tells fused attention from the math path and a 
 repetitions are sized after an untimed call; bad input is one line."""
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from types import SimpleNamespace
@@ -118,7 +119,16 @@ def test_after_a_lost_device_the_remaining_sections_say_why(tmp_path, monkeypatc
     assert probes == ["cpu"]  # probed once, after the error
 
 
-def test_the_watchdog_writes_the_table_and_stops_the_run_at_the_deadline(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def ctrl_c_raises():
+    """The watchdog interrupts the main thread as Ctrl-C does: that needs Python's own SIGINT handler, which a test
+    earlier in the session (a pool, an event loop) may have left replaced."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_the_watchdog_writes_the_table_and_stops_the_run_at_the_deadline(tmp_path, monkeypatch, capsys, ctrl_c_raises):
     def hangs(*args, **kwargs):
         for _ in range(600):  # a build that would run past the budget
             time.sleep(0.1)
@@ -137,7 +147,7 @@ def test_the_watchdog_writes_the_table_and_stops_the_run_at_the_deadline(tmp_pat
     assert rows["pp64"][1] == "not run"
 
 
-def test_a_main_thread_that_does_not_stop_is_ended_all_the_same(tmp_path):
+def test_a_main_thread_that_does_not_stop_is_ended_all_the_same(tmp_path, ctrl_c_raises):
     exits = []
     run = check.Run(SimpleNamespace(device="cpu"), check.TINY_SIZES, check.Budget(0.2), check.Output(str(tmp_path)),
                     lambda line: None, ["header"])

@@ -195,8 +195,11 @@ def stream_requests(url: str, api_name: str, requests: list[Request], concurrenc
     finished one replaced by the next. Open loop: each sent at its arrival, at most `concurrency` in flight (0: no
     cap; later ones wait, and their wait counts). `watch(run, live, pending)` is asked every `poll_s`: True ends the
     run (`stopped`); `alive()` returns an exception that ends it (the server died)."""
-    return asyncio.run(_stream_all(url, APIS[api_name](), requests, concurrency, model, headers or {}, watch, alive,
-                                   on_done, poll_s))
+    try:
+        return asyncio.run(_stream_all(url, APIS[api_name](), requests, concurrency, model, headers or {}, watch, alive,
+                                       on_done, poll_s))
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None  # a Ctrl-C asyncio's runner passed on as the cancelled task
 
 
 async def _stream_all(url, api, requests, concurrency, model, headers, watch, alive, on_done, poll_s) -> StreamRun:
