@@ -122,8 +122,10 @@ def test_a_server_still_loading_is_waited_for(run_cli):
 
 def test_ctrl_c_stops_the_server_and_exits_130(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # An ignored SIGINT survives exec: whatever an earlier test left in this process, the command starts as from a shell.
     proc = subprocess.Popen([sys.executable, "-m", "prefillbench", *RUN, *stub("--token-ms", "200"), "--pg", "32,200", "-c", "1"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for _ in range(600):
         if children_serving(proc.pid):
             break
