@@ -104,12 +104,9 @@ def write_export(path: str | Path, meta: Mapping[str, Any], tables: Mapping[str,
                  fmt: str | None = None) -> list[Path]:
     """Write an export (each of its files replaced whole); the files written."""
     fmt = fmt or format_for_path(path, RECORD_FORMATS)
-    texts = render_export(fmt, meta, tables)
-    written = []
-    for name, text in texts.items():
-        target = Path(path) if not name else Path(path).with_suffix(f".{name}.csv")
+    written = export_paths(path, fmt, list(tables))
+    for target, text in zip(written, render_export(fmt, meta, tables).values()):
         write_atomic(target, text)
-        written.append(target)
     return written
 
 

@@ -50,8 +50,8 @@ def cmd_capacity(options: CapacityOptions) -> int:
             found = capacity.find_capacity(loaded, case, config, started, done, progress.advance)
             case = None
             session.keep(found)
-    if partial():  # a Ctrl-C or a failing step midway: what the unfinished search's probes showed
-        session.keep(partial()[0])
+    if unfinished := partial():  # a Ctrl-C or a failing step midway: what the unfinished search's probes showed
+        session.keep(*unfinished)
     results: list[capacity.CapacityResult] = session.results
     rows = [r.row for r in results]
     if rows and is_rank_zero():

@@ -4,7 +4,6 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from pathlib import Path
-from typing import Any
 
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.backends.distributed import is_rank_zero

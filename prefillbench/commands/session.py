@@ -92,14 +92,16 @@ class Output:
     """A file the session keeps current: `write(path, results, meta)` writes it whole from every result so far."""
 
     path: Path
-    write: Callable[[Path, list[Any], dict[str, Any]], Any]
+    write: Callable[[Path, list[Any], dict[str, Any]], Any]  # may return the files it wrote (an export of several)
     failure: str | None = None  # why it could not be written; it is not tried again
+    files: list[Path] = field(default_factory=list)  # what the last write wrote
 
     def update(self, results: list[Any], meta: dict[str, Any]) -> None:
         if self.failure is not None:
             return
         try:
-            self.write(self.path, results, meta)
+            written = self.write(self.path, results, meta)
+            self.files = list(written) if isinstance(written, list) else [self.path]
         except OSError as e:
             self.failure = f"cannot write {e.filename or self.path}: {e.strerror or e}"
 
@@ -153,7 +155,8 @@ class Session:
         self.failure = self.failure or failure
 
     def written(self) -> list[Path]:
-        return [o.path for o in self.outputs if o.failure is None]
+        """Every file the outputs hold now (an export of several files counts each)."""
+        return [f for o in self.outputs if o.failure is None for f in o.files]
 
     def ending(self, what: str, count: int | None = None) -> int:
         """The exit status, with its line on stderr where the run ended early or a file could not be written:

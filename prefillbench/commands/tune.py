@@ -28,7 +28,7 @@ from prefillbench.commands.session import Output, Progress, Session, open_sessio
 from prefillbench.errors import UsageError
 from prefillbench.report import tune as report
 from prefillbench.report import tune_plots
-from prefillbench.writers import csv_text, export_paths, format_for_path, json_text
+from prefillbench.writers import csv_text, json_text
 
 #: Below this many simulated requests in all a pool of processes costs more than it saves.
 POOL_MIN_REQUESTS = 5000
@@ -211,8 +211,8 @@ def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: lis
     if len(criteria) > 1 and o.output == "md":
         print("\ncapacity (req/s) against the SLO:", file=out)
         out.write(report.render_vs_slo(final.results, criteria))
-    for path in session.written():
-        print(f"prefillbench: wrote {', '.join(map(str, export_paths(path, format_for_path(path), ['', 'probes'])))}", file=err)
+    if session.written():
+        print(f"prefillbench: wrote {', '.join(map(str, session.written()))}", file=err)
     if o.plot and final.results:
         for path in tune_plots.write(final.results, criteria[0], o.plot):
             print(f"prefillbench: wrote {path}", file=err)

@@ -5,8 +5,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from prefillbench.bench.capacity import Criteria
 from prefillbench.bench.pricing import STEP_KINDS
 from prefillbench.bench.sim_first import (EDGE_SLOWDOWN, Comparison, at_the_edge, capacity_change, compare_stages,
