@@ -25,7 +25,7 @@ from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
 from prefillbench.commands import ab, calibrate, capacity, compare, plot, run, tune
 from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
-                                         EngineName, ExpertParallel, KvDtype, ServerBin, ServerCmd, SimDtype, Url,
+                                         EngineName, ExpertParallel, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, Url,
                                          Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
                                          MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
@@ -152,6 +152,7 @@ def _model_and_backend(
     server_cmd: ServerCmd = None,
     engine: EngineName = None,
     url: Url = None,
+    server_timeout: ServerTimeout = None,
     skip_idle: SkipIdle = None,
 ) -> None:
     """The model-and-backend flags of run, capacity and tune, declared once (see model_flags)."""

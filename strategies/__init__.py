@@ -25,7 +25,9 @@ def make_strategy(name: str, chunk_size: int | None = None) -> Strategy:
         cls = STRATEGIES[name]
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}") from None
-    return cls(DEFAULT_BUDGET if chunk_size is None else chunk_size)
+    strategy = cls(DEFAULT_BUDGET if chunk_size is None else chunk_size)
+    strategy.budget_given = chunk_size is not None
+    return strategy
 
 
 def configurations(names: list[str], budgets: list[int]) -> list[tuple[str, int | None]]:

@@ -18,6 +18,9 @@ class Strategy(ABC):
     #: most steps of a lightly loaded run). A strategy whose choice reads positions, time or a count of its calls
     #: must leave it False.
     steady_decodes: bool = False
+    #: Whether `chunk_size` was asked for, or is DEFAULT_BUDGET standing in for none (make_strategy): a serving
+    #: engine given none runs at its own default budget, not at ours.
+    budget_given: bool = True
 
     def __init__(self, chunk_size: int = 256) -> None:
         if chunk_size < 1:

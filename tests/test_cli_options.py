@@ -35,7 +35,9 @@ def test_every_declared_option_is_a_keyword_its_backend_takes():
 
 
 def test_load_backend_drops_what_the_backend_does_not_take_and_check_options_names_it():
-    assert check_options("sim", {"dtype": "bfloat16", "threads": 3, "sim_gpu": "a100"}) == {"dtype": "", "threads": ""}
+    why = backend_class("sim").unread_why["dtype"]
+    assert "--sim-dtype" in why
+    assert check_options("sim", {"dtype": "bfloat16", "threads": 3, "sim_gpu": "a100"}) == {"dtype": why, "threads": ""}
     backend = load_backend("sim", None, dtype="bfloat16", threads=3, sim_gpu="a100")
     assert backend.name == "sim" and "A100" in backend.label
 
@@ -45,6 +47,17 @@ def test_the_sim_names_each_flag_it_ignores_once(capsys):
     err = capsys.readouterr().err
     for flag in ("-t 3", "--ubatch 7", "--dtype bfloat16"):
         assert err.count(f"prefillbench: warning: {flag} is ignored by the sim backend") == 1, err
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_any_dtype_given_to_the_sim_is_named_with_what_it_prices(capsys, dtype):
+    """float32 too: it is the torch backend's default, yet given on the command line it is no less ignored."""
+    assert cli.main([*SIM, "-c", "1", "-r", "1", "--dtype", dtype]) == 0
+    err = capsys.readouterr().err
+    line = f"prefillbench: warning: --dtype {dtype} is ignored by the sim backend (it prices --sim-dtype"
+    assert err.count(line) == 1, err
+    assert cli.main([*SIM, "-c", "1", "-r", "1"]) == 0
+    assert "--dtype" not in capsys.readouterr().err  # no flag, no warning
 
 
 def test_dtype_on_the_gguf_backend_is_named(capsys, use_backend):

@@ -234,3 +234,78 @@ def test_prompt_progress_events_are_no_tokens_and_ttft_includes_the_prompt(run_c
     row = json.loads(export.read_text())["results"][0]
     assert row["ttft_p50_ms"] >= 32 * 2  # the 32-token prompt at 2 ms a token comes before the first token
     assert row["tbt_p99_ms"] < 32 * 2  # and never between two tokens
+
+
+# ---------------------------------------------------------------- vLLM's API, its model names, slow launches
+
+OPENAI_RUN = ["run", "--backend", "server", "--engine", "vllm", "-p", "0", "-n", "0", "--pg", "32,8", "-r", "1",
+              "-c", "2", "--chunk-size", "64", "--no-progress", "--no-results-file", "--no-verdict"]
+
+
+def test_an_openai_engine_is_asked_for_its_model_by_the_name_it_was_launched_with(run_cli, tmp_path):
+    # vLLM serves `vllm serve org/Model-3.1-8B` as "org/Model-3.1-8B" and answers 404 to any other name (as the stub
+    # does with --served-model-name): the requests name -m as given, not a file stem ("Model-3")
+    served = [f"{STUB} --token-ms 2 --served-model-name org/Model-3.1-8B"]
+    export = tmp_path / "v.json"
+    code, out, err = run_cli(*OPENAI_RUN, "-m", "org/Model-3.1-8B", "--server-cmd", *served, "--export", str(export))
+    assert code == 0, err
+    doc = json.loads(export.read_text())
+    row = doc["results"][0]
+    assert row["failed_requests"] == 0 and row["model"] == "Model-3.1-8B" and 1.0 < row["tbt_p50_ms"] < 200
+    assert doc["metadata"]["server_command"].endswith("--enable-chunked-prefill --max-num-batched-tokens 64")
+    # another name is refused by the server: the launch's warm-up fails in one line that says so
+    code, out, err = run_cli(*OPENAI_RUN, "-m", "org/Other", "--server-cmd", *served)
+    assert code == 2 and "HTTP 404" in err and "does not exist" in err
+
+
+def test_a_url_without_a_model_names_none_and_the_server_serves_its_own(run_cli, tmp_path):
+    port = free_port()
+    server = ServerProcess([*parse_template(STUB.format(port=port)), "--token-ms", "2", "--served-model-name", "org/M"],
+                           f"http://127.0.0.1:{port}/health")
+    server.start()
+    try:
+        export = tmp_path / "u.json"
+        code, out, err = run_cli("run", "--backend", "server", "--engine", "vllm", "--url", f"http://127.0.0.1:{port}",
+                                 "-p", "0", "-n", "0", "--pg", "16,4", "-c", "2", "-r", "1", "--no-progress",
+                                 "--no-results-file", "--export", str(export))
+        assert code == 0, err
+        doc = json.loads(export.read_text())
+        assert doc["results"][0]["failed_requests"] == 0
+        assert doc["metadata"]["weights"] == f"as the server at http://127.0.0.1:{port} has them"  # no default model
+    finally:
+        server.stop()
+
+
+def test_a_launch_slower_than_server_timeout_fails_in_one_line(run_cli):
+    code, out, err = run_cli(*RUN, *stub("--slow-start", "30"), "-c", "1", "--server-timeout", "1")
+    assert code == 2 and "Traceback" not in err
+    line = [e for e in err.splitlines() if e.startswith("prefillbench: error")][0]
+    assert "was not ready after 1 s" in line
+    code, out, err = run_cli(*RUN, *stub(), "-c", "1", "--server-timeout", "0")
+    assert code == 2 and "--server-timeout must be positive" in err
+
+
+def test_the_vllm_preset_passes_no_flag_current_vllm_refuses():
+    # vLLM 0.12 removed --disable-log-requests (vllm#29402): `vllm serve` stops at an unknown flag
+    assert "--disable-log-requests" not in VLLM.template
+
+
+def test_a_configuration_without_a_budget_runs_the_engine_at_its_own():
+    """tune's baseline on vLLM, SGLang or TGI is the engine's default (sarathi-serve with no budget): the server is
+    asked for no budget (its flag left out), not for make_strategy's stand-in of 256."""
+    from strategies import make_strategy
+
+    from prefillbench.engine.served import serve
+
+    asked = []
+
+    class Server:
+        def serve(self, name, budget, requests, concurrency, on_tokens, watch):
+            asked.append(budget)
+            return client.StreamRun(0.0, 0.0, [])
+
+    serve(Server(), make_strategy("sarathi-serve"), [], 1, None, None)
+    serve(Server(), make_strategy("sarathi-serve", 256), [], 1, None, None)
+    assert asked == [None, 256]
+    assert "--max-num-batched-tokens" not in VLLM.argv("sarathi-serve", {"model": "m", "port": 1, "slots": 2,
+                                                                          "budget": None})

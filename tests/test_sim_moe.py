@@ -416,6 +416,8 @@ def test_new_gpu_presets():
         gpu = load_gpu_spec(name)
         assert (gpu.flops, gpu.fp8_flops) == (bf16, fp8) and gpu.source.count("http") >= 1
     assert load_gpu_spec("a100").fp8_flops == 0
+    # AMD's ROCm GPU table lists the MI300X's VRAM as 192 GiB: its datasheet's "192 GB" are binary.
+    assert load_gpu_spec("mi300x").mem_bytes == 192 * 2**30
 
 
 # ---- calibration: the MoE terms fit as the dense ones do -------------------------------------------------------------

@@ -101,7 +101,12 @@ def bare_tg(backend: GGUFBackend, n_gen: int, reps: int, rng: np.random.Generato
 
 
 def llama_bench_tg(tool: str, model: str, threads: int, n_gen: int, reps: int, extra: list[str]) -> dict:
-    cmd = [tool, "-m", model, "-t", str(threads), "-p", "0", "-n", str(n_gen), "-r", str(reps), "-o", "json", *extra]
+    from prefillbench.backends.gguf import extra_buffers
+
+    # the kernels the gguf backend runs: llama.cpp's extra buffer types off where it keeps them off (an AMX CPU)
+    repack = [] if extra_buffers()[0] else ["--repack", "0"]
+    cmd = [tool, "-m", model, "-t", str(threads), "-p", "0", "-n", str(n_gen), "-r", str(reps), "-o", "json", *repack,
+           *extra]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} failed ({res.returncode}): {res.stderr.strip()[-500:]}")

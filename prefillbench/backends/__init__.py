@@ -87,7 +87,7 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, str]:
     if pp > 1 and name != "sim":
         raise BackendError(f"--pp {pp} runs on the sim only (--backend sim); see the README's \"Past one machine\"")
     cls = backend_class(name)
-    unused = {k: "" for k in options if k not in cls.options}
+    unused = {k: cls.unread_why.get(k, "") for k in options if k not in cls.options}
     unusable = cls.unusable_options()
     return unused | {k: why for k, why in unusable.items() if k in options}
 
@@ -100,7 +100,8 @@ def load_backend(name: str, model: str | None, **options: Any) -> Backend:
     name = choose_backend(name, model, options.get("tp") or 1)
     ignored = check_options(name, options)
     taken = {k: v for k, v in options.items() if k not in ignored}
-    if name not in ("sim", "fake"):
+    if name not in ("sim", "fake") and not options.get("url"):
+        # a server at --url serves its own model: no default is named for it (its requests would name that one)
         model = model or default_model_path()
     return backend_class(name).load(model, **taken)
 

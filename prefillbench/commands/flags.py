@@ -44,8 +44,9 @@ BackendName = Annotated[str, option(
     help="auto: torch with CUDA, else gguf")]
 Device = Annotated[str, option(
     "--device", panel=MODEL_PANEL, callback=choice(*DEVICES), metavar="|".join(DEVICES), help="torch and gguf device")]
-DType = Annotated[str, option(
-    "--dtype", panel=MODEL_PANEL, callback=choice(*DTYPES), metavar="|".join(DTYPES), help="torch dtype")]
+DType = Annotated[Optional[str], option(
+    "--dtype", panel=MODEL_PANEL, callback=choice(*DTYPES), metavar="|".join(DTYPES),
+    help="torch dtype (default: float32); the sim prices --sim-dtype instead")]
 Threads = Annotated[Optional[int], option("-t", "--threads", panel=MODEL_PANEL, help="CPU threads (default: the library's choice)")]
 GpuLayers = Annotated[Optional[int], option("-ngl", "--n-gpu-layers", panel=MODEL_PANEL, help="gguf: layers to offload to the GPU")]
 UBatch = Annotated[Optional[int], option("--ubatch", panel=MODEL_PANEL, help="gguf: llama.cpp n_ubatch")]
@@ -107,6 +108,9 @@ Url = Annotated[Optional[str], option(
     "--url", panel=SERVER_PANEL, metavar="URL",
     help="server: measure a server already running (no launch; the budget is the server's); an API key is read "
     "from $PREFILLBENCH_API_KEY")]
+ServerTimeout = Annotated[Optional[float], option(
+    "--server-timeout", panel=SERVER_PANEL, metavar="S",
+    help="server: seconds each launch may take to load its model and answer its health check (default: 300)")]
 
 # tests
 NPrompt = Annotated[Optional[list[str]], option(

@@ -14,7 +14,8 @@ from prefillbench.sequence import Request, Sequence
 
 def serve(backend, strategy: Strategy, requests: list[Request], concurrency: int,
           on_tokens: Callable[[int], None] | None, stop: Callable[[Progress], bool] | None) -> RunRecord:
-    budget = strategy.chunk_size if strategy.uses_chunk_size else None
+    # no budget where the configuration has none (tune's baseline of vLLM, SGLang or TGI: the engine's own default)
+    budget = strategy.chunk_size if strategy.uses_chunk_size and strategy.budget_given else None
     finished: list[RequestRecord] = []
     seen = 0
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar
 from prefillbench.backends.base import Backend
 from prefillbench.backends.server import client
 from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, Engine, parse_template
-from prefillbench.backends.server.process import ServerProcess, free_port
+from prefillbench.backends.server.process import START_TIMEOUT_S, ServerProcess, free_port
 from prefillbench.errors import BackendError
 from prefillbench.sequence import Request
 from prefillbench.step import Step, StepResult
@@ -38,13 +38,21 @@ class ServerBackend(Backend):
 
     device = "CPU"
     serves_requests = True
-    options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "server_cmd", "engine", "url", "context"})
+    options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "server_cmd", "engine", "url", "context",
+                                                   "server_timeout"})
 
     def __init__(self, engine: Engine, model: str, *, binary: str | None = None, threads: int | None = None,
-                 url: str | None = None, context: int | None = None, launch: bool = True) -> None:
+                 url: str | None = None, context: int | None = None, launch: bool = True,
+                 start_timeout: float | None = None) -> None:
         self.engine, self.model_path, self.binary = engine, model, binary
+        self.start_timeout = start_timeout or START_TIMEOUT_S
         self.name = "llama-server" if engine is LLAMA_SERVER and launch else "server"
-        self.model_name = Path(model).stem if model else "served"
+        # a GGUF file's name without .gguf; a Hugging Face id's last part whole (Llama-3.1-8B, not Llama-3)
+        self.model_name = Path(model).name.removesuffix(".gguf") if model else "served"
+        # The name each request gives its model: -m exactly as the engine was launched with it (vLLM and SGLang
+        # serve a model under its --model argument as given, and vLLM answers 404 to any other name), or, at a
+        # --url with no -m, none (vLLM then serves its base model).
+        self.served_model = model or ""
         self.threads = threads or max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 1)
         self.url, self.launch = url, launch
         self.context_length = context or 8192
@@ -58,11 +66,12 @@ class ServerBackend(Backend):
         self.lags: list[float] = []
         self.version = ""
         self.key = os.environ.get(API_KEY_VARIABLE) if url else None
+        self.extra_buffers: str | None = None  # the llama-server preset's llama.cpp extra buffer types, once launched
 
     @classmethod
     def load(cls, model: str | None = None, *, server_bin: str | None = None, server_cmd: str | None = None,
              engine: str | None = None, url: str | None = None, threads: int | None = None,
-             context: int | None = None) -> "ServerBackend":
+             context: int | None = None, server_timeout: float | None = None) -> "ServerBackend":
         if url is None and server_cmd is None and engine is None:
             raise BackendError("--backend server needs --engine, --server-cmd or --url (--backend llama-server "
                                "launches llama.cpp's own server)")
@@ -81,7 +90,7 @@ class ServerBackend(Backend):
                 raise BackendError(f"--server-bin {binary}: no such file")
         else:
             binary = server_bin
-        backend = cls(chosen, model, binary=binary, threads=threads, context=context)
+        backend = cls(chosen, model, binary=binary, threads=threads, context=context, start_timeout=server_timeout)
         backend.version = backend._version()
         if chosen is LLAMA_SERVER:
             backend.context_length, backend.vocab_size = _gguf_shape(model)
@@ -127,7 +136,7 @@ class ServerBackend(Backend):
                 on_tokens(len(s.request.prompt) + len(s.tokens))
 
         alive = (lambda: self.server.died()) if self.server is not None else None
-        run = client.stream_requests(url, self.engine.api, requests, concurrency, model=self.model_name,
+        run = client.stream_requests(url, self.engine.api, requests, concurrency, model=self.served_model,
                                      headers=headers, watch=watch, alive=alive, on_done=done)
         if self.server is not None and any(s.error and s.error.startswith(DROPPED) for s in run.done):
             self.server.settle()  # a dropped stream may be the server exiting: let its exit be seen
@@ -140,6 +149,16 @@ class ServerBackend(Backend):
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def _engine_extra(self) -> tuple[str, ...]:
+        """Flags the llama-server preset adds for this machine: where the gguf backend keeps llama.cpp's extra
+        buffer types off (an AMX CPU: gguf.extra_buffers), its own server does too, so the two run the same kernels."""
+        if self.engine is not LLAMA_SERVER:
+            return ()
+        from prefillbench.backends.gguf import extra_buffers
+
+        on, self.extra_buffers = extra_buffers()
+        return () if on else ("--no-repack",)
 
     def _ensure(self, strategy_name: str, budget: int | None, slots: int, longest: int) -> None:
         """A server running with the flags for this case: kept where it already holds them (the same strategy and
@@ -156,13 +175,13 @@ class ServerBackend(Backend):
         values = {"bin": self.binary, "model": self.model_path, "port": self.port,
                   "budget": budget if self.engine.strategies[strategy_name].uses_budget else None,
                   "slots": slots, "threads": self.threads, "ctx": slots * per_slot}
-        self.argv = self.engine.argv(strategy_name, values)
+        self.argv = self.engine.argv(strategy_name, values, self._engine_extra())
         self.server = ServerProcess(self.argv, self.base_url + self.engine.health_path)
-        self.server.start()
+        self.server.start(self.start_timeout)
         self.launches += 1
         self.configuration = (strategy_name, budget, slots, per_slot)
         warm = [Request(tuple(range(10, 26)), 4) for _ in range(WARMUP_REQUESTS)]
-        run = client.stream_requests(self.base_url, self.engine.api, warm, 1, model=self.model_name)
+        run = client.stream_requests(self.base_url, self.engine.api, warm, 1, model=self.served_model)
         failed = [s.error for s in run.done if s.error]
         if failed:
             raise BackendError(f"{self.engine.name}'s warm-up request failed: {failed[0]}{self.server.log_tail()}")
@@ -189,6 +208,8 @@ class ServerBackend(Backend):
         if not self.launch:
             meta["server_url"] = self.url
             meta["server_api_key"] = "used" if self.key else "none"
+        if self.extra_buffers is not None:
+            meta["llama_extra_buffers"] = self.extra_buffers
         if self.lags:
             lags = sorted(self.lags)
             meta["client_lag_p50_ms"] = 1e3 * lags[len(lags) // 2]
@@ -210,13 +231,14 @@ class LlamaServerBackend(ServerBackend):
     """`--backend llama-server`: llama.cpp's server on the model (default: the shipped GGUF), built from the
     installed llama-cpp-python's own llama.cpp unless --server-bin names another."""
 
-    options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "url", "context"})
+    options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "url", "context", "server_timeout"})
 
     @classmethod
     def load(cls, model: str | None = None, *, server_bin: str | None = None, url: str | None = None,
-             threads: int | None = None, context: int | None = None) -> "ServerBackend":
+             threads: int | None = None, context: int | None = None,
+             server_timeout: float | None = None) -> "ServerBackend":
         return ServerBackend.load(model, engine="llama-server", server_bin=server_bin, url=url, threads=threads,
-                                  context=context)
+                                  context=context, server_timeout=server_timeout)
 
 
 def _llama_server_binary() -> str:

@@ -213,6 +213,7 @@ async def _stream_all(url, api, requests, concurrency, model, headers, watch, al
     pending: deque[Request] = deque(requests)
     places = asyncio.Semaphore(cap)
     failure: Exception | None = None
+    sent: list[asyncio.Task] = []  # every request's task: none may outlive the session (a stop, a server's death)
 
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
 
@@ -242,6 +243,7 @@ async def _stream_all(url, api, requests, concurrency, model, headers, watch, al
                     due = clock()
                 pending.popleft()
                 tasks.append(asyncio.create_task(one(request, due)))
+                sent.append(tasks[-1])
                 await asyncio.sleep(0)  # let it take its place before the next is considered
             await asyncio.gather(*tasks)
 
@@ -264,7 +266,14 @@ async def _stream_all(url, api, requests, concurrency, model, headers, watch, al
         except asyncio.CancelledError:
             if not run.stopped and failure is None:
                 raise
-        guard.cancel()
+        finally:
+            guard.cancel()
+            # A stopped run's requests still in flight or waiting for a place end here, before the session closes:
+            # left running, one would post on the closed session ("Session is closed", a task's exception never
+            # retrieved) or add itself to the run after it was returned.
+            for task in sent:
+                task.cancel()
+            await asyncio.gather(*sent, return_exceptions=True)
     run.end = clock()
     if failure is not None:
         raise failure

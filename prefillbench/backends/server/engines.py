@@ -108,10 +108,12 @@ LLAMA_SERVER = Engine(
     },
     default_strategy="sarathi-serve", default_budget=2048, version_args=("--version",))
 
+# No --disable-log-requests: vLLM 0.12 removed it (vllm#29402; an unknown flag stops `vllm serve`), request logging
+# being off by default since vllm#21739 (--enable-log-requests turns it on).
 VLLM = Engine(
     "vllm",
     ("vllm", "serve", "{model}", "--host", "127.0.0.1", "--port", "{port}", "--max-num-seqs", "{slots}",
-     "--no-enable-prefix-caching", "--disable-log-requests"),
+     "--no-enable-prefix-caching"),
     "openai", "/health",
     {
         # V1's scheduler: running requests (decodes) first, then waiting prompts, chunked to the token budget

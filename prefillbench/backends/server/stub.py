@@ -4,10 +4,16 @@ streaming, failures, lifecycle) that need no build.
 
   python -m prefillbench.backends.server.stub --port P [--token-ms 5] [--prompt-ms-per-token 0.01]
       [--fail-every N] [--short-every N] [--die-after N] [--slow-start S] [--exit-at-start]
+      [--served-model-name NAME] [--ms-per-running MS]
 
 Each request: `prompt_progress` events, then n_predict tokens, one event each, every --token-ms, with
 llama-server's `timings` (its own clock) on every event, and a last event with `stop`. Requests run concurrently
-(no scheduler: each is paced on its own).
+(no scheduler: each is paced on its own; with --ms-per-running, each token's gap grows by that much for every
+other request streaming, as a batch's step grows with its size, so that a rate search ends at a finite rate).
+
+It also serves `/v1/completions` as vLLM does: a text chunk a token, the last with its `finish_reason`, then the
+usage (`stream_options.include_usage`) and `[DONE]`. With --served-model-name, a request whose `model` is neither
+empty nor that name answers 404, as vLLM answers a model it does not serve.
 """
 from __future__ import annotations
 
@@ -31,6 +37,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slow-start", type=float, default=0.0, help="seconds /health answers 503 (loading)")
     parser.add_argument("--exit-at-start", action="store_true", help="print a line and exit 1 (a bad command)")
     parser.add_argument("--pair-every", type=int, default=0, help="every Nth token event carries two tokens")
+    parser.add_argument("--ms-per-running", type=float, default=0.0,
+                        help="each token's gap grows by this much for every other request streaming")
+    parser.add_argument("--served-model-name", default=None,
+                        help="/v1/completions: refuse (404) a request naming another model, as vLLM does")
     args, _ = parser.parse_known_args(argv)  # the strategy's flags (-b ...) follow; a stub takes none of them
     if args.exit_at_start:
         print("stub: refusing to start (--exit-at-start)", flush=True)
@@ -43,6 +53,10 @@ async def _serve(args) -> None:
 
     started = time.monotonic()
     count = 0
+    running = 0  # requests streaming now
+
+    def gap_s() -> float:
+        return (args.token_ms + args.ms_per_running * max(running - 1, 0)) / 1e3
 
     async def health(request):
         if time.monotonic() - started < args.slow_start:
@@ -50,7 +64,7 @@ async def _serve(args) -> None:
         return web.json_response({"status": "ok"})
 
     async def completion(request):
-        nonlocal count
+        nonlocal count, running
         count += 1
         n = count
         body = await request.json()
@@ -61,6 +75,13 @@ async def _serve(args) -> None:
         prompt, n_predict = body.get("prompt") or [], int(body.get("n_predict", 16))
         if args.short_every and n % args.short_every == 0:
             n_predict -= 1
+        running += 1
+        try:
+            return await stream_llama(request, prompt, n_predict)
+        finally:
+            running -= 1
+
+    async def stream_llama(request, prompt, n_predict):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         slot_start = time.perf_counter()
@@ -81,7 +102,7 @@ async def _serve(args) -> None:
             events += 1
             k = 2 if args.pair_every and events % args.pair_every == 0 and produced + 2 <= n_predict else 1
             if produced:
-                await asyncio.sleep(k * args.token_ms / 1e3)
+                await asyncio.sleep(k * gap_s())
             predicted_ms = 1e3 * (time.perf_counter() - slot_start) - prompt_ms
             produced += k
             await send({"content": "x" * k, "tokens": list(range(produced - k, produced)), "stop": False,
@@ -94,9 +115,57 @@ async def _serve(args) -> None:
         await response.write_eof()
         return response
 
+    async def openai_completion(request):
+        """/v1/completions as vLLM streams it: one text chunk a token, then the usage, then [DONE]."""
+        nonlocal count, running
+        body = await request.json()
+        model = body.get("model") or ""
+        if args.served_model_name is not None and model and model != args.served_model_name:
+            # vLLM's _check_model: a model name it does not serve is 404, never served as its own
+            return web.json_response({"object": "error", "message": f"The model `{model}` does not exist.",
+                                      "type": "NotFoundError", "code": 404}, status=404)
+        count += 1
+        n = count
+        if args.die_after and n >= args.die_after:
+            os._exit(3)
+        if args.fail_every and n % args.fail_every == 0:
+            return web.json_response({"error": {"message": "stub failure"}}, status=500)
+        prompt, max_tokens = body.get("prompt") or [], int(body.get("max_tokens", 16))
+        if args.short_every and n % args.short_every == 0:
+            max_tokens -= 1
+        running += 1
+        try:
+            return await stream_openai(request, body, model, prompt, max_tokens)
+        finally:
+            running -= 1
+
+    async def stream_openai(request, body, model, prompt, max_tokens):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+
+        async def send(event) -> None:
+            data = event if isinstance(event, str) else json.dumps(event)
+            await response.write(b"data: " + data.encode() + b"\n\n")
+
+        await asyncio.sleep(len(prompt) * args.prompt_ms_per_token / 1e3)
+        for i in range(max_tokens):
+            if i:
+                await asyncio.sleep(gap_s())
+            last = i == max_tokens - 1
+            await send({"object": "text_completion", "model": model or args.served_model_name or "stub",
+                        "choices": [{"index": 0, "text": "x", "finish_reason": "length" if last else None}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await send({"object": "text_completion", "choices": [],
+                        "usage": {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
+                                  "total_tokens": len(prompt) + max_tokens}})
+        await send("[DONE]")
+        await response.write_eof()
+        return response
+
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_post("/completion", completion)
+    app.router.add_post("/v1/completions", openai_completion)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()

@@ -60,8 +60,9 @@ class SimBackend(Backend):
     # and a larger -c only means more requests, not more in flight.
     sequence_limit = 1024
     # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
-    # sim_dtype / kv_dtype: the precision the sim prices (--dtype's float32 default cannot be told from no flag).
+    # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
     options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "calibration", "trace"})
+    unread_why = {"dtype": "it prices --sim-dtype and --kv-dtype, by default the precision the model ships in"}
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,

@@ -458,12 +458,13 @@ GPU_PRESETS: dict[str, GPUSpec] = {
                 "(36 PF sparse / 8 / 2), 4.5 PFLOPS FP8 dense (72 PF sparse / 8 / 2), 180 GB HBM3e (1,440 GB / 8), "
                 "8 TB/s (64 TB/s / 8), NVLink 5 1.8 TB/s (900 GB/s per direction), 400 Gb/s ConnectX-7 per GPU; "
                 "https://www.nvidia.com/en-us/data-center/dgx-b200/ (FP4 tensor cores not priced)"),
-        GPUSpec("MI300X", 1307.4e12, 5.3e12, 192e9, 448e9, network_bw=50e9, fp8_flops=2614.9e12,
+        GPUSpec("MI300X", 1307.4e12, 5.3e12, 192 * GiB, 448e9, network_bw=50e9, fp8_flops=2614.9e12,
                 source="AMD Instinct MI300X datasheet: 1,307.4 TFLOPS BF16 dense (2,614.9 with sparsity), 2,614.9 "
                 "FP8 dense, 192 GB HBM3, 5.3 TB/s, 7 Infinity Fabric links of 128 GB/s (896 GB/s aggregate, 448 per "
                 "direction) in an 8-GPU platform, 400 Gb/s per GPU; https://www.amd.com/content/dam/amd/en/documents/"
-                "instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf (the generic attained fractions "
-                "are NVIDIA's; measured MI300X GEMMs reach less of their peak)"),
+                "instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf; the 192 GB are GiB: AMD's "
+                "https://rocm.docs.amd.com/en/latest/reference/gpu-specs.html lists VRAM 192 GiB (the generic "
+                "attained fractions are NVIDIA's; measured MI300X GEMMs reach less of their peak)"),
         GPUSpec("L40S", 362.05e12, 864e9, 48 * GiB, 32e9, fp8_flops=733e12,
                 source="NVIDIA L40S datasheet: 362.05 TFLOPS BF16 tensor dense (733 with sparsity), 733 FP8 dense "
                 "(1,466 with sparsity), 48 GB GDDR6 at 864 GB/s, PCIe 4.0 x16 (no NVLink); "

@@ -87,7 +87,8 @@ class BackendOptions:
     model: str | None = None
     backend: str = "auto"
     device: str = _backend_option("auto", "--device", "device")
-    dtype: str = _backend_option("float32", "--dtype", "dtype")
+    # None unless given, so a backend that does not read it can name even `--dtype float32` (the torch default).
+    dtype: str | None = _backend_option(None, "--dtype", "dtype")
     threads: int | None = _backend_option(None, "-t", "threads")
     n_gpu_layers: int | None = _backend_option(None, "-ngl", "n_gpu_layers")
     ubatch: int | None = _backend_option(None, "--ubatch", "n_ubatch")
@@ -109,6 +110,7 @@ class BackendOptions:
     server_cmd: str | None = _backend_option(None, "--server-cmd", "server_cmd")
     engine: str | None = _backend_option(None, "--engine", "engine")
     url: str | None = _backend_option(None, "--url", "url")
+    server_timeout: float | None = _backend_option(None, "--server-timeout", "server_timeout")
     skip_idle: bool | None = None  # the engine's clock, not a load option: None leaves it to the command (tune --quick)
 
     @classmethod
@@ -138,6 +140,10 @@ class BackendOptions:
     def validate(self) -> None:
         """Refuse what cannot run and warn, once each, about every flag the backend will not use."""
         name = self.name
+        if self.server_timeout is not None and not self.server_timeout > 0:
+            raise UsageError(f"--server-timeout must be positive, got {self.server_timeout:g}")
+        if self.server_timeout is not None and self.url:
+            note("warning: --server-timeout is ignored with --url (nothing is launched)")
         if name != "sim" and self.model and Path(self.model).is_dir():
             folder = Path(self.model)
             if not (folder / "config.json").is_file() and not any(folder.glob("*.gguf")):
