@@ -156,3 +156,24 @@ def test_md_table_of_an_open_loop_shows_the_load_and_the_goodput():
         assert column in header
     assert "t/s" not in header
     assert "gamma 0.5 b=0.5" in text and "2.00 (75%)" in text
+
+
+def test_a_probe_stopped_before_any_request_finished_is_a_row_without_latencies():
+    """capacity stops a probe once its SLO has certainly failed; on a server that can be before any request has
+    finished (live requests' first tokens already late). That is a failed probe, not an error; a run that was not
+    stopped and finished nothing still is one."""
+    import math
+
+    from prefillbench.backends.base import BackendError
+    from prefillbench.bench.metrics import SLO, Load, summarize
+    from prefillbench.bench.workloads import make_tests
+    from prefillbench.engine.records import RunRecord
+
+    test = make_tests([], [], [(256, 32)], 0.0)[0]
+    args = dict(model="m", backend="b", strategy="sarathi-serve", concurrency=0, chunk_size=64,
+                load=Load("poisson", 1.0, None), slo=SLO.parse("tbt=500"))
+    row = summarize(test, [RunRecord(0.0, 5.0, [], [], stopped=True)], **args)
+    assert math.isnan(row.tbt_p99_ms) and math.isnan(row.ttft_p99_ms) and math.isnan(row.offered_rps)
+    assert row.slo_met == 0.0 and row.goodput_rps == 0.0 and row.request_throughput == 0.0
+    with pytest.raises(BackendError, match="finished no request"):
+        summarize(test, [RunRecord(0.0, 5.0, [], [])], **args)

@@ -8,16 +8,15 @@ Per budget and concurrency: throughput, TTFT p50/p99 and TBT p50/p99 of each, th
 median ratio over the rounds with its range. `--rate R` adds an open loop at R req/s (near capacity: see
 `prefillbench capacity`).
 
-Where a TBT differs, two more figures split it: the server's TBT p50 on its own clock (`timings_per_token`: the
-time between its tokens inside the server, before HTTP and the client), and the CPU the client process spent per
-streamed token, which on a small machine is taken from the server's compute threads. `-t 1` leaves a core to the
-client and the server's HTTP threads: if the TBT ratio then falls to 1, the difference was that contention.
+Where a TBT differs, the server's TBT p50 on its own clock (`timings_per_token`: the time between its tokens inside
+the server, before HTTP and the client) tells a difference made in the server from one made on the way to the
+client. `-t 1` leaves a core to the client and the server's HTTP thread: if the TBT ratio then falls to 1, the
+difference was their work taking CPU from llama.cpp's compute threads.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
@@ -68,18 +67,11 @@ def main(args: argparse.Namespace) -> None:
                     case = Case(test, "sarathi-serve", c, budget, rate)
                     # alternate which goes first, round by round
                     order = [("gguf", gguf), ("llama-server", server)]
-                    results, client_cpu = {}, 0.0
-                    for name, b in (order if rnd % 2 == 0 else order[::-1]):
-                        cpu = time.process_time()
-                        results[name] = run_case(b, case, config)
-                        if name == "llama-server":  # this process is the client; the server is another
-                            served = sum(len(r.tokens) for run in results[name].runs for r in run.requests)
-                            client_cpu = (time.process_time() - cpu) / max(served, 1) * 1e6
+                    results = {name: run_case(b, case, config) for name, b in (order if rnd % 2 == 0 else order[::-1])}
                     rows = {name: r.row for name, r in results.items()}
                     key = (budget, c, rate)
                     extra = figures.setdefault(key + ("extra",), {})
                     extra.setdefault("server_clock_tbt_p50_ms", []).append(server_clock_tbt_p50(results["llama-server"].runs))
-                    extra.setdefault("client_cpu_us_per_token", []).append(client_cpu)
                     for f in FIGURES:
                         ratios.setdefault(key, {}).setdefault(f, []).append(getattr(rows["llama-server"], f) /
                                                                               getattr(rows["gguf"], f))
@@ -87,8 +79,7 @@ def main(args: argparse.Namespace) -> None:
                             figures.setdefault(key + (name,), {}).setdefault(f, []).append(getattr(rows[name], f))
                     print(f"round {rnd + 1} budget {budget} c={c}{f' {rate:g} req/s' if rate else ''}: " + ", ".join(
                         f"{f} {getattr(rows['gguf'], f):.1f} / {getattr(rows['llama-server'], f):.1f}" for f in FIGURES)
-                        + f"; server clock TBT p50 {extra['server_clock_tbt_p50_ms'][-1]:.2f}, client CPU "
-                        f"{client_cpu:.0f} us/token", flush=True)
+                        + f"; server clock TBT p50 {extra['server_clock_tbt_p50_ms'][-1]:.2f}", flush=True)
     finally:
         server.close()
         gguf.close()
@@ -102,17 +93,15 @@ def main(args: argparse.Namespace) -> None:
             print(f"| {budget} | {load} | {name} | " + " | ".join(f"{med[f]:.1f}" for f in FIGURES) + " |")
         print(f"| {budget} | {load} | server/gguf, median [min, max] | " + " | ".join(
             f"{statistics.median(by[f]):.3f} [{min(by[f]):.3f}, {max(by[f]):.3f}]" for f in FIGURES) + " |")
-    print("\n| budget | load | gguf TBT p50 ms | server TBT p50 ms, client clock | server TBT p50 ms, server clock "
-          "| client CPU us/token |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    print("\n| budget | load | gguf TBT p50 ms | server TBT p50 ms, client clock | server TBT p50 ms, server clock |")
+    print("| ---: | --- | ---: | ---: | ---: |")
     for key in ratios:
         budget, c, rate = key
         load = f"{rate:g} req/s" if rate else f"c={c}"
         extra = figures[key + ("extra",)]
         print(f"| {budget} | {load} | {statistics.median(figures[key + ('gguf',)]['tbt_p50_ms']):.2f} | "
               f"{statistics.median(figures[key + ('llama-server',)]['tbt_p50_ms']):.2f} | "
-              f"{statistics.median(extra['server_clock_tbt_p50_ms']):.2f} | "
-              f"{statistics.median(extra['client_cpu_us_per_token']):.0f} |")
+              f"{statistics.median(extra['server_clock_tbt_p50_ms']):.2f} |")
 
 
 if __name__ == "__main__":

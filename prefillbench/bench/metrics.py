@@ -243,9 +243,9 @@ def percentile(values: list[float] | np.ndarray, q: float) -> float:
 
 
 def offered_rate(run: RunRecord) -> float:
-    """Arrivals per second between the first and the last arrival; NaN for one request."""
+    """Arrivals per second between the first and the last arrival; NaN for one request or none."""
     arrivals = sorted(r.arrival for r in run.requests)
-    span = arrivals[-1] - arrivals[0]
+    span = arrivals[-1] - arrivals[0] if arrivals else 0.0
     return (len(arrivals) - 1) / span if span > 0 else math.nan
 
 
@@ -254,6 +254,8 @@ def achieved_rate(run: RunRecord) -> float:
 
     Not first to last completion: strategies that finish requests together (a
     batch's decodes end in the same step) would show near-infinite rates."""
+    if not run.requests:
+        return math.nan
     span = max(r.token_times[-1] for r in run.requests) - min(r.arrival for r in run.requests)
     return len(run.requests) / span if span > 0 else math.nan
 
@@ -290,7 +292,9 @@ def summarize(
 ) -> ResultRow:
     reqs = [r for run in runs for r in run.requests]
     failed = sum(len(run.failed) for run in runs)
-    if not reqs:
+    # A capacity probe stopped once its SLO had certainly failed may end before any request finished (a served
+    # one, whose live requests' first tokens are late already): its row has no latencies, and the probe failed.
+    if not reqs and not all(run.stopped for run in runs):
         raise BackendError(f"every one of the {failed} requests failed: {runs[0].failed[0].error}" if failed
                            else "a run finished no request")
     rates = [request_rate(test, r) for r in reqs]
@@ -346,6 +350,6 @@ def summarize(
         slo=str(slo) if slo else "",
         goodput_rps=_mean([goodput(run, slo) for run in runs]) if slo else math.nan,
         # A failed request is a miss: it is in the denominator, never among those that met the SLO.
-        slo_met=sum(slo.met(r) for r in reqs) / (len(reqs) + failed) if slo else math.nan,
+        slo_met=sum(slo.met(r) for r in reqs) / (len(reqs) + failed) if slo and reqs else (0.0 if slo else math.nan),
         failed_requests=failed,
     )
