@@ -309,3 +309,18 @@ def test_a_configuration_without_a_budget_runs_the_engine_at_its_own():
     assert asked == [None, 256]
     assert "--max-num-batched-tokens" not in VLLM.argv("sarathi-serve", {"model": "m", "port": 1, "slots": 2,
                                                                           "budget": None})
+
+
+@pytest.mark.parametrize("url, says", [("notaurl", "not an http:// or https:// address"),
+                                       ("ftp://host", "not an http:// or https:// address")])
+def test_a_url_that_is_not_one_is_refused_in_one_line(run_cli, url, says):
+    code, out, err = run_cli("run", "--backend", "server", "--url", url, "--pg", "32,4", "-p", "0", "-n", "0")
+    assert code == 2 and err.strip().splitlines() == [f"prefillbench: error: --url {url}: {says}"]
+
+
+def test_a_url_where_no_server_answers_is_refused_before_measuring(run_cli):
+    port = free_port()  # nothing listens there
+    code, out, err = run_cli("run", "--backend", "server", "--url", f"http://127.0.0.1:{port}", "--pg", "32,4",
+                             "-p", "0", "-n", "0")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "no server answers there" in lines[0]

@@ -76,6 +76,7 @@ class ServerBackend(Backend):
             raise BackendError("--backend server needs --engine, --server-cmd or --url (--backend llama-server "
                                "launches llama.cpp's own server)")
         if url is not None:
+            _check_reachable(url.rstrip("/"), ENGINES.get(engine or "llama-server", LLAMA_SERVER).health_path)
             return cls(ENGINES.get(engine or "llama-server", LLAMA_SERVER), model or "", url=url.rstrip("/"),
                        threads=threads, context=context, launch=False)
         chosen = ENGINES.get(engine or "llama-server")
@@ -260,3 +261,23 @@ def _gguf_shape(path: str) -> tuple[int, int]:
         return ctx, vocab
     except Exception as e:  # noqa: BLE001 - any unreadable header is one line
         raise BackendError(f"cannot read {path} as a GGUF file: {e}") from None
+
+
+def _check_reachable(url: str, health_path: str, timeout_s: float = 10.0) -> None:
+    """--url names a server that answers HTTP, in one line before anything is measured. Any HTTP answer will do (a
+    router may have no health endpoint); only an address that is not a URL, or no answer, is refused."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise BackendError(f"--url {url}: not an http:// or https:// address")
+    try:
+        with urllib.request.urlopen(url + health_path, timeout=timeout_s):
+            pass
+    except urllib.error.HTTPError:
+        pass  # it answered
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise BackendError(f"--url {url}: no server answers there ({reason})") from None

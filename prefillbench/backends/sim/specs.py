@@ -450,14 +450,19 @@ GPU_PRESETS: dict[str, GPUSpec] = {
                 source="NVIDIA H100 datasheet (SXM): 989 TFLOPS BF16 dense (1,979 with sparsity), 1,979 FP8 dense "
                 "(3,958 with sparsity), 3.35 TB/s HBM3, 900 GB/s NVLink (450 per direction); 400 Gb/s NDR InfiniBand "
                 "per GPU (DGX H100); https://www.nvidia.com/en-us/data-center/h100/"),
-        GPUSpec("H200", 989e12, 4.8e12, 141e9, 450e9, network_bw=50e9, fp8_flops=1979e12,
+        # NVIDIA's "141 GB" and "180 GB" are GiB, as its "80 GB" are: nvidia-smi reports 143,771 MiB (140.4 GiB) on
+        # an H200 (NVIDIA/TensorRT-LLM#9554) and 183,359 MiB (179.1 GiB) on a B200 (NVIDIA/TensorRT-LLM#10278); 141e9
+        # and 180e9 bytes would be 131.3 and 167.6 GiB, 7% less than the devices hold.
+        GPUSpec("H200", 989e12, 4.8e12, 141 * GiB, 450e9, network_bw=50e9, fp8_flops=1979e12,
                 source="NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 1,979 FP8 dense (3,958 with sparsity), "
-                "4.8 TB/s HBM3e, 141 GB, 900 GB/s NVLink; https://www.nvidia.com/en-us/data-center/h200/"),
-        GPUSpec("B200", 2.25e15, 8e12, 180e9, 900e9, network_bw=50e9, fp8_flops=4.5e15,
+                "4.8 TB/s HBM3e, 141 GB, 900 GB/s NVLink; https://www.nvidia.com/en-us/data-center/h200/; the 141 GB "
+                "are GiB: nvidia-smi reports 143,771 MiB total (140.4 GiB), NVIDIA/TensorRT-LLM issue #9554"),
+        GPUSpec("B200", 2.25e15, 8e12, 180 * GiB, 900e9, network_bw=50e9, fp8_flops=4.5e15,
                 source="NVIDIA DGX B200 / HGX B200 datasheets, per GPU (the 8-GPU figures / 8): 2.25 PFLOPS BF16 dense "
                 "(36 PF sparse / 8 / 2), 4.5 PFLOPS FP8 dense (72 PF sparse / 8 / 2), 180 GB HBM3e (1,440 GB / 8), "
                 "8 TB/s (64 TB/s / 8), NVLink 5 1.8 TB/s (900 GB/s per direction), 400 Gb/s ConnectX-7 per GPU; "
-                "https://www.nvidia.com/en-us/data-center/dgx-b200/ (FP4 tensor cores not priced)"),
+                "https://www.nvidia.com/en-us/data-center/dgx-b200/ (FP4 tensor cores not priced); the 180 GB are GiB: "
+                "nvidia-smi reports 183,359 MiB total (179.1 GiB), NVIDIA/TensorRT-LLM issue #10278"),
         GPUSpec("MI300X", 1307.4e12, 5.3e12, 192 * GiB, 448e9, network_bw=50e9, fp8_flops=2614.9e12,
                 source="AMD Instinct MI300X datasheet: 1,307.4 TFLOPS BF16 dense (2,614.9 with sparsity), 2,614.9 "
                 "FP8 dense, 192 GB HBM3, 5.3 TB/s, 7 Infinity Fabric links of 128 GB/s (896 GB/s aggregate, 448 per "
