@@ -63,23 +63,29 @@ async def _serve(args) -> None:
             return web.json_response({"error": {"message": "Loading model"}}, status=503)
         return web.json_response({"status": "ok"})
 
-    async def completion(request):
+    async def serve_one(asked: int, stream):
+        """The failures the stub was told to make (exit, HTTP 500, one token short), then `stream(asked)`,
+        counted as running while it streams."""
         nonlocal count, running
         count += 1
         n = count
-        body = await request.json()
         if args.die_after and n >= args.die_after:
             os._exit(3)
         if args.fail_every and n % args.fail_every == 0:
             return web.json_response({"error": {"message": "stub failure"}}, status=500)
-        prompt, n_predict = body.get("prompt") or [], int(body.get("n_predict", 16))
         if args.short_every and n % args.short_every == 0:
-            n_predict -= 1
+            asked -= 1
         running += 1
         try:
-            return await stream_llama(request, prompt, n_predict)
+            return await stream(asked)
         finally:
             running -= 1
+
+    async def completion(request):
+        body = await request.json()
+        prompt = body.get("prompt") or []
+        return await serve_one(int(body.get("n_predict", 16)),
+                               lambda n_predict: stream_llama(request, prompt, n_predict))
 
     async def stream_llama(request, prompt, n_predict):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -117,27 +123,15 @@ async def _serve(args) -> None:
 
     async def openai_completion(request):
         """/v1/completions as vLLM streams it: one text chunk a token, then the usage, then [DONE]."""
-        nonlocal count, running
         body = await request.json()
         model = body.get("model") or ""
         if args.served_model_name is not None and model and model != args.served_model_name:
             # vLLM's _check_model: a model name it does not serve is 404, never served as its own
             return web.json_response({"object": "error", "message": f"The model `{model}` does not exist.",
                                       "type": "NotFoundError", "code": 404}, status=404)
-        count += 1
-        n = count
-        if args.die_after and n >= args.die_after:
-            os._exit(3)
-        if args.fail_every and n % args.fail_every == 0:
-            return web.json_response({"error": {"message": "stub failure"}}, status=500)
-        prompt, max_tokens = body.get("prompt") or [], int(body.get("max_tokens", 16))
-        if args.short_every and n % args.short_every == 0:
-            max_tokens -= 1
-        running += 1
-        try:
-            return await stream_openai(request, body, model, prompt, max_tokens)
-        finally:
-            running -= 1
+        prompt = body.get("prompt") or []
+        return await serve_one(int(body.get("max_tokens", 16)),
+                               lambda max_tokens: stream_openai(request, body, model, prompt, max_tokens))
 
     async def stream_openai(request, body, model, prompt, max_tokens):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
