@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import pytest
 
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.cost import Batch, CostModel, expected_experts, window_pairs
-from prefillbench.backends.sim.specs import (GPUSpec, ModelSpec, SimConfigError, load_gpu_spec, load_model_spec,
-                                             model_from_config, with_precision)
+from prefillbench.backends.sim.specs import (GPU_PRESETS, GiB, GPUSpec, ModelSpec, SimConfigError, load_gpu_spec,
+                                             load_model_spec, model_from_config, with_precision)
 
 #: A GPU whose roofs are round numbers and fully attained: an operator's time is FLOPs / 1e12 or bytes / 1e9.
 UNIT = GPUSpec("unit", 1e12, 1e9, 1e12, 1e9, fp8_flops=2e12, compute_fraction=1.0, memory_fraction=1.0,
@@ -418,6 +419,27 @@ def test_new_gpu_presets():
     assert load_gpu_spec("a100").fp8_flops == 0
     # AMD's ROCm GPU table lists the MI300X's VRAM as 192 GiB: its datasheet's "192 GB" are binary.
     assert load_gpu_spec("mi300x").mem_bytes == 192 * 2**30
+
+
+#: Each GPU preset's memory as its datasheet states it, "N GB".
+DATASHEET_GB = {"A6000": 48, "A100-SXM": 80, "A100-PCIe": 80, "H100-SXM": 80, "H200": 141, "B200": 180, "MI300X": 192,
+                "L40S": 48}
+#: Total memory the devices report in nvidia-smi, MiB: H100 and A100 80GB modal-labs/modal-client#2797 (H100 also
+#: NVIDIA/nccl#1264), H200 NVIDIA/TensorRT-LLM#9554, B200 NVIDIA/TensorRT-LLM#10278.
+REPORTED_MIB = {"H100-SXM": 81559, "A100-SXM": 81920, "H200": 143771, "B200": 183359}
+
+
+def test_gpu_memory_is_the_datasheets_n_gb_read_as_gib():
+    # The datasheets' "N GB" of device memory are what the devices report as about N GiB; read as N * 1e9 bytes they
+    # fall 7% short, outside the 1% allowed here, so a decimal entry cannot come back unnoticed.
+    assert set(DATASHEET_GB) == set(GPU_PRESETS) - {"CPU"}, "a new GPU preset: add its datasheet figure here"
+    for name, n in DATASHEET_GB.items():
+        gpu = GPU_PRESETS[name]
+        assert re.search(rf"\b{n} ?GB\b", gpu.source), f"{name}: its source does not state {n} GB"
+        assert gpu.mem_bytes == pytest.approx(n * GiB, rel=0.01), name
+        assert gpu.mem_bytes != pytest.approx(n * 1e9, rel=0.01), name
+    for name, mib in REPORTED_MIB.items():
+        assert GPU_PRESETS[name].mem_bytes == pytest.approx(mib * 2**20, rel=0.01), name
 
 
 # ---- calibration: the MoE terms fit as the dense ones do -------------------------------------------------------------

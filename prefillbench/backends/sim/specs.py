@@ -448,8 +448,8 @@ GPU_PRESETS: dict[str, GPUSpec] = {
                 source="NVIDIA A100 datasheet (80GB PCIe): 312 TFLOPS BF16 dense, 1,935 GB/s HBM2e; PCIe 4.0 x16"),
         GPUSpec("H100-SXM", 989e12, 3.35e12, 80 * GiB, 450e9, network_bw=50e9, fp8_flops=1979e12,
                 source="NVIDIA H100 datasheet (SXM): 989 TFLOPS BF16 dense (1,979 with sparsity), 1,979 FP8 dense "
-                "(3,958 with sparsity), 3.35 TB/s HBM3, 900 GB/s NVLink (450 per direction); 400 Gb/s NDR InfiniBand "
-                "per GPU (DGX H100); https://www.nvidia.com/en-us/data-center/h100/"),
+                "(3,958 with sparsity), 80 GB HBM3 at 3.35 TB/s, 900 GB/s NVLink (450 per direction); 400 Gb/s NDR "
+                "InfiniBand per GPU (DGX H100); https://www.nvidia.com/en-us/data-center/h100/"),
         # NVIDIA's "141 GB" and "180 GB" are GiB, as its "80 GB" are: nvidia-smi reports 143,771 MiB (140.4 GiB) on
         # an H200 (NVIDIA/TensorRT-LLM#9554) and 183,359 MiB (179.1 GiB) on a B200 (NVIDIA/TensorRT-LLM#10278); 141e9
         # and 180e9 bytes would be 131.3 and 167.6 GiB, 7% less than the devices hold.
