@@ -12,6 +12,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 # decisions have tests of their own (test_cpu_isa), which set the variable as they need.
 os.environ.setdefault("PREFILLBENCH_KERNEL_DECISION", "kernel")
 
+# Every process this session starts inherits this mark (tests/processes.py): the checks that no server outlived its
+# command count this session's servers only, not another session's on the same machine.
+os.environ["PREFILLBENCH_TEST_SESSION"] = str(os.getpid())
+
 
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory) -> str:

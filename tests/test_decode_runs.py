@@ -8,7 +8,7 @@ import pytest
 
 from prefillbench import engine
 from prefillbench.backends.sim.backend import SimBackend
-from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
+from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.bench.capacity import CertainFailure, Criteria
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests
 from strategies import STRATEGIES, make_strategy

@@ -76,7 +76,7 @@ def test_strategies_know_nothing_of_backends_or_torch():
             assert f"'{name}'" not in text, f"{path.name} imports {name}"
 
 
-SIM_CORE = ["cost", "pipeline", "specs", "calibration"]
+SIM_CORE = ["cost", "pipeline", "specs", "presets", "configs", "calibration"]
 
 
 @pytest.mark.parametrize("module", SIM_CORE)

@@ -7,6 +7,7 @@ import json
 import subprocess
 
 import pytest
+from processes import session_processes
 
 from prefillbench.backends.server.build import llama_tool
 
@@ -15,8 +16,7 @@ TARGET = ["run", "--backend", "llama-server", "--pg", "64,8", "-p", "0", "-n", "
 
 
 def servers() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if line.split(" ")[0].endswith("llama-server")]
+    return session_processes(lambda args: args.split(" ")[0].endswith("llama-server"))
 
 
 def test_the_server_binary_is_built_from_the_installed_llama_cpp():

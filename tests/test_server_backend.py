@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import session_processes
 
 from prefillbench.backends.server import client
 from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, SGLANG, TGI, VLLM, fill, parse_template
@@ -36,8 +37,7 @@ def children_serving(pid: int) -> bool:
 
 
 def stub_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "prefillbench.backends.server.stub" in line and "ps -eo" not in line]
+    return session_processes(lambda args: "prefillbench.backends.server.stub" in args)
 
 
 @pytest.fixture(autouse=True)

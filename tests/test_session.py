@@ -43,7 +43,7 @@ def strict_jsonl(text: str) -> list:
 def calibration(tmp_path) -> Path:
     """A calibration that prices the sim at the nominal A100 speed for mistral-7b: enough for tune's sim stage
     to pick configurations for the fake backend to measure."""
-    from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
+    from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"fitted": {"compute_fraction": 1.0, "memory_fraction": 1.0, "step_overhead_s": 0.0},

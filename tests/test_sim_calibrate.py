@@ -8,8 +8,9 @@ import pytest
 from prefillbench.cli import main
 from prefillbench.backends.sim.calibration import (FITTED_KEYS, JITTER_KEY, SHAPE_KEYS, Sample, errors, fit, jitter,
                                                    load_calibration, sweep_points)
+from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel
-from prefillbench.backends.sim.specs import SimConfigError, load_gpu_spec, load_model_spec
+from prefillbench.backends.sim.specs import SimConfigError
 
 
 def synthetic_samples(model, gpu, truth):

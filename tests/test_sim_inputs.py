@@ -6,8 +6,9 @@ import json
 import pytest
 
 from prefillbench.cli import main
+from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel
-from prefillbench.backends.sim.specs import SimConfigError, load_gpu_spec, load_model_spec
+from prefillbench.backends.sim.specs import SimConfigError
 
 RUN = ["run", "--backend", "sim", "-p", "128", "-n", "0", "-c", "1", "-r", "1", "--no-results-file", "--no-progress"]
 

@@ -10,9 +10,10 @@ from dataclasses import replace
 import pytest
 
 from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec, model_from_config
 from prefillbench.backends.sim.cost import Batch, CostModel, expected_experts, window_pairs
-from prefillbench.backends.sim.specs import (GPU_PRESETS, GiB, GPUSpec, ModelSpec, SimConfigError, load_gpu_spec,
-                                             load_model_spec, model_from_config, with_precision)
+from prefillbench.backends.sim.presets import GPU_PRESETS
+from prefillbench.backends.sim.specs import GiB, GPUSpec, ModelSpec, SimConfigError, with_precision
 
 #: A GPU whose roofs are round numbers and fully attained: an operator's time is FLOPs / 1e12 or bytes / 1e9.
 UNIT = GPUSpec("unit", 1e12, 1e9, 1e12, 1e9, fp8_flops=2e12, compute_fraction=1.0, memory_fraction=1.0,

@@ -12,7 +12,7 @@ import pytest
 from prefillbench import engine
 from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.bench.paper import compare, workload
-from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
+from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.bench.workloads import make_requests
 from strategies import make_strategy

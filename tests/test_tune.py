@@ -17,8 +17,8 @@ from strategies import make_strategy
 from prefillbench import engine
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.calibration import at_speed
+from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel
-from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
 from prefillbench.bench import sim_first, tune
 from prefillbench.bench.capacity import Criteria, Probe, SearchResult
 from prefillbench.bench.pricing import pricer

@@ -113,7 +113,7 @@ def test_run_tune_on_a_real_backend_predicts_on_the_calibrated_sim_then_measures
     import io
 
     from prefillbench.backends.fake import FakeBackend
-    from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
+    from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
     from prefillbench.commands.tune import TuneOptions, run_tune
 
     cal = tmp_path / "cal.json"

@@ -18,8 +18,8 @@ from prefillbench.engine import RunRecord, StepRecord
 from prefillbench.bench.pricing import batch_of
 from prefillbench.bench.workloads import TestSpec, make_requests
 
+from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch
-from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
 
 
 def workload(seq_len: int, pd_ratio: float) -> TestSpec:

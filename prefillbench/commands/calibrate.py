@@ -21,7 +21,7 @@ from prefillbench.models import default_model_path
 from prefillbench.writers import check_writable, csv_text, json_text, write_atomic
 from prefillbench.backends.sim.calibration import (calibrate, calibration_specs, describe_fraction, describe_shape_terms,
                                                    model_spec_of)
-from prefillbench.backends.sim.specs import load_gpu_spec, load_model_spec
+from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.bench.workloads import TestSpec, make_requests
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
+from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
 from prefillbench.backends.sim.pipeline import Pipeline
-from prefillbench.backends.sim.specs import (GiB, GPUSpec, ModelSpec, load_gpu_spec, load_model_spec, precision_words,
-                                             with_precision)
+from prefillbench.backends.sim.specs import GiB, GPUSpec, ModelSpec, precision_words, with_precision
 from prefillbench.step import Step, StepResult
 from prefillbench.writers import jsonl_text
 

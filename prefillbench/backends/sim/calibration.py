@@ -27,8 +27,9 @@ import numpy as np
 
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 
+from prefillbench.backends.sim.configs import model_from_config
 from prefillbench.backends.sim.cost import Batch, CostModel
-from prefillbench.backends.sim.specs import GPUSpec, ModelSpec, SimConfigError, model_from_config
+from prefillbench.backends.sim.specs import GPUSpec, ModelSpec, SimConfigError
 
 FITTED_KEYS = ("compute_fraction", "memory_fraction", "step_overhead_s")
 #: Fitted since 2026-12-01; a calibration file without them prices as before (GPUSpec's 1.0).
