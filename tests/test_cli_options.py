@@ -35,29 +35,40 @@ def test_every_declared_option_is_a_keyword_its_backend_takes():
 
 
 def test_load_backend_drops_what_the_backend_does_not_take_and_check_options_names_it():
-    why = backend_class("sim").unread_why["dtype"]
-    assert "--sim-dtype" in why
-    assert check_options("sim", {"dtype": "bfloat16", "threads": 3, "sim_gpu": "a100"}) == {"dtype": why, "threads": ""}
+    assert check_options("sim", {"dtype": "bfloat16", "threads": 3, "sim_gpu": "a100"}) == {"threads": ""}
     backend = load_backend("sim", None, dtype="bfloat16", threads=3, sim_gpu="a100")
     assert backend.name == "sim" and "A100" in backend.label
 
 
 def test_the_sim_names_each_flag_it_ignores_once(capsys):
-    assert cli.main([*SIM, "-c", "1", "-r", "1", "-t", "3", "--ubatch", "7", "--dtype", "bfloat16"]) == 0
+    assert cli.main([*SIM, "-c", "1", "-r", "1", "-t", "3", "--ubatch", "7"]) == 0
     err = capsys.readouterr().err
-    for flag in ("-t 3", "--ubatch 7", "--dtype bfloat16"):
+    for flag in ("-t 3", "--ubatch 7"):
         assert err.count(f"prefillbench: warning: {flag} is ignored by the sim backend") == 1, err
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_any_dtype_given_to_the_sim_is_named_with_what_it_prices(capsys, dtype):
-    """float32 too: it is the torch backend's default, yet given on the command line it is no less ignored."""
-    assert cli.main([*SIM, "-c", "1", "-r", "1", "--dtype", dtype]) == 0
-    err = capsys.readouterr().err
-    line = f"prefillbench: warning: --dtype {dtype} is ignored by the sim backend (it prices --sim-dtype"
-    assert err.count(line) == 1, err
-    assert cli.main([*SIM, "-c", "1", "-r", "1"]) == 0
-    assert "--dtype" not in capsys.readouterr().err  # no flag, no warning
+def test_dtype_on_the_sim_is_priced_or_refused():
+    """--dtype, as the torch backend runs weights and KV cache in it, prices the weights on the sim (a different
+    --sim-dtype is refused) and the KV cache unless --kv-dtype sets it; float32 is refused in one line."""
+    from prefillbench.backends.sim.backend import SimBackend
+    from prefillbench.backends.sim.specs import SimConfigError
+
+    fp16 = SimBackend.load("llama-3.1-8b", "h100", dtype="float16").metadata()
+    assert fp16 == SimBackend.load("llama-3.1-8b", "h100", sim_dtype="fp16", kv_dtype="fp16").metadata()
+    # a preset released in FP8 is priced as asked
+    assert (SimBackend.load("deepseek-v3", "h200", tp=8, pp=2, dtype="bfloat16").metadata()["sim_weight_bytes"]
+            == SimBackend.load("deepseek-v3", "h200", tp=8, pp=2, sim_dtype="bf16").metadata()["sim_weight_bytes"] == 2.0)
+    kept = SimBackend.load("llama-3.1-8b", "h100", dtype="bfloat16", kv_dtype="fp8").metadata()
+    assert kept["sim_kv_bytes"] == 1.0 and kept["sim_weight_bytes"] == 2.0
+    with pytest.raises(SimConfigError, match=r"^--dtype float32: the sim prices"):
+        SimBackend.load("llama-3.1-8b", "h100", dtype="float32")
+    with pytest.raises(SimConfigError, match="--dtype float16 and --sim-dtype fp8 disagree"):
+        SimBackend.load("llama-3.1-8b", "h100", dtype="float16", sim_dtype="fp8")
+
+
+def test_dtype_float32_on_the_sim_is_one_line_and_exit_2(run_cli):
+    code, out, err = run_cli(*SIM, "-c", "1", "-r", "1", "--dtype", "float32")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--dtype float32" in err
 
 
 def test_dtype_on_the_gguf_backend_is_named(capsys, use_backend):

@@ -19,7 +19,8 @@ from prefillbench.backends.sim.calibration import calibration_specs, load_calibr
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
 from prefillbench.backends.sim.pipeline import Pipeline
-from prefillbench.backends.sim.specs import GiB, GPUSpec, ModelSpec, precision_words, with_precision
+from prefillbench.backends.sim.specs import (GiB, GPUSpec, ModelSpec, SimConfigError, kv_format, precision_words,
+                                             weight_format, with_precision)
 from prefillbench.step import Step, StepResult
 from prefillbench.writers import jsonl_text
 
@@ -61,8 +62,8 @@ class SimBackend(Backend):
     sequence_limit = 1024
     # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
-    options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "calibration", "trace"})
-    unread_why = {"dtype": "it prices --sim-dtype and --kv-dtype, by default the precision the model ships in"}
+    options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
+                         "trace"})
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
@@ -126,10 +127,22 @@ class SimBackend(Backend):
     @classmethod
     def load(cls, model: str | None = None, gpu: str | None = None, *, tp: int = 1, pp: int = 1, ep: int = 1,
              calibration: str | None = None, trace: str | None = None, sim_model: str | None = None,
-             sim_gpu: str | None = None, sim_dtype: str | None = None, kv_dtype: str | None = None) -> "SimBackend":
+             sim_gpu: str | None = None, sim_dtype: str | None = None, kv_dtype: str | None = None,
+             dtype: str | None = None) -> "SimBackend":
         """Presets or files by name; a calibration file supplies the model and device it measured when none is named.
         sim_dtype: the weights' precision (bf16, fp16, fp8, int8, int4, mxfp4), kv_dtype: the KV cache's (bf16,
-        fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config)."""
+        fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config). dtype (the
+        shared --dtype, as the torch backend runs weights and KV cache in it) prices the weights (a different
+        --sim-dtype is refused) and the KV cache where --kv-dtype does not set it; float32 is refused."""
+        if dtype is not None:
+            try:
+                weight_format(dtype), kv_format(dtype)
+            except SimConfigError as e:
+                raise SimConfigError(f"--dtype {dtype}: {str(e).split(': ', 1)[-1]}") from None
+            if sim_dtype is not None and weight_format(sim_dtype) != weight_format(dtype):
+                raise SimConfigError(f"--dtype {dtype} and --sim-dtype {sim_dtype} disagree; give one")
+            sim_dtype = sim_dtype if sim_dtype is not None else dtype
+            kv_dtype = kv_dtype if kv_dtype is not None else dtype
         model, gpu = sim_model or model, sim_gpu or gpu
         cal = load_calibration(calibration) if calibration else None
         cal_model, cal_gpu = calibration_specs(cal) if cal else (None, None)
