@@ -319,7 +319,9 @@ SMOL_GEN = 8
 @pytest.fixture(scope="module")
 def smol_reference():
     """Prompts, greedy tokens and first-token logits from llama-cpp-python's high-level Llama."""
-    llm = gguf_backend.reference_llama(default_model_path(), n_ctx=256, n_threads=1, n_threads_batch=1, logits_all=True, verbose=False)
+    from prefillbench.backends.llama_kernels import reference_llama
+
+    llm = reference_llama(default_model_path(), n_ctx=256, n_threads=1, n_threads_batch=1, logits_all=True, verbose=False)
     prompts, expected, first_logits = [], [], []
     for text in SMOL_PROMPTS:
         prompt = llm.tokenize(text.encode(), add_bos=False)
@@ -427,27 +429,27 @@ def _system_info(text: str):
 def test_extra_buffers_off_on_amx_cpus_only(monkeypatch, info, expect_on):
     """llama.cpp's AMX matrix product segfaults on AMX CPUs (llama.cpp#20824): there, and only there, the extra
     buffer types are off by default; the variable overrides either way and a bad value is refused."""
-    from prefillbench.backends import gguf
+    from prefillbench.backends import llama_kernels as kernels
 
-    monkeypatch.delenv(gguf.EXTRA_BUFFERS_VARIABLE, raising=False)
-    monkeypatch.setattr(gguf.llama, "llama_print_system_info", _system_info(info))
-    on, why = gguf.extra_buffers()
+    monkeypatch.delenv(kernels.EXTRA_BUFFERS_VARIABLE, raising=False)
+    monkeypatch.setattr(kernels.llama, "llama_print_system_info", _system_info(info))
+    on, why = kernels.extra_buffers()
     assert on is expect_on
     assert ("llama.cpp#20824" in why) is (not expect_on)
     for asked in ("0", "1"):
-        monkeypatch.setenv(gguf.EXTRA_BUFFERS_VARIABLE, asked)
-        assert gguf.extra_buffers()[0] is (asked == "1")
-    monkeypatch.setenv(gguf.EXTRA_BUFFERS_VARIABLE, "yes")
+        monkeypatch.setenv(kernels.EXTRA_BUFFERS_VARIABLE, asked)
+        assert kernels.extra_buffers()[0] is (asked == "1")
+    monkeypatch.setenv(kernels.EXTRA_BUFFERS_VARIABLE, "yes")
     with pytest.raises(BackendError, match="must be 0 or 1"):
-        gguf.extra_buffers()
+        kernels.extra_buffers()
 
 
 def test_the_backend_loads_with_the_decision(tiny_gguf_path, monkeypatch):
-    from prefillbench.backends import gguf
+    from prefillbench.backends import llama_kernels as kernels
 
-    monkeypatch.setenv(gguf.EXTRA_BUFFERS_VARIABLE, "0")
+    monkeypatch.setenv(kernels.EXTRA_BUFFERS_VARIABLE, "0")
     backend = GGUFBackend.load(str(tiny_gguf_path), threads=1)
     try:
-        assert backend.metadata()["llama_extra_buffers"] == f"${gguf.EXTRA_BUFFERS_VARIABLE}=0"
+        assert backend.metadata()["llama_extra_buffers"] == f"${kernels.EXTRA_BUFFERS_VARIABLE}=0"
     finally:
         backend.close()

@@ -38,7 +38,7 @@ def test_llama_server_runs_the_issue_workload_and_leaves_no_server(run_cli, tmp_
     assert meta["server_engine"] == "llama-server" and "-b 64" in meta["server_command"]
     assert "--poll 0" in meta["server_command"] and meta["server_version"]
     # the same llama.cpp kernels as the gguf backend on this CPU: extra buffer types off where it keeps them off
-    from prefillbench.backends.gguf import extra_buffers
+    from prefillbench.backends.llama_kernels import extra_buffers
 
     on, why = extra_buffers()
     assert meta["llama_extra_buffers"] == why and ("--no-repack" in meta["server_command"]) is (not on)

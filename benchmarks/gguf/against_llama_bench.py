@@ -101,7 +101,7 @@ def bare_tg(backend: GGUFBackend, n_gen: int, reps: int, rng: np.random.Generato
 
 
 def llama_bench_tg(tool: str, model: str, threads: int, n_gen: int, reps: int, extra: list[str]) -> dict:
-    from prefillbench.backends.gguf import extra_buffers
+    from prefillbench.backends.llama_kernels import extra_buffers
 
     # the kernels the gguf backend runs: llama.cpp's extra buffer types off where it keeps them off (an AMX CPU)
     repack = [] if extra_buffers()[0] else ["--repack", "0"]

@@ -217,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
     cb = llama.llama_log_callback(log)
     llama.llama_log_set(cb, ctypes.c_void_p(0))
     llama.llama_backend_init()
-    from prefillbench.backends.gguf import extra_buffers
+    from prefillbench.backends.llama_kernels import extra_buffers
 
     mp = llama.llama_model_default_params()
     mp.use_extra_bufts = extra_buffers()[0]  # the kernels the gguf backend runs on this CPU

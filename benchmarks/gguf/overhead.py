@@ -73,7 +73,7 @@ def decode_overhead(backend: GGUFBackend, concurrency: int, prompt_len: int, n_g
 
 
 def pp_vs_llama_eval(backend: GGUFBackend, model: str, threads: int, n_prompt: int, reps: int) -> dict:
-    from prefillbench.backends.gguf import reference_llama as Llama
+    from prefillbench.backends.llama_kernels import reference_llama as Llama
 
     # Llama() takes flash attention as on/off; llama.cpp's "auto" turns it on on the CPU.
     flash = backend.flash_attn != "off"

@@ -87,7 +87,7 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, str]:
     if pp > 1 and name != "sim":
         raise BackendError(f"--pp {pp} runs on the sim only (--backend sim); see the README's \"Past one machine\"")
     cls = backend_class(name)
-    unused = {k: cls.unread_why.get(k, "") for k in options if k not in cls.options}
+    unused = {k: "" for k in options if k not in cls.options}
     unusable = cls.unusable_options()
     return unused | {k: why for k, why in unusable.items() if k in options}
 

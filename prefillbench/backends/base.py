@@ -65,9 +65,6 @@ class Backend(ABC):
     #: The keyword options `load` takes beyond the model; `load_backend` passes these and no others, and the
     #: CLI warns about a flag whose option is not here (prefillbench.backends.check_options reads both).
     options: ClassVar[frozenset[str]] = frozenset()
-    #: Why the backend does not read an option other backends take, where the reason points somewhere useful
-    #: (the CLI's warning about the flag quotes it).
-    unread_why: ClassVar[dict[str, str]] = {}
     #: (asked, allowed) concurrencies the engine clamped to (`note_clamp`); replaced, never appended to in place.
     clamped: list[tuple[int, int]] = []
     #: When nothing runs until the next arrival, the clock jumps there rather than sleeping (`--skip-idle`): a run

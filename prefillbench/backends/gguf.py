@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 from collections import deque
 from pathlib import Path
 from time import perf_counter
@@ -71,6 +70,7 @@ import numpy as np
 from prefillbench.step import Step, StepResult, pack
 
 from prefillbench.backends.base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
+from prefillbench.backends.llama_kernels import extra_buffers, say_extra_buffers
 
 try:
     import llama_cpp as llama
@@ -92,9 +92,6 @@ _log_lines: deque = deque(maxlen=32)
 # The tiny float32 Llama with llama.cpp's f16 KV cache moves by up to 0.021, a corruption by 10.
 QUANTIZED_TOLERANCE = LogitTolerance(3.0, 2.0, "quantized GGUF: 3x the largest move measured on Q4_1")
 FLOAT_TOLERANCE = LogitTolerance(0.1, 0.1, "float GGUF with an f16 KV cache: 5x the largest move measured")
-#: Where llama.cpp may put weights in its extra buffer types (AMX, the CPU repack): "1" on, "0" off; unset: off
-#: where llama.cpp reports AMX_INT8, on elsewhere (see extra_buffers).
-EXTRA_BUFFERS_VARIABLE = "PREFILLBENCH_LLAMA_REPACK"
 _log_callback = None  # keeps the ctypes callback alive while llama.cpp holds it
 _backend_ready = False
 _get_logits_addr = None  # llama_get_logits returning the address as an int (_install_log binds it)
@@ -153,58 +150,6 @@ def _check_gguf_file(model: str) -> Path:
     return path
 
 
-def extra_buffers() -> tuple[bool, str]:
-    """Whether llama.cpp may use its extra buffer types (the AMX kernels and the CPU repack), and why: for the gguf
-    backend (`use_extra_bufts`) and the llama-server it launches (`--no-repack`) alike.
-
-    llama.cpp's AMX matrix product segfaults on some AMX CPUs (ggml_backend_amx_mul_mat: llama.cpp#20824, open;
-    llama.cpp 0c1e570 with the shipped Q4_1 model on an AMX Xeon VM, every run). It is chosen whenever the CPU has
-    AMX-INT8, so there it is off by default, and $PREFILLBENCH_LLAMA_REPACK=1 turns it back on."""
-    asked = os.environ.get(EXTRA_BUFFERS_VARIABLE)
-    if asked in ("0", "1"):
-        return asked == "1", f"${EXTRA_BUFFERS_VARIABLE}={asked}"
-    if asked:
-        raise BackendError(f"${EXTRA_BUFFERS_VARIABLE} must be 0 or 1, got {asked!r}")
-    info = llama.llama_print_system_info().decode(errors="replace") if llama is not None else ""
-    if "AMX_INT8 = 1" in info:
-        return False, (f"off: this CPU has AMX, whose llama.cpp kernels can segfault (llama.cpp#20824); "
-                       f"${EXTRA_BUFFERS_VARIABLE}=1 turns them on")
-    return True, "on (llama.cpp's default)"
-
-
-def reference_llama(*args: Any, **kwargs: Any):
-    """llama-cpp-python's high-level `Llama` (a reference in tests and benchmarks), loaded with the extra buffer
-    types this backend uses: `Llama()` takes no parameter for them, so its default model parameters are wrapped
-    while it loads."""
-    import llama_cpp.llama as high
-    from llama_cpp import Llama
-
-    on = extra_buffers()[0]
-    default = high.llama_cpp.llama_model_default_params
-
-    def params():
-        p = default()
-        p.use_extra_bufts = on
-        return p
-
-    high.llama_cpp.llama_model_default_params = params
-    try:
-        return Llama(*args, **kwargs)
-    finally:
-        high.llama_cpp.llama_model_default_params = default
-
-
-_said_extra_buffers = False
-
-
-def _say_extra_buffers(on: bool, why: str) -> None:
-    """A line on stderr, once a process, where they are off."""
-    global _said_extra_buffers
-    if not on and not _said_extra_buffers:
-        _said_extra_buffers = True
-        print(f"prefillbench: llama.cpp's extra buffer types (AMX, CPU repack) {why}", file=sys.stderr)
-
-
 def _weights_label(desc: str) -> str:
     """'llama 135M Q4_1' -> 'Q4_1 (quantized, as stored)'."""
     ftype = desc.split(" ", 2)[-1] if desc.count(" ") >= 2 else desc
@@ -225,7 +170,7 @@ class GGUFBackend(Backend):
         return {}
 
     def __init__(self, model_ptr, path: Path, *, threads: int, n_gpu_layers: int, n_ubatch: int | None,
-                 n_ctx_limit: int | None, kv_type: str, flash_attn: str, kv_unified: bool) -> None:
+                 n_ctx_limit: int | None, kv_type: str, flash_attn: str, kv_unified: bool, extra_buffers: str) -> None:
         self.model = model_ptr
         self.path = path
         self.model_name = path.name.removesuffix(".gguf")
@@ -235,7 +180,7 @@ class GGUFBackend(Backend):
         self.n_ctx_limit = n_ctx_limit
         self.kv_type = kv_type
         self.flash_attn = flash_attn
-        self.extra_buffers = "on (llama.cpp's default)"
+        self.extra_buffers = extra_buffers  # extra_buffers()'s reason, for the metadata
         self.kv_unified = kv_unified
         self.device = "CUDA" if n_gpu_layers > 0 else "CPU"
         vocab = llama.llama_model_get_vocab(model_ptr)
@@ -301,7 +246,7 @@ class GGUFBackend(Backend):
         params = llama.llama_model_default_params()
         params.n_gpu_layers = ngl
         params.use_extra_bufts, extra_why = extra_buffers()
-        _say_extra_buffers(params.use_extra_bufts, extra_why)
+        say_extra_buffers(params.use_extra_bufts, extra_why)
         _log_lines.clear()
         ptr = llama.llama_model_load_from_file(str(path).encode(), params)
         if not ptr:
@@ -309,8 +254,7 @@ class GGUFBackend(Backend):
         if threads is None:
             threads = max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1), 1)
         backend = cls(ptr, path, threads=threads, n_gpu_layers=ngl, n_ubatch=n_ubatch, n_ctx_limit=n_ctx,
-                      kv_type=kv_type, flash_attn=flash, kv_unified=bool(kv_unified))
-        backend.extra_buffers = extra_why
+                      kv_type=kv_type, flash_attn=flash, kv_unified=bool(kv_unified), extra_buffers=extra_why)
         has_encoder = getattr(llama, "llama_model_has_encoder", None)
         if has_encoder is not None and has_encoder(ptr):
             backend.close()

@@ -46,7 +46,7 @@ Device = Annotated[str, option(
     "--device", panel=MODEL_PANEL, callback=choice(*DEVICES), metavar="|".join(DEVICES), help="torch and gguf device")]
 DType = Annotated[Optional[str], option(
     "--dtype", panel=MODEL_PANEL, callback=choice(*DTYPES), metavar="|".join(DTYPES),
-    help="torch dtype (default: float32); the sim prices --sim-dtype instead")]
+    help="torch dtype (default: float32); on the sim, the weights' and KV cache's precision (see --sim-dtype)")]
 Threads = Annotated[Optional[int], option("-t", "--threads", panel=MODEL_PANEL, help="CPU threads (default: the library's choice)")]
 GpuLayers = Annotated[Optional[int], option("-ngl", "--n-gpu-layers", panel=MODEL_PANEL, help="gguf: layers to offload to the GPU")]
 UBatch = Annotated[Optional[int], option("--ubatch", panel=MODEL_PANEL, help="gguf: llama.cpp n_ubatch")]

@@ -66,7 +66,8 @@ class ServerBackend(Backend):
         self.lags: list[float] = []
         self.version = ""
         self.key = os.environ.get(API_KEY_VARIABLE) if url else None
-        self.extra_buffers: str | None = None  # the llama-server preset's llama.cpp extra buffer types, once launched
+        self.extra_buffers: str | None = None  # the llama-server preset's llama.cpp extra buffer types (load)
+        self.launch_flags: tuple[str, ...] = ()  # flags this machine adds to every launch (load)
 
     @classmethod
     def load(cls, model: str | None = None, *, server_bin: str | None = None, server_cmd: str | None = None,
@@ -76,9 +77,9 @@ class ServerBackend(Backend):
             raise BackendError("--backend server needs --engine, --server-cmd or --url (--backend llama-server "
                                "launches llama.cpp's own server)")
         if url is not None:
-            _check_reachable(url.rstrip("/"), ENGINES.get(engine or "llama-server", LLAMA_SERVER).health_path)
-            return cls(ENGINES.get(engine or "llama-server", LLAMA_SERVER), model or "", url=url.rstrip("/"),
-                       threads=threads, context=context, launch=False)
+            served, url = ENGINES.get(engine or "llama-server", LLAMA_SERVER), url.rstrip("/")
+            _check_reachable(url, served.health_path)
+            return cls(served, model or "", url=url, threads=threads, context=context, launch=False)
         chosen = ENGINES.get(engine or "llama-server")
         if chosen is None:
             raise BackendError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
@@ -95,6 +96,11 @@ class ServerBackend(Backend):
         backend.version = backend._version()
         if chosen is LLAMA_SERVER:
             backend.context_length, backend.vocab_size = _gguf_shape(model)
+            # the kernels the gguf backend runs on this CPU: llama.cpp's extra buffer types off where it keeps them off
+            from prefillbench.backends.llama_kernels import extra_buffers
+
+            on, backend.extra_buffers = extra_buffers()
+            backend.launch_flags = () if on else ("--no-repack",)
         return backend
 
     # ---- the contract a server keeps ------------------------------------------------------------------
@@ -151,16 +157,6 @@ class ServerBackend(Backend):
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _engine_extra(self) -> tuple[str, ...]:
-        """Flags the llama-server preset adds for this machine: where the gguf backend keeps llama.cpp's extra
-        buffer types off (an AMX CPU: gguf.extra_buffers), its own server does too, so the two run the same kernels."""
-        if self.engine is not LLAMA_SERVER:
-            return ()
-        from prefillbench.backends.gguf import extra_buffers
-
-        on, self.extra_buffers = extra_buffers()
-        return () if on else ("--no-repack",)
-
     def _ensure(self, strategy_name: str, budget: int | None, slots: int, longest: int) -> None:
         """A server running with the flags for this case: kept where it already holds them (the same strategy and
         budget, at least these slots of at least this length), launched anew otherwise."""
@@ -176,7 +172,7 @@ class ServerBackend(Backend):
         values = {"bin": self.binary, "model": self.model_path, "port": self.port,
                   "budget": budget if self.engine.strategies[strategy_name].uses_budget else None,
                   "slots": slots, "threads": self.threads, "ctx": slots * per_slot}
-        self.argv = self.engine.argv(strategy_name, values, self._engine_extra())
+        self.argv = self.engine.argv(strategy_name, values, self.launch_flags)
         self.server = ServerProcess(self.argv, self.base_url + self.engine.health_path)
         self.server.start(self.start_timeout)
         self.launches += 1
