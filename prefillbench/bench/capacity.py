@@ -26,8 +26,8 @@ from strategies import configurations, make_strategy
 from prefillbench import engine
 from prefillbench.backends.base import Backend
 from prefillbench.bench.cases import BenchConfig, Case, warm_up, request_tokens
-from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, percentile, sched_delay_ms, summarize, tbts_ms,
-                                        tpot_ms, ttft_ms, ttfts_ms)
+from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, percentile, row_strategy, sched_delay_ms,
+                                        summarize, tbts_ms, tpot_ms, ttft_ms, ttfts_ms)
 from prefillbench.bench.pricing import Pricer, priced_by_kind
 from prefillbench.engine import Progress, RunRecord
 from prefillbench.sequence import Request
@@ -410,7 +410,8 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
     watch = [config.criteria] if watch is None else watch
     certain = CertainFailure(watch, requests) if watch else None
     run = engine.run(backend, strategy, requests, case.concurrency, on_tokens=on_tokens, stop=certain)
-    row = summarize(case.test, [run], model=backend.model_name, backend=backend.label, strategy=case.strategy,
+    row = summarize(case.test, [run], model=backend.model_name, backend=backend.label,
+                    strategy=row_strategy(backend, case.strategy),
                     concurrency=case.concurrency, chunk_size=case.chunk_size,
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
                     slo=config.row_slo)

@@ -11,7 +11,7 @@ from strategies import Strategy, configurations, make_strategy, strategy_label
 from prefillbench import engine
 from prefillbench.backends.base import Backend, LogitTolerance
 from prefillbench.engine import RunRecord
-from prefillbench.bench.metrics import SLO, Load, ResultRow, summarize
+from prefillbench.bench.metrics import SLO, Load, ResultRow, row_strategy, summarize
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
 from prefillbench.sequence import Request
 
@@ -167,7 +167,7 @@ def case_result(backend: Backend, case: Case, runs: list[RunRecord], config: Ben
         runs,
         model=backend.model_name,
         backend=backend.label,
-        strategy=case.strategy,
+        strategy=row_strategy(backend, case.strategy),
         concurrency=case.concurrency,
         chunk_size=case.chunk_size,
         load=config.load(case),

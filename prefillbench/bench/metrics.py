@@ -54,6 +54,16 @@ METRICS: dict[str, str] = {
 }
 
 
+#: The strategy column of a row measured on a server prefillbench did not launch (--url): its own configuration,
+#: whatever it is; no strategy of STRATEGIES, and never compared with another row of the same server.
+AS_SERVED = "as served"
+
+
+def row_strategy(backend, strategy: str) -> str:
+    """The strategy a row names: the case's, or AS_SERVED on a server running as it was started (--url)."""
+    return AS_SERVED if getattr(backend, "as_served", False) else strategy
+
+
 def higher_is_better(metric: str) -> bool:
     return METRICS[metric] == HIGHER
 
@@ -108,6 +118,28 @@ class ResultRow:
     capacity_rps: float = math.nan  # `capacity`: the highest rate that met the capacity criteria
     capacity_probes: int = 0  # `capacity`: the runs its search took
     failed_requests: int = 0  # a server's requests that failed (HTTP error, dropped stream, short): in no figure
+    # The client's means, beside the engine's (below): a histogram's mean is exact where its p50 is a bucket's.
+    ttft_mean_ms: float = math.nan
+    tbt_mean_ms: float = math.nan
+    # A server's own clock over the row's runs (backends/server/engine_clock.py): where it comes from ("" none),
+    # its TTFT and inter-token latency (mean; p50 with the bounds of the bucket it lies in, equal where exact), TTFT
+    # split into queue, prefill and the rest (vLLM's API server: tokenizing, IPC), the decode time per request, the
+    # requests it counted, and the network round trip measured beside it (what it can add to a client figure).
+    engine_clock: str = ""
+    engine_ttft_mean_ms: float = math.nan
+    engine_ttft_p50_ms: float = math.nan
+    engine_ttft_p50_low_ms: float = math.nan
+    engine_ttft_p50_high_ms: float = math.nan
+    engine_itl_mean_ms: float = math.nan
+    engine_itl_p50_ms: float = math.nan
+    engine_itl_p50_low_ms: float = math.nan
+    engine_itl_p50_high_ms: float = math.nan
+    engine_queue_mean_ms: float = math.nan
+    engine_prefill_mean_ms: float = math.nan
+    engine_ttft_other_mean_ms: float = math.nan
+    engine_decode_mean_ms: float = math.nan
+    engine_requests: float = math.nan
+    engine_net_ms: float = math.nan
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -352,4 +384,57 @@ def summarize(
         # A failed request is a miss: it is in the denominator, never among those that met the SLO.
         slo_met=sum(slo.met(r) for r in reqs) / (len(reqs) + failed) if slo and reqs else (0.0 if slo else math.nan),
         failed_requests=failed,
+        ttft_mean_ms=_mean(ttft),
+        tbt_mean_ms=float(tbt.mean()) if tbt.size else math.nan,
+        **engine_columns(runs, reqs),
     )
+
+
+def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:
+    """The row's engine-clock columns: what the server's /metrics counted over the runs (their deltas summed), and
+    where the engine sent its clock with every token (llama-server's timings), per request and per token, exact:
+    its prefill (the prompt's start to its first token), its queue (arrival to the prompt's start, which its
+    first progress event dates), their sum its TTFT, and the gaps between its times of the tokens."""
+    from prefillbench.backends.server.engine_clock import figures
+
+    readings = [run.engine_clock for run in runs if run.engine_clock is not None]
+    per_token = [r.server_token_times for r in reqs if r.server_token_times]
+    if not readings and not per_token:
+        return {}
+    total = readings[0]
+    for more in readings[1:]:
+        total = total.plus(more)
+    f = figures(total) if readings else None
+    out = {}
+    if f is not None and f.source:
+        out = {"engine_clock": f.source, "engine_requests": f.requests, "engine_ttft_mean_ms": f.ttft_mean,
+               "engine_itl_mean_ms": f.itl_mean, "engine_queue_mean_ms": f.queue_mean,
+               "engine_prefill_mean_ms": f.prefill_mean, "engine_decode_mean_ms": f.decode_mean}
+        for name, (p50, low, high) in (("ttft", f.ttft_p50), ("itl", f.itl_p50)):
+            out.update({f"engine_{name}_p50_ms": p50, f"engine_{name}_p50_low_ms": low,
+                        f"engine_{name}_p50_high_ms": high})
+        if not math.isnan(f.queue_mean) and not math.isnan(f.prefill_mean):
+            out["engine_ttft_other_mean_ms"] = f.ttft_mean - f.queue_mean - f.prefill_mean
+    if readings:
+        out["engine_net_ms"] = total.net_ms
+    if per_token:
+        # llama-server's clock starts when a prompt's first tokens enter a batch (update_slots); the wait before it
+        # is dated only by its first progress event, on the client's clock: its queue; its prefill is its own.
+        served = [r for r in reqs if r.server_token_times]
+        prefill = [r.server_token_times[0] for r in served]
+        queue = [1e3 * (r.first_scheduled - r.arrival) if r.first_scheduled is not None else 0.0 for r in served]
+        ttfts = [q + p for q, p in zip(queue, prefill)]
+        gaps = np.concatenate([np.diff(r.server_token_times) for r in served])
+        out["engine_clock"] = " and ".join(filter(None, [out.get("engine_clock"), "per-token timings"]))
+        if math.isnan(out.get("engine_requests", math.nan)):
+            out["engine_requests"] = len(served)
+        out["engine_ttft_mean_ms"] = float(np.mean(ttfts))
+        out["engine_prefill_mean_ms"] = float(np.mean(prefill))
+        if any(r.first_scheduled is not None for r in served):
+            out["engine_queue_mean_ms"] = float(np.mean(queue))
+        for name, p50 in (("ttft", percentile(ttfts, 50)), ("itl", percentile(gaps, 50))):
+            out.update({f"engine_{name}_p50_ms": p50, f"engine_{name}_p50_low_ms": p50,
+                        f"engine_{name}_p50_high_ms": p50})
+        if math.isnan(out.get("engine_itl_mean_ms", math.nan)) and gaps.size:
+            out["engine_itl_mean_ms"] = float(gaps.mean())
+    return out

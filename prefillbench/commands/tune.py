@@ -1,8 +1,8 @@
 """`prefillbench tune`: which scheduler and token budget hold the most load within an SLO.
 
 On the sim the whole grid is searched there. On a real backend the sim carries the search: it is
-calibrated on the backend (or read from --calibration), searches every configuration on the same seeded
-traces the backend will replay, and the backend then measures only the sim's top K and sequential,
+calibrated on the backend (a serving engine by its probes, bench.server_probes; or read from
+--calibration), searches every configuration on the same seeded traces the backend will replay, and the backend then measures only the sim's top K and sequential,
 each search starting at the sim's prediction. `--no-sim` measures every configuration; `--sim-only`
 stops at the prediction.
 """
@@ -19,10 +19,10 @@ from prefillbench.backends.base import Backend
 from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.calibration import at_speed, calibrate, calibration_specs, load_calibration, workload_points
-from prefillbench.bench import sim_first, tune
+from prefillbench.bench import server_probes, sim_first, tune
 from prefillbench.bench.capacity import Criteria, Probe, SearchResult
 from prefillbench.bench.pricing import pricer
-from prefillbench.commands.calibrate import sim_specs_for
+from prefillbench.commands.calibrate import probe_server, sim_specs_for
 from prefillbench.commands.options import TuneOptions
 from prefillbench.commands.session import Output, Progress, Session, open_session
 from prefillbench.errors import UsageError
@@ -156,16 +156,27 @@ def _calibration(o: TuneOptions, real: Backend, err) -> dict:
         cal = load_calibration(o.calibration)
         print(f"prefillbench: the sim calibrated by {o.calibration}", file=err)
         return cal
+    test = o.settings.test
+    budgets = sorted({c.budget for c in o.configs if c.budget})
     stepped = real
+    if getattr(real, "serves_requests", False) and o.calibrate_on != "gguf":
+        # A server is calibrated on itself: probes whose steps are known, this workload's prompt and budgets among
+        # them, then the sim predicts the server's own scheduling with the server's own step times.
+        plan = server_probes.plan(quick=True, prompt=test.n_prompt, n_gen=test.n_gen, budgets=tuple(budgets),
+                                  context=real.context_length)
+        cal = probe_server(real, plan, o.load.model, o.sim_model, o.sim_gpu, err)
+        held = cal["held_out_abs_error"]
+        print(f"prefillbench: the sim's fit on {real.label}'s probes: median error {cal['median_abs_error']:.1%}; "
+              f"held out, {cal['probes']['held_out']}: " + (f"{held:.1%}" if held is not None else "no sample")
+              + " (prefillbench calibrate --backend server lists every probe)", file=err)
+        return cal
     if getattr(real, "serves_requests", False):
-        # llama-server cannot be stepped: the sim is calibrated on the gguf backend, the same llama.cpp stepping the
-        # same model, and then predicts the server's own scheduling of it.
+        # --calibrate-on gguf: the proxy, the gguf backend stepping the same llama.cpp on the same model, whose
+        # calibration then predicts the server's own scheduling of it.
         stepped = load_backend("gguf", o.load.model, threads=real.threads)
     spec, nominal = sim_specs_for(stepped, o.load.model, o.sim_model, o.sim_gpu)
     print(f"prefillbench: calibrating the sim on {stepped.label} (a quick sweep and this workload's step shapes; "
           f"--calibration FILE skips it)", file=err)
-    test = o.settings.test
-    budgets = sorted({c.budget for c in o.configs if c.budget})
     try:
         return calibrate(stepped, spec, nominal, quick=True,
                          extra=workload_points(test.n_prompt, test.n_gen, budgets,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from prefillbench.sequence import Request, Sequence
 from prefillbench.step import Step
@@ -45,6 +46,8 @@ class RunRecord:
     steps: list[StepRecord]
     stopped: bool = False  # ended by `stop` before every request finished
     failed: list[RequestRecord] = field(default_factory=list)  # served requests that failed: counted, never timed
+    # a served run's engine clock (backends.server.engine_clock.Reading): what its /metrics counted over the run
+    engine_clock: Any = None
 
     @property
     def wall(self) -> float:

@@ -31,7 +31,8 @@ def serve(backend, strategy: Strategy, requests: list[Request], concurrency: int
     run = backend.serve(strategy.name, budget, requests, concurrency, on_tokens, watch if stop is not None else None)
     records = [_record(s) for s in run.done]
     return RunRecord(run.start, run.end, [r for r in records if r.error is None], [], stopped=run.stopped,
-                     failed=[r for r in records if r.error is not None])
+                     failed=[r for r in records if r.error is not None],
+                     engine_clock=getattr(run, "engine_clock", None))
 
 
 def _record(s) -> RequestRecord:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 
 from prefillbench.bench.capacity import CapacityResult, relative_capacities
-from prefillbench.bench.metrics import strategy_label
 from prefillbench.report.tables import fmt_number, md_table, row_strategy_label
 
 
@@ -46,7 +45,7 @@ def best_line(results: list[CapacityResult], slo: str, precision: float, baselin
     if not results:
         return "capacity: nothing finished"
     best = max(results, key=lambda r: r.capacity)
-    label = lambda r: strategy_label(r.case.strategy, r.case.chunk_size)  # noqa: E731
+    label = lambda r: row_strategy_label(r.row)  # noqa: E731 - the row's: "as served" at a --url
     if not best.capacity:
         return f"capacity: no strategy met {slo} at any rate tried"
     text = f"best within {slo}: {label(best)}, {capacity_text(best.capacity, best.search.hit_bound)} req/s"

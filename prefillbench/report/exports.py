@@ -20,7 +20,7 @@ from prefillbench.writers import SUFFIX_FORMATS
 KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "rate")
 
 _INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions", "capacity_probes", "failed_requests"}
-_TEXT_FIELDS = {"arrival", "slo"}
+_TEXT_FIELDS = {"arrival", "slo", "engine_clock"}
 _KEY_TEXT = {"model", "backend", "strategy", "test"}
 _ALL_FIELDS = {f.name: f for f in fields(ResultRow)}
 # Columns every export has had since the first version; the statistics came later.

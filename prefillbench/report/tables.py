@@ -71,6 +71,18 @@ def goodput_cell(row: ResultRow) -> str:
     return f"{row.goodput_rps:.2f} ({100 * row.slo_met:.0f}%)"
 
 
+def engine_cell(row: ResultRow) -> str:
+    """The engine's TTFT and inter-token p50 by its own clock; "~" where a histogram's bucket gives it."""
+    if not row.engine_clock:
+        return "-"
+    cells = []
+    for name in ("ttft", "itl"):
+        p50, low, high = (getattr(row, f"engine_{name}_p50{s}_ms") for s in ("", "_low", "_high"))
+        approx = "~" if not math.isnan(low) and low != high else ""
+        cells.append(approx + fmt_number(p50, 1))
+    return "/".join(cells)
+
+
 def cv_cell(row: ResultRow, noisy_cv: float = DEFAULT_NOISY_CV) -> str:
     """The row's worst CV across repetitions, in percent, marked noisy above the threshold."""
     cv = row.cv
@@ -102,6 +114,11 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
     slos = sorted({r.slo for r in rows if r.slo})
     if slos:
         columns = columns + [(f"goodput req/s (met {' | '.join(slos)})", goodput_cell, True)]
+    if any(r.engine_clock for r in rows):  # a server's own clock, beside the client's
+        columns = columns + [("engine TTFT/ITL p50 ms", engine_cell, True)]
+        if any(not math.isnan(r.engine_queue_mean_ms) for r in rows):
+            columns = columns + [("engine queue+prefill mean ms", lambda r: f"{fmt_number(r.engine_queue_mean_ms, 1)}+"
+                                  f"{fmt_number(r.engine_prefill_mean_ms, 1)}", True)]
     if any(r.failed_requests for r in rows):  # a server's failed requests: counted, in no figure
         columns = columns + [("failed", lambda r: f"{r.failed_requests}/{r.requests * r.repetitions}", True)]
     return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]

@@ -26,7 +26,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from prefillbench.bench.metrics import ResultRow, higher_is_better, results_frame, strategy_label
+from prefillbench.bench.metrics import AS_SERVED, ResultRow, higher_is_better, results_frame, strategy_label
 from prefillbench.report.relative import ratio, reference_values
 from prefillbench.report.tables import TABLE_FORMATS
 
@@ -204,8 +204,73 @@ def verdict_lines(rows: list[ResultRow], reference: str) -> list[str]:
     return [strategy_sentence(s, group, places) for s, group in by_strategy.items()]
 
 
+def _clock_gaps(row: ResultRow) -> list[tuple[str, float, float, float]]:
+    """(figure, client, engine, allowance) where the engine's clock and the client's differ by more than the network
+    explains. The allowance is two of the round trips measured beside the run (engine_net_ms, the slowest of five)
+    for each request in flight: a TTFT holds one request in and one event out, each way at most a round trip; a gap
+    between two events keeps at most the variation of their shared delay, the same bound; and either may wait
+    behind the other requests' events in the client's one event loop. A p50 from a
+    histogram is known only to its bucket: the client's p50 must lie within the bucket's bounds, widened by the
+    allowance."""
+    # Each way (the request in, an event out) takes at most the slowest round trip measured, so a figure is allowed
+    # two; and the client's one event loop (and the server's) serves every request in flight, so a request's event
+    # may wait behind each of the others': two round trips for each request in flight.
+    net = 2 * (0.0 if math.isnan(row.engine_net_ms) else row.engine_net_ms) * max(row.concurrency, 1)
+    # vLLM times its gaps in the engine core and its TTFT in the API server: the API server's own time on a
+    # request's first token (at most TTFT less queue and prefill) shortens the client's first gap, spread over the
+    # request's gaps in a mean.
+    other = row.engine_ttft_other_mean_ms
+    first = max(other, 0.0) / max(row.n_gen - 1, 1) if not math.isnan(other) else 0.0
+    out = []
+    checks = [("TTFT mean", row.ttft_mean_ms, row.engine_ttft_mean_ms, row.engine_ttft_mean_ms, net),
+              ("ITL mean", row.tbt_mean_ms, row.engine_itl_mean_ms, row.engine_itl_mean_ms, net + first),
+              ("TTFT p50", row.ttft_p50_ms, row.engine_ttft_p50_low_ms, row.engine_ttft_p50_high_ms, net),
+              ("ITL p50", row.tbt_p50_ms, row.engine_itl_p50_low_ms, row.engine_itl_p50_high_ms, net)]
+    for name, client, low, high, allowance in checks:
+        if any(math.isnan(v) for v in (client, low, high)):
+            continue
+        if client < low - allowance or client > high + allowance:
+            engine = getattr(row, f"engine_{name.split()[0].lower()}_{name.split()[1]}_ms")
+            out.append((name, client, engine, allowance))
+    return out
+
+
+def clock_line(rows: list[ResultRow]) -> str:
+    """One line where a server's own clock and the client's disagree by more than the network explains; empty
+    where they agree or no row has the engine's clock."""
+    found = [(r, gap) for r in rows if r.engine_clock for gap in _clock_gaps(r)]
+    # vLLM counts every request it served between the scrapes: more than were sent is other clients' traffic (a
+    # --url shared with others), in its figures and not in the client's
+    crowded = [r for r in rows if r.engine_clock.startswith("vllm") and r.engine_requests > r.requests * r.repetitions]
+    if crowded and not found:
+        r = crowded[0]
+        return (f"- engine clock: the server counted {r.engine_requests:.0f} requests at {r.test} {load_label(r)}, "
+                f"{r.requests * r.repetitions} sent from here: other clients' requests are in its figures\n")
+    if not found:
+        return ""
+    row, (name, client, engine, allowance) = max(found, key=lambda f: abs(f[1][1] - f[1][2]))
+    where = len({id(r) for r, _ in found})
+    more = f"; {where - 1} more row(s) too" if where > 1 else ""
+    bucket = ", beyond its histogram bucket" if "p50" in name and "per-token" not in row.engine_clock else ""
+    return (f"- engine clock: the server's own clock and the client's disagree by more than the network explains "
+            f"(a busy client machine, or an engine clock that is not the client's) "
+            f"at {row.test} {load_label(row)} ({name}: engine {engine:.1f} ms, client {client:.1f} ms, allowed "
+            f"{allowance:.1f} ms: two round trips a request in flight{bucket}){more}\n")
+
+
 def render_verdict(rows: list[ResultRow], reference: str | None = None) -> str:
-    """The verdict as text: a heading and a sentence per strategy; empty when nothing compares."""
+    """The verdict as text: a heading and a sentence per strategy, and the engine clock's line where it disagrees
+    with the client's; empty when nothing compares and the clocks agree."""
+    clocks = clock_line(rows)
+    compared = _strategy_verdict(rows, reference)
+    if clocks and not compared:
+        return "\nVerdict:\n" + clocks
+    return compared + clocks
+
+
+def _strategy_verdict(rows: list[ResultRow], reference: str | None) -> str:
+    # Rows of a server measured as it runs (--url) are one configuration, unchanged between them: never compared.
+    rows = [r for r in rows if r.strategy != AS_SERVED]
     strategies = list(dict.fromkeys(r.strategy for r in rows))
     if len(strategies) < 2:
         return ""

@@ -8,6 +8,7 @@ token arrived. The engine's own scheduler decides every step: that is what is me
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -16,19 +17,26 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from prefillbench.backends.base import Backend
-from prefillbench.backends.server import client
-from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, Engine, parse_template
+from prefillbench.backends.server import client, engine_clock
+from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, VLLM_LENGTH, Engine, parse_template
 from prefillbench.backends.server.process import START_TIMEOUT_S, ServerProcess, free_port
 from prefillbench.errors import BackendError
 from prefillbench.sequence import Request
 from prefillbench.step import Step, StepResult
 
-#: Requests sent after each launch and not measured: the first requests a server sees pay its cold start.
+#: Warm-up probes after each launch, not measured (ServerBackend._warm_up): at least WARMUP_REQUESTS, at most
+#: WARMUP_MAX, until two in a row have median token gaps within WARMUP_TOLERANCE (or WARMUP_FLOOR_S) of each other.
 WARMUP_REQUESTS = 2
+WARMUP_MAX = 8
+WARMUP_TOKENS = 8
+WARMUP_TOLERANCE = 0.10
+WARMUP_FLOOR_S = 0.005
 #: The environment variable an API key for --url is read from (never printed, logged or exported).
 API_KEY_VARIABLE = "PREFILLBENCH_API_KEY"
 #: How the client names a connection that failed or a stream that was cut: what a server's exit looks like.
 DROPPED = ("ServerDisconnectedError", "ClientConnectorError", "ClientOSError", "the stream ended")
+#: Extra flags for every vLLM launch, split as a shell would (e.g. --enforce-eager: ready in a third of the time).
+VLLM_ARGS_VARIABLE = "PREFILLBENCH_VLLM_ARGS"
 #: llama.cpp's LLAMA_MAX_SEQ: the most slots a llama-server takes.
 MAX_SLOTS = 256
 
@@ -62,6 +70,8 @@ class ServerBackend(Backend):
         self.configuration: tuple | None = None  # (strategy, budget, slots, ctx per slot) of the server running
         self.argv: list[str] = []
         self.launches = 0
+        self.ready_s: float | None = None  # the last launch's seconds from start to its health 200
+        self.warmup_requests = 0  # warm-up probes sent, every launch together
         self.failed_requests = 0
         self.lags: list[float] = []
         self.version = ""
@@ -90,10 +100,20 @@ class ServerBackend(Backend):
             binary = server_bin or _llama_server_binary()
             if not Path(binary).exists():
                 raise BackendError(f"--server-bin {binary}: no such file")
+        elif chosen.name == "vllm":
+            binary, model = _vllm_binary_and_model(server_bin, server_cmd, model)
+            if server_cmd is None:
+                chosen = dataclasses.replace(chosen, template=(binary, *chosen.template[1:]))
         else:
             binary = server_bin
         backend = cls(chosen, model, binary=binary, threads=threads, context=context, start_timeout=server_timeout)
         backend.version = backend._version()
+        if chosen.name == "vllm":
+            # PREFILLBENCH_VLLM_ARGS: flags added to every vLLM launch (--enforce-eager for a quick run)
+            length = () if "--max-model-len" in chosen.template else VLLM_LENGTH
+            backend.launch_flags = (*length, *shlex.split(os.environ.get(VLLM_ARGS_VARIABLE, "")))
+            trained, backend.vocab_size = _hf_shape(model, backend.context_length, backend.vocab_size)
+            backend.context_length = context or trained
         if chosen is LLAMA_SERVER:
             backend.context_length, backend.vocab_size = _gguf_shape(model)
             # the kernels the gguf backend runs on this CPU: llama.cpp's extra buffer types off where it keeps them off
@@ -125,6 +145,11 @@ class ServerBackend(Backend):
     def label(self) -> str:
         return self.engine.name if self.launch else f"server {self.url}"
 
+    @property
+    def as_served(self) -> bool:
+        """A server prefillbench did not launch (--url) runs one configuration, its own: its rows say so."""
+        return not self.launch
+
     # ---- serving -----------------------------------------------------------------------------------------
     def serve(self, strategy_name: str, budget: int | None, requests: list[Request], concurrency: int,
               on_tokens: Callable[[int], None] | None = None,
@@ -143,8 +168,17 @@ class ServerBackend(Backend):
                 on_tokens(len(s.request.prompt) + len(s.tokens))
 
         alive = (lambda: self.server.died()) if self.server is not None else None
+        # The engine's own clock: its /metrics before and after the run (the launch's warm-up before both), and
+        # the network's round trip just before and after, what it can add to a client figure (engine_clock.py).
+        net_ms = engine_clock.net_round_trip_ms(url + self.engine.health_path, headers)
+        before = engine_clock.scrape(url, headers)
         run = client.stream_requests(url, self.engine.api, requests, concurrency, model=self.served_model,
                                      headers=headers, watch=watch, alive=alive, on_done=done)
+        after = engine_clock.scrape(url, headers) if before is not None else None
+        if after is not None:  # the round trip again, after: the slower of the two is what the run had at worst
+            net_ms = max(net_ms, engine_clock.net_round_trip_ms(url + self.engine.health_path, headers))
+        run.engine_clock = None if after is None else engine_clock.Reading(
+            after.minus(before), sum(bool(s.tokens) and s.error is None for s in run.done), net_ms)
         if self.server is not None and any(s.error and s.error.startswith(DROPPED) for s in run.done):
             self.server.settle()  # a dropped stream may be the server exiting: let its exit be seen
         if self.server is not None and (died := self.server.died()) is not None:
@@ -171,23 +205,48 @@ class ServerBackend(Backend):
         self.port = free_port()
         values = {"bin": self.binary, "model": self.model_path, "port": self.port,
                   "budget": budget if self.engine.strategies[strategy_name].uses_budget else None,
-                  "slots": slots, "threads": self.threads, "ctx": slots * per_slot}
+                  "slots": slots, "threads": self.threads, "ctx": slots * per_slot, "max_len": per_slot}
         self.argv = self.engine.argv(strategy_name, values, self.launch_flags)
         self.server = ServerProcess(self.argv, self.base_url + self.engine.health_path)
         self.server.start(self.start_timeout)
         self.launches += 1
+        self.ready_s = self.server.ready_s
         self.configuration = (strategy_name, budget, slots, per_slot)
-        warm = [Request(tuple(range(10, 26)), 4) for _ in range(WARMUP_REQUESTS)]
-        run = client.stream_requests(self.base_url, self.engine.api, warm, 1, model=self.served_model)
-        failed = [s.error for s in run.done if s.error]
-        if failed:
-            raise BackendError(f"{self.engine.name}'s warm-up request failed: {failed[0]}{self.server.log_tail()}")
+        self.warmup_requests += self._warm_up()
+
+    def _warm_up(self) -> int:
+        """Probes after a launch, unmeasured, until the server's step times are steady: the first requests pay a
+        cold start (vLLM compiles for shapes it has not seen, caches fill). A probe is one short request alone;
+        steady is two probes in a row whose median gaps between tokens agree within WARMUP_TOLERANCE (relative, or
+        WARMUP_FLOOR_S where gaps are a few ms and the clock's noise is the difference), at least WARMUP_REQUESTS
+        probes and at most WARMUP_MAX. The number sent is returned (metadata: server_warmup_requests)."""
+        previous = None
+        for sent in range(1, WARMUP_MAX + 1):
+            run = client.stream_requests(self.base_url, self.engine.api, [Request(tuple(range(10, 26)), WARMUP_TOKENS)],
+                                         1, model=self.served_model)
+            probe = run.done[0]
+            if probe.error:
+                raise BackendError(f"{self.engine.name}'s warm-up request failed: {probe.error}{self.server.log_tail()}")
+            times = probe.token_times
+            gaps = sorted(b - a for a, b in zip(times, times[1:]))
+            median = gaps[len(gaps) // 2] if gaps else 0.0
+            if (sent >= WARMUP_REQUESTS and previous is not None
+                    and abs(median - previous) <= max(WARMUP_TOLERANCE * max(median, previous), WARMUP_FLOOR_S)):
+                return sent
+            previous = median
+        return WARMUP_MAX
 
     def _version(self) -> str:
         if not self.engine.version_args or not self.binary:
             return ""
+        if self.engine.name == "vllm":
+            from prefillbench.backends.server import vllm_env
+
+            if (ours := vllm_env.launcher_version(self.binary)) is not None:
+                return ours  # the project's own install: known without 20 s of importing vLLM
         try:
-            out = subprocess.run([self.binary, *self.engine.version_args], capture_output=True, text=True, timeout=30)
+            # vLLM's --version imports all of vLLM: tens of seconds on a small CPU
+            out = subprocess.run([self.binary, *self.engine.version_args], capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.SubprocessError):
             return ""
         text = (out.stdout + out.stderr).strip().splitlines()
@@ -202,8 +261,13 @@ class ServerBackend(Backend):
         if self.argv:
             meta["server_command"] = shlex.join(self.argv)
             meta["server_slots"] = self.configuration[2] if self.configuration else None
+            meta["server_ready_s"] = self.ready_s  # the last launch's, from its start to its health 200
+            meta["server_warmup_requests"] = self.warmup_requests
         if not self.launch:
             meta["server_url"] = self.url
+            meta["server_configuration"] = "as served: the server's own, not changed from here"
+            meta.update(self.self_description())
+            meta.pop("server_threads", None)  # prefillbench's own count; the server's threads are its own
             meta["server_api_key"] = "used" if self.key else "none"
         if self.extra_buffers is not None:
             meta["llama_extra_buffers"] = self.extra_buffers
@@ -214,6 +278,13 @@ class ServerBackend(Backend):
         if self.server is not None:
             meta["server_log"] = str(self.server.log_path)
         return meta
+
+    def self_description(self) -> dict[str, Any]:
+        """What a server at --url says of itself (engine_clock.describe), asked once."""
+        if getattr(self, "_described", None) is None:
+            headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+            self._described = engine_clock.describe(self.url, self.engine.api, headers) if self.url else {}
+        return self._described
 
     def stop(self) -> None:
         if self.server is not None:
@@ -236,6 +307,33 @@ class LlamaServerBackend(ServerBackend):
              server_timeout: float | None = None) -> "ServerBackend":
         return ServerBackend.load(model, engine="llama-server", server_bin=server_bin, url=url, threads=threads,
                                   context=context, server_timeout=server_timeout)
+
+
+def _vllm_binary_and_model(server_bin: str | None, server_cmd: str | None, model: str) -> tuple[str | None, str]:
+    """vLLM's {bin} (--server-bin, `vllm` on PATH, the project's install: vllm_env.find_vllm) and its model: a local
+    GGUF file (the shipped model where no -m is given) as the Hugging Face folder converted from it, since vLLM
+    reads no GGUF."""
+    from prefillbench.backends.server import vllm_env
+
+    binary = None
+    if server_cmd is None or "{bin}" in server_cmd or server_bin:
+        binary = vllm_env.find_vllm(server_bin)
+    if model and model.endswith(".gguf") and Path(model).is_file():
+        model = str(vllm_env.hf_folder(model))
+    return binary, model
+
+
+def _hf_shape(model: str, context: int, vocab: int) -> tuple[int, int]:
+    """The trained context and vocabulary from a local folder's config.json (the defaults where there is none:
+    a hub id the engine resolves itself). Random prompt ids must lie in the model's vocabulary."""
+    import json
+
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return context, vocab
+    config = config.get("text_config", config)
+    return int(config.get("max_position_embeddings") or context), int(config.get("vocab_size") or vocab)
 
 
 def _llama_server_binary() -> str:

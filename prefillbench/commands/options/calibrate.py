@@ -28,5 +28,10 @@ class CalibrateOptions:
         options = cls(BackendOptions.pick(backend_flags), **{k: v for k, v in flags.items() if k in own})
         if options.repeats < 1:
             raise UsageError(f"--repeats must be at least 1, got {options.repeats}")
+        if options.load.served_engine() is None:
+            server = [flag for flag, v in (("--engine", options.load.engine), ("--server-cmd", options.load.server_cmd),
+                                           ("--url", options.load.url), ("--server-bin", options.load.server_bin)) if v]
+            if server:
+                raise UsageError(f"{server[0]} is for a serving engine: calibrate --backend server (or llama-server)")
         options.load.validate()
         return options

@@ -59,13 +59,20 @@ def check_relative_to(strategy: str | None, strategies: list[str], what: str) ->
 
 
 def strategy_names(given: list[str] | None, load: "BackendOptions | None" = None) -> list[str]:
-    """-s, checked; by default every strategy, or on a serving engine every one it can express."""
+    """-s, checked; by default every strategy, or on a serving engine every one it can express. A server already
+    running (--url) runs one configuration, its own: -s is refused there, and its one case is the engine's default
+    strategy with no budget (the rows name it "as served")."""
     served = load.served_engine() if load is not None else None
-    names = unique(given, "-s") or (list(served.strategies) if served else list(STRATEGIES))
+    if load is not None and load.url and served is not None:
+        if given:
+            raise UsageError(f"--url measures the server as it runs; its configuration cannot be changed from here: "
+                             f"drop -s {','.join(given)}")
+        return [served.default_strategy]
+    names = unique(given, "-s") or (served.listed_strategies if served else list(STRATEGIES))
     unknown = [s for s in names if s not in STRATEGIES]
     if unknown:
         raise UsageError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
-    if served is not None and not (load.url and not given):
+    if served is not None:
         for name in names:
             if not served.expresses(name):
                 raise UsageError(str(served.refuse(name)))

@@ -51,6 +51,8 @@ class RunOptions(Measuring):
         if self.repetitions is not None and self.repetitions < 1:
             raise UsageError(f"-r {self.repetitions}: at least 1 repetition")
         self.config = self.bench_config()
+        if self.load.url and self.relative_to:
+            raise UsageError("--url measures one configuration, the server's own: --relative-to has nothing to compare")
         check_relative_to(self.relative_to, self.config.strategies, "run")
         check_export(self.export)
         if self.export_requests and not self.export_requests.endswith((".jsonl", ".ndjson")):
@@ -84,8 +86,12 @@ class RunOptions(Measuring):
             burstiness=self.burstiness,
             slo=self.slo,
         )
+        if self.load.url and self.chunk_size:
+            raise UsageError("--url measures a server already running, whose budget is its own: drop --chunk-size")
         try:
             config.validate()
         except ValueError as e:
             raise UsageError(str(e)) from None
+        if self.load.url:
+            config.chunk_sizes = [None]  # the server's own budget, unknown here: one case per test and load
         return config

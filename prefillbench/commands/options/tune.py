@@ -24,6 +24,8 @@ QUICK = dict(pg=(256, 32), slo="tbt=500", requests=20, precision=10.0, budgets=[
 #: The flags that, on a real backend, describe the sim that carries tune's search rather than the backend.
 SIM_OF_TUNE = ("sim_model", "sim_gpu", "calibration")
 TUNE_OUTPUTS = ("md", "csv", "json")
+#: Where a server's sim is calibrated (--calibrate-on): the server's own probes, or the gguf backend (llama-server).
+CALIBRATE_ON = ("server", "gguf")
 
 
 @dataclass
@@ -66,6 +68,7 @@ class TuneOptions(Measuring):
     sim_model: str | None = None  # a real backend's sim: shapes (default: read from the backend's model)
     sim_gpu: str | None = None  # a real backend's sim: the nominal spec
     calibration: str | None = None  # a real backend's sim: a calibration file instead of a quick sweep
+    calibrate_on: str | None = None  # a server's sim: probed on the server itself (None, "server") or the gguf backend
     out: Any = field(default=None, repr=False)  # stdout, replaceable in tests
     err: Any = field(default=None, repr=False)
     settings: tune.TuneSettings = field(init=False, repr=False)
@@ -86,8 +89,8 @@ class TuneOptions(Measuring):
 
     def _serve_with(self, engine) -> None:
         """On a serving engine: the baseline is the engine's own default configuration (it cannot run sequential);
-        a server already running (--url) has its own budget, so only the rate is searched; an engine prefillbench
-        cannot step has no sim to calibrate on the gguf backend."""
+        a server already running (--url) has its own budget, so only the rate is searched; the sim is calibrated on
+        the server itself (_check_calibrate_on)."""
         if self.load.url:
             if self.chunk_size:
                 raise UsageError("--url measures a server already running, whose budget is its own: drop --chunk-size "
@@ -100,10 +103,23 @@ class TuneOptions(Measuring):
             if baseline not in self.configs:
                 self.configs.append(baseline)
             name = f"{engine.name}'s default ({baseline.label})"
-        if not (self.load.name == "llama-server" and not self.load.url) and not (self.no_sim or self.calibration):
-            raise UsageError(f"tune on {engine.name}{' at --url' if self.load.url else ''} has no backend to calibrate "
-                             "the sim on: give --calibration FILE or --no-sim")
+        self._check_calibrate_on(engine)
         self.settings = replace(self.settings, baseline=baseline, baseline_name=name)
+
+    def _check_calibrate_on(self, engine) -> None:
+        """Where a server's sim is calibrated: on the server itself by its probes (the default, any engine, launched
+        or at --url), or, for llama-server prefillbench launches, on the gguf backend stepping the same llama.cpp
+        (the proxy of before, kept for the comparison)."""
+        if self.calibrate_on is None:
+            return
+        if self.calibrate_on not in CALIBRATE_ON:
+            raise UsageError(f"--calibrate-on {self.calibrate_on}: choose {' or '.join(CALIBRATE_ON)}")
+        if self.calibration or self.no_sim:
+            given = "--calibration FILE is its calibration" if self.calibration else "--no-sim has none"
+            raise UsageError(f"--calibrate-on calibrates the sim; {given}: drop one of them")
+        if self.calibrate_on == "gguf" and (engine.name != "llama-server" or self.load.url):
+            raise UsageError("--calibrate-on gguf steps llama.cpp on the gguf backend: only for llama-server that "
+                             f"prefillbench launches, not {engine.name}{' at --url' if self.load.url else ''}")
 
     @property
     def on_sim(self) -> bool:
@@ -116,9 +132,11 @@ class TuneOptions(Measuring):
         self.slo = self.slo or QUICK["slo"]
         self.requests = QUICK["requests"] if self.requests is None else self.requests
         self.precision = QUICK["precision"] if self.precision is None else self.precision
-        self.chunk_size = self.chunk_size or QUICK["budgets"]
+        if not self.load.url:  # at --url the budget is the server's own
+            self.chunk_size = self.chunk_size or QUICK["budgets"]
         served = self.load.served_engine()
-        self.strategy = self.strategy or [s for s in QUICK["strategies"] if served is None or served.expresses(s)]
+        if not self.load.url:  # a server already running has one configuration, its own: no -s to preset
+            self.strategy = self.strategy or [s for s in QUICK["strategies"] if served is None or served.expresses(s)]
         self.top_k = QUICK["top_k"] if self.top_k is None else self.top_k
         if self.load.skip_idle is None and self.load.name != "sim" and self.load.served_engine() is None:
             self.load.skip_idle = QUICK["skip_idle"]  # the baseline's probes at its low capacity are two-thirds idle
@@ -176,5 +194,8 @@ class TuneOptions(Measuring):
         served = self.load.served_engine()
         if served is not None:
             self._serve_with(served)
+        elif self.calibrate_on is not None:
+            raise UsageError(f"--calibrate-on is for a server's sim (--backend llama-server or server); the "
+                             f"{self.load.name} backend {'is the sim' if self.on_sim else 'calibrates the sim on itself'}")
         self.load.check_concurrency(self.concurrency)
         self.load.validate()
