@@ -19,14 +19,13 @@ request (`.request`, `.sent`, `.token_times`, `.error`: backends.server.client.S
 """
 from __future__ import annotations
 
-import datetime as dt
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from prefillbench.backends.sim.calibration import JITTER_KEY, Point, Sample, fit, medians
+from prefillbench.backends.sim.calibration import JITTER_KEY, Point, Sample, document, fit, medians
 from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.specs import GPUSpec, ModelSpec
 from prefillbench.errors import BackendError
@@ -325,18 +324,8 @@ def fit_probes(measured: Measured, model: ModelSpec, nominal: GPUSpec, p: ProbeP
         predicted = cm.seconds(s.batch)
         rows.append({"point": s.point.label, "probe": kind_of(s.point), "held_out": is_held(s),
                      "measured_ms": s.seconds * 1e3, "predicted_ms": predicted * 1e3, "error": predicted / s.seconds - 1})
-    fitted_errors = sorted(abs(r["error"]) for r in rows if not r["held_out"])
-    return {
-        "version": 1,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "model": asdict(model),
-        "gpu": asdict(gpu),
-        "nominal_gpu": nominal.name,
-        "fitted": fitted,
-        "median_abs_error": float(np.median(fitted_errors)),
-        "p90_abs_error": float(np.percentile(fitted_errors, 90)),
-        "held_out_abs_error": float(np.median([abs(r["error"]) for r in rows if r["held_out"]])) if check else None,
-        "steps": rows,
-        "probes": {"plan": p.describe(), "failed_requests": measured.failed, "held_out": held.label,
-                   "skipped": measured.skipped},
-    }
+    held_out_error = float(np.median([abs(r["error"]) for r in rows if r["held_out"]])) if check else None
+    return document(model, gpu, nominal, fitted, rows, [r["error"] for r in rows if not r["held_out"]],
+                    tail={"held_out_abs_error": held_out_error,
+                          "probes": {"plan": p.describe(), "failed_requests": measured.failed, "held_out": held.label,
+                                     "skipped": measured.skipped}})

@@ -358,20 +358,29 @@ def calibrate(backend, model: ModelSpec, nominal: GPUSpec, *, quick: bool = Fals
     fitted[JITTER_KEY] = jitter(measured)
     gpu = nominal.with_calibration(fitted)
     errs = errors(model, gpu, samples)
-    abs_err = sorted(abs(e["error"]) for e in errs)
+    return document(model, gpu, nominal, fitted, errs, [e["error"] for e in errs],
+                    head={"backend": backend.label, "backend_model": backend.model_name,
+                          "backend_weights": backend.weights})
+
+
+def document(model: ModelSpec, gpu: GPUSpec, nominal: GPUSpec, fitted: dict, steps: list[dict],
+             fit_errors: list[float], *, head: dict | None = None, tail: dict | None = None) -> dict:
+    """The calibration file the sim reads, whatever was probed (a stepping backend here, a server in
+    bench/server_probes.py): the fit and its errors over the steps it was fitted on (`fit_errors`), with what each
+    kind of calibration adds about where it came from before (`head`) and after (`tail`) the common part."""
+    abs_err = sorted(abs(e) for e in fit_errors)
     return {
         "version": 1,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "backend": backend.label,
-        "backend_model": backend.model_name,
-        "backend_weights": backend.weights,
+        **(head or {}),
         "model": asdict(model),
         "gpu": asdict(gpu),
         "nominal_gpu": nominal.name,
         "fitted": fitted,
         "median_abs_error": float(np.median(abs_err)),
         "p90_abs_error": float(np.percentile(abs_err, 90)),
-        "steps": errs,
+        "steps": steps,
+        **(tail or {}),
     }
 
 
