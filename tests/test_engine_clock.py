@@ -154,6 +154,9 @@ def test_the_engines_clock_is_in_the_row_beside_the_clients_and_agrees_with_it(r
         assert (r["engine_itl_p50_low_ms"], r["engine_itl_p50_high_ms"]) == (10.0, 25.0)
         assert r["engine_queue_mean_ms"] == 0 and r["engine_prefill_mean_ms"] == pytest.approx(r["engine_ttft_mean_ms"])
         assert r["engine_decode_mean_ms"] == pytest.approx(7 * r["engine_itl_mean_ms"], rel=1e-6)
+        # arrival to last token is the TTFT and the decode, and the client's end to end is that and one trip more
+        assert r["engine_e2e_mean_ms"] == pytest.approx(r["engine_ttft_mean_ms"] + r["engine_decode_mean_ms"], rel=1e-6)
+        assert r["e2e_mean_ms"] == pytest.approx(r["engine_e2e_mean_ms"], abs=r["engine_net_ms"])
         assert 0 < r["engine_net_ms"] < 1000
     # the compact form: a histogram's p50s marked "~" (known to their bucket)
     assert "engine TTFT/ITL p50 ms" in out and re.search(r"\| +~\d+\.\d/~\d+\.\d \|", out)

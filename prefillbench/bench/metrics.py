@@ -121,6 +121,7 @@ class ResultRow:
     # The client's means, beside the engine's (below): a histogram's mean is exact where its p50 is a bucket's.
     ttft_mean_ms: float = math.nan
     tbt_mean_ms: float = math.nan
+    e2e_mean_ms: float = math.nan
     # A server's own clock over the row's runs (backends/server/engine_clock.py): where it comes from ("" none),
     # its TTFT and inter-token latency (mean; p50 with the bounds of the bucket it lies in, equal where exact), TTFT
     # split into queue, prefill and the rest (vLLM's API server: tokenizing, IPC), the decode time per request, the
@@ -138,6 +139,7 @@ class ResultRow:
     engine_prefill_mean_ms: float = math.nan
     engine_ttft_other_mean_ms: float = math.nan
     engine_decode_mean_ms: float = math.nan
+    engine_e2e_mean_ms: float = math.nan
     engine_requests: float = math.nan
     engine_net_ms: float = math.nan
 
@@ -386,6 +388,7 @@ def summarize(
         failed_requests=failed,
         ttft_mean_ms=_mean(ttft),
         tbt_mean_ms=float(tbt.mean()) if tbt.size else math.nan,
+        e2e_mean_ms=_mean(e2e),
         **engine_columns(runs, reqs),
     )
 
@@ -409,7 +412,8 @@ def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:
     if f is not None and f.source:
         out = {"engine_clock": f.source, "engine_requests": f.requests, "engine_ttft_mean_ms": f.ttft_mean,
                "engine_itl_mean_ms": f.itl_mean, "engine_queue_mean_ms": f.queue_mean,
-               "engine_prefill_mean_ms": f.prefill_mean, "engine_decode_mean_ms": f.decode_mean}
+               "engine_prefill_mean_ms": f.prefill_mean, "engine_decode_mean_ms": f.decode_mean,
+               "engine_e2e_mean_ms": f.e2e_mean}
         for name, (p50, low, high) in (("ttft", f.ttft_p50), ("itl", f.itl_p50)):
             out.update({f"engine_{name}_p50_ms": p50, f"engine_{name}_p50_low_ms": low,
                         f"engine_{name}_p50_high_ms": high})

@@ -10,7 +10,10 @@ does: the true median lies somewhere in that bucket, so its bounds are the p50's
 vLLM (vllm/v1/metrics/loggers.py and stats.py, 0.32): `vllm:time_to_first_token_seconds` (the API server's first
 token less the request's arrival there), `vllm:inter_token_latency_seconds` (engine-core timestamps of successive
 tokens), `vllm:request_queue_time_seconds` (scheduled less queued), `vllm:request_prefill_time_seconds` (first token
-less scheduled), `vllm:request_decode_time_seconds` (last token less first). TTFT less queue and prefill is the rest:
+less scheduled), `vllm:request_decode_time_seconds` (last token less first), `vllm:e2e_request_latency_seconds`
+(the last token less the arrival). The arrival is stamped when the API server's input processor takes the request
+(vllm/v1/engine/input_processor.py, `time.time()`), after its HTTP handling: the client's end-to-end time less the
+engine's is what lay before that stamp and after the last token left. TTFT less queue and prefill is the rest:
 the API server's tokenizing, its IPC with the engine core and the first token's detokenizing.
 
 llama-server (tools/server/server-task.cpp, to_metrics) has counters, no histograms:
@@ -42,6 +45,7 @@ VLLM_HISTOGRAMS = {
     "queue": "vllm:request_queue_time_seconds",
     "prefill": "vllm:request_prefill_time_seconds",
     "decode": "vllm:request_decode_time_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
 }
 LLAMA_PREDICTED = "llamacpp:tokens_predicted_total"
 LLAMA_PREDICTED_S = "llamacpp:tokens_predicted_seconds_total"
@@ -164,6 +168,7 @@ class Figures:
     queue_mean: float = math.nan
     prefill_mean: float = math.nan
     decode_mean: float = math.nan
+    e2e_mean: float = math.nan  # arrival at the API server to the last token: beside the client's, what lies before
 
 
 def _ms(t: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -179,7 +184,7 @@ def figures(reading: Reading) -> Figures:
         p50 = lambda k: _ms(h[k].quantile(0.5)) if h[k] is not None else (math.nan,) * 3  # noqa: E731
         return Figures("vllm /metrics", h["ttft"].count if h["ttft"] is not None else math.nan,
                        mean("ttft"), p50("ttft"), mean("itl"), p50("itl"), mean("queue"), mean("prefill"),
-                       mean("decode"))
+                       mean("decode"), mean("e2e"))
     if LLAMA_PREDICTED_S in d.counters and reading.requests:
         n = reading.requests
         gaps = d.counters.get(LLAMA_PREDICTED, 0.0) - n

@@ -222,7 +222,8 @@ class _Clock:
     HISTOGRAMS = (("vllm:time_to_first_token_seconds", TTFT_BUCKETS), ("vllm:inter_token_latency_seconds", ITL_BUCKETS),
                   ("vllm:request_queue_time_seconds", REQUEST_BUCKETS),
                   ("vllm:request_prefill_time_seconds", REQUEST_BUCKETS),
-                  ("vllm:request_decode_time_seconds", REQUEST_BUCKETS))
+                  ("vllm:request_decode_time_seconds", REQUEST_BUCKETS),
+                  ("vllm:e2e_request_latency_seconds", REQUEST_BUCKETS))
 
     def __init__(self, scale: float, model: str) -> None:
         self.scale, self.model = scale, model
@@ -240,6 +241,7 @@ class _Clock:
         self.observed["vllm:request_queue_time_seconds"].append(0.0)
         self.observed["vllm:request_prefill_time_seconds"].append(s * (times[0] - arrived))
         self.observed["vllm:request_decode_time_seconds"].append(s * (times[-1] - times[0]))
+        self.observed["vllm:e2e_request_latency_seconds"].append(s * (times[-1] - arrived))
 
     def llama(self, prompt_tokens: int, prompt_s: float, predicted: int, predicted_s: float) -> None:
         self.counters["prompt_tokens_total"] += prompt_tokens

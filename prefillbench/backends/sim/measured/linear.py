@@ -1,0 +1,184 @@
+"""Linear-layer (GEMM) and elementwise operator times per profiled GPU, fitted to Vidur's measured medians.
+
+A GEMM of F FLOPs moving B bytes takes floor + smoothmax_k(F / (compute_eff·peak), B / (memory_eff·bandwidth)),
+smoothmax_k(a, b) = (a^k + b^k)^(1/k): k -> infinity is the roofline's max(), k = 1 the sum. Near the ridge
+neither roof is reached (the issue: 61-72% of peak at 64-512 tokens against 73-80% at either end), which is what a
+finite k says. The floor is a kernel's fixed device time (a tiny GEMM's ramp-up and tail), launch not included:
+Vidur's times are CUDA-kernel time (torch.profiler / CUDA events).
+An elementwise operator (norm, rotary, activation, residual add) is bandwidth-bound: floor + B / (eff·bandwidth).
+
+Fit and test are apart: every constant here is fitted on profiles.FIT_MODELS only (Llama-2-7B and Llama-2-70B,
+TP 1-8, 1-4,096 tokens), by least squares on log time (scipy.optimize.least_squares); the held-out models
+(profiles.TEST_MODELS) only test them (benchmarks/sim/operators.py prints the table, tests/test_measured_linear.py
+asserts it). Peaks are the sim's presets' spec figures (H100-SXM and A100-SXM, copied here because measured/ may
+not import presets; the test checks they are the same), and the A40's from its datasheet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from prefillbench.backends.sim.measured import profiles
+from prefillbench.backends.sim.measured.profiles import OpRow
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """A profiled GPU's spec figures: dense bf16/fp16 tensor FLOP/s and DRAM bandwidth."""
+
+    preset: str  # the sim's GPU_PRESETS name, where it has one
+    flops: float
+    mem_bw: float
+    source: str
+
+
+PEAKS: dict[str, Peaks] = {
+    # Vidur's h100 and a100 profiles ran on DGX nodes (its README's "H100 DGX", "A100 DGX"): the SXM parts.
+    "h100": Peaks("H100-SXM", 989e12, 3.35e12, "presets.GPU_PRESETS['H100-SXM']: NVIDIA H100 SXM datasheet, 989 "
+                  "TFLOPS BF16 dense, 3.35 TB/s HBM3"),
+    "a100": Peaks("A100-SXM", 312e12, 2039e9, "presets.GPU_PRESETS['A100-SXM']: NVIDIA A100 80GB SXM datasheet, 312 "
+                  "TFLOPS BF16 dense, 2,039 GB/s HBM2e"),
+    # Not a preset: NVIDIA A40 datasheet (https://images.nvidia.com/content/Solutions/data-center/a40/nvidia-a40-
+    # datasheet.pdf): 149.7 TFLOPS BF16/FP16 tensor dense (299.4 with sparsity; full rate with FP32 accumulate on
+    # this part, unlike GeForce GA102), 48 GB GDDR6 at 696 GB/s (384-bit, 14.5 Gb/s: 695.8 GB/s).
+    "a40": Peaks("A40", 149.7e12, 696e9, "NVIDIA A40 datasheet: 149.7 TFLOPS BF16 tensor dense, 696 GB/s GDDR6"),
+}
+
+
+def smooth_max(a, b, k):
+    """(a^k + b^k)^(1/k), computed as m·((a/m)^k + (b/m)^k)^(1/k) with m = max(a, b) so large k cannot overflow."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    m = np.maximum(a, b)
+    safe = np.where(m > 0, m, 1.0)
+    out = m * ((a / safe) ** k + (b / safe) ** k) ** (1.0 / k)
+    return out if out.ndim else float(out)
+
+
+@dataclass(frozen=True)
+class GemmCurve:
+    """One GPU's fitted linear-layer time."""
+
+    gpu: str  # profile it was fitted on: "h100" | "a100" | "a40"
+    compute_eff: float  # attained share of peak bf16 FLOP/s at large N
+    memory_eff: float  # attained share of DRAM bandwidth at N=1
+    sharpness: float  # k of the smooth max ((tc^k + tm^k)^(1/k)); big k -> max(), k=1 -> sum
+    floor_s: float  # a kernel's fixed cost (launch-free device time of a tiny GEMM)
+    source: str
+
+    def seconds(self, flops, nbytes, peak_flops: float, mem_bw: float):
+        t_c = np.asarray(flops, dtype=float) / (self.compute_eff * peak_flops)
+        t_m = np.asarray(nbytes, dtype=float) / (self.memory_eff * mem_bw)
+        return self.floor_s + smooth_max(t_c, t_m, self.sharpness)
+
+
+@dataclass(frozen=True)
+class ElementwiseCurve:
+    """Norms, rotary, activation, residual add: bandwidth-bound."""
+
+    gpu: str
+    memory_eff: float
+    floor_s: float
+    source: str
+
+    def seconds(self, nbytes, mem_bw: float):
+        return self.floor_s + np.asarray(nbytes, dtype=float) / (self.memory_eff * mem_bw)
+
+
+def _arrays(rows: Sequence[OpRow], gemm: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    pick = [r for r in rows if r.is_gemm == gemm]
+    if not pick:
+        raise ValueError(f"no {'GEMM' if gemm else 'elementwise'} rows to fit")
+    return (np.array([r.flops for r in pick]), np.array([r.nbytes for r in pick]),
+            np.array([r.median_s for r in pick]))
+
+
+def _gpu_of(rows: Sequence[OpRow]) -> str:
+    gpus = {r.gpu for r in rows}
+    if len(gpus) != 1:
+        raise ValueError(f"rows of one GPU are fitted at a time, got {sorted(gpus)}")
+    return gpus.pop()
+
+
+def _source(rows: Sequence[OpRow], what: str) -> str:
+    models = sorted({r.model for r in rows})
+    tps = sorted({r.tp for r in rows})
+    ns = sorted({r.n_tokens for r in rows})
+    return (f"{what} fitted (least squares on log time) to {profiles.VIDUR_REPO}@{profiles.VIDUR_COMMIT[:7]} "
+            f"{profiles.VIDUR_COMPUTE}/{_gpu_of(rows)} mlp.csv medians of {', '.join(models)}, TP {tps[0]}-{tps[-1]}, "
+            f"{ns[0]}-{ns[-1]} tokens")
+
+
+def fit_gemm(rows: Sequence[OpRow], gpu_peak_flops: float, gpu_mem_bw: float) -> GemmCurve:
+    """The GemmCurve through rows' GEMM operators (one GPU's), least squares on log time."""
+    flops, nbytes, t = _arrays(rows, True)
+    gpu = _gpu_of(rows)
+
+    def curve(x) -> GemmCurve:
+        return GemmCurve(gpu, x[0], x[1], x[2], x[3] * 1e-6, "")
+
+    def residual(x):
+        return np.log(curve(x).seconds(flops, nbytes, gpu_peak_flops, gpu_mem_bw) / t)
+
+    # Bounds: shares of a peak in (0, 1]; k from the sum (1) to all but max() (64); floor under 50 us (in us, so
+    # the four unknowns have like scales for the solver).
+    fit = least_squares(residual, x0=[0.7, 0.7, 3.0, 3.0], bounds=([0.05, 0.05, 1.0, 0.0], [1.0, 1.0, 64.0, 50.0]))
+    c = curve(fit.x)
+    return GemmCurve(gpu, float(c.compute_eff), float(c.memory_eff), float(c.sharpness), float(c.floor_s),
+                     _source(rows, "GEMM curve"))
+
+
+def fit_elementwise(rows: Sequence[OpRow], gpu_mem_bw: float) -> ElementwiseCurve:
+    """The ElementwiseCurve through rows' elementwise operators, least squares on log time."""
+    _, nbytes, t = _arrays(rows, False)
+    gpu = _gpu_of(rows)
+
+    def residual(x):
+        return np.log(ElementwiseCurve(gpu, x[0], x[1] * 1e-6, "").seconds(nbytes, gpu_mem_bw) / t)
+
+    fit = least_squares(residual, x0=[0.6, 3.0], bounds=([0.02, 0.0], [1.0, 50.0]))
+    return ElementwiseCurve(gpu, float(fit.x[0]), float(fit.x[1]) * 1e-6, _source(rows, "elementwise curve"))
+
+
+@lru_cache(maxsize=None)
+def fitted_curves(gpu: str) -> tuple[GemmCurve, ElementwiseCurve]:
+    """gpu's curves, fitted on the shipped sample's FIT_MODELS rows (cached)."""
+    peaks = PEAKS[gpu]
+    rows = [r for r in profiles.load_rows(gpu) if r.fit]
+    return fit_gemm(rows, peaks.flops, peaks.mem_bw), fit_elementwise(rows, peaks.mem_bw)
+
+
+def predict(df: pd.DataFrame, gemm: GemmCurve, elementwise: ElementwiseCurve, peaks: Peaks) -> np.ndarray:
+    """Each row of a profiles.long_frame priced by the curves (seconds)."""
+    is_gemm = df["op"].isin(list(profiles.GEMM_OPS)).to_numpy()
+    flops, nbytes = df["flops"].to_numpy(), df["nbytes"].to_numpy()
+    return np.where(is_gemm, gemm.seconds(flops, nbytes, peaks.flops, peaks.mem_bw),
+                    elementwise.seconds(nbytes, peaks.mem_bw))
+
+
+def flat_roofline(df: pd.DataFrame, peaks: Peaks, compute_fraction: float = 0.8,
+                  memory_fraction: float = 0.85) -> np.ndarray:
+    """The sim's spec-sheet price before these curves: max(FLOPs / (0.8·peak), bytes / (0.85·bandwidth))."""
+    return np.maximum(df["flops"].to_numpy() / (compute_fraction * peaks.flops),
+                      df["nbytes"].to_numpy() / (memory_fraction * peaks.mem_bw))
+
+
+def errors(gpu: str, df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """gpu's measured rows (the shipped sample unless df is given) with `pred_s`, `err` (pred / measured - 1) for the
+    fitted curves and `flat_s`, `flat_err` for the flat roofline."""
+    df = profiles.load_frame(gpu) if df is None else df.copy()
+    gemm, elementwise = fitted_curves(gpu)
+    peaks = PEAKS[gpu]
+    df["pred_s"] = predict(df, gemm, elementwise, peaks)
+    df["err"] = df["pred_s"] / df["median_s"] - 1.0
+    df["flat_s"] = flat_roofline(df, peaks)
+    df["flat_err"] = df["flat_s"] / df["median_s"] - 1.0
+    return df
+
+
+__all__ = ["ElementwiseCurve", "GemmCurve", "PEAKS", "Peaks", "errors", "fit_elementwise", "fit_gemm",
+           "fitted_curves", "flat_roofline", "predict", "smooth_max"]
