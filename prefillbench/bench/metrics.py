@@ -122,6 +122,10 @@ class ResultRow:
     ttft_mean_ms: float = math.nan
     tbt_mean_ms: float = math.nan
     e2e_mean_ms: float = math.nan
+    # The client's p50s by a histogram's rank rule (percentile's inverted_cdf), compared with an engine's histogram
+    # p50 (which estimates that sample) rather than the interpolated p50 above: like with like.
+    ttft_p50_rank_ms: float = math.nan
+    tbt_p50_rank_ms: float = math.nan
     # A server's own clock over the row's runs (backends/server/engine_clock.py): where it comes from ("" none),
     # its TTFT and inter-token latency (mean; p50 with the bounds of the bucket it lies in, equal where exact), TTFT
     # split into queue, prefill and the rest (vLLM's API server: tokenizing, IPC), the decode time per request, the
@@ -269,11 +273,14 @@ def tbts_ms(run: RunRecord) -> np.ndarray:
     return np.concatenate([request_tbts_ms(r) for r in run.requests]) if run.requests else np.zeros(0)
 
 
-def percentile(values: list[float] | np.ndarray, q: float) -> float:
-    """The q-th percentile (numpy's linear interpolation) of the values that are not NaN; NaN if none is."""
+def percentile(values: list[float] | np.ndarray, q: float, method: str = "linear") -> float:
+    """The q-th percentile (numpy's linear interpolation by default) of the values that are not NaN; NaN if none is.
+    `method="inverted_cdf"`: the smallest value with at least q% at or below it, the sample whose bucket a
+    Prometheus histogram_quantile interpolates in (rank q x count), so the figure an engine histogram's p50 estimates.
+    The two differ by half the gap between the middle samples: with four requests, by a quarter of their spread."""
     known = np.asarray(values, dtype=float)
     known = known[~np.isnan(known)]
-    return float(np.percentile(known, q)) if known.size else math.nan
+    return float(np.percentile(known, q, method=method)) if known.size else math.nan
 
 
 def offered_rate(run: RunRecord) -> float:
@@ -389,6 +396,8 @@ def summarize(
         ttft_mean_ms=_mean(ttft),
         tbt_mean_ms=float(tbt.mean()) if tbt.size else math.nan,
         e2e_mean_ms=_mean(e2e),
+        ttft_p50_rank_ms=percentile(ttft, 50, "inverted_cdf"),
+        tbt_p50_rank_ms=percentile(tbt, 50, "inverted_cdf"),
         **engine_columns(runs, reqs),
     )
 
@@ -436,7 +445,8 @@ def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:
         out["engine_prefill_mean_ms"] = float(np.mean(prefill))
         if any(r.first_scheduled is not None for r in served):
             out["engine_queue_mean_ms"] = float(np.mean(queue))
-        for name, p50 in (("ttft", percentile(ttfts, 50)), ("itl", percentile(gaps, 50))):
+        # by a histogram's rank rule, as vLLM's p50s are: one definition for every engine's p50 (ResultRow)
+        for name, p50 in (("ttft", percentile(ttfts, 50, "inverted_cdf")), ("itl", percentile(gaps, 50, "inverted_cdf"))):
             out.update({f"engine_{name}_p50_ms": p50, f"engine_{name}_p50_low_ms": p50,
                         f"engine_{name}_p50_high_ms": p50})
         if math.isnan(out.get("engine_itl_mean_ms", math.nan)) and gaps.size:
