@@ -15,7 +15,8 @@ not import presets; the test checks they are the same), and the A40's from its d
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Sequence
 
@@ -29,24 +30,28 @@ from prefillbench.backends.sim.measured.profiles import OpRow
 
 @dataclass(frozen=True)
 class Peaks:
-    """A profiled GPU's spec figures: dense bf16/fp16 tensor FLOP/s and DRAM bandwidth."""
+    """A profiled GPU's spec figures: dense bf16/fp16 tensor FLOP/s, DRAM bandwidth, L2 size."""
 
     preset: str  # the sim's GPU_PRESETS name, where it has one
     flops: float
     mem_bw: float
     source: str
+    l2_bytes: float = 0.0  # for the elementwise cache term; NVIDIA's "MB" of L2 are KiB x 1024
 
 
 PEAKS: dict[str, Peaks] = {
     # Vidur's h100 and a100 profiles ran on DGX nodes (its README's "H100 DGX", "A100 DGX"): the SXM parts.
     "h100": Peaks("H100-SXM", 989e12, 3.35e12, "presets.GPU_PRESETS['H100-SXM']: NVIDIA H100 SXM datasheet, 989 "
-                  "TFLOPS BF16 dense, 3.35 TB/s HBM3"),
+                  "TFLOPS BF16 dense, 3.35 TB/s HBM3; 50 MB L2 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5)",
+                  l2_bytes=50 * 2**20),
     "a100": Peaks("A100-SXM", 312e12, 2039e9, "presets.GPU_PRESETS['A100-SXM']: NVIDIA A100 80GB SXM datasheet, 312 "
-                  "TFLOPS BF16 dense, 2,039 GB/s HBM2e"),
+                  "TFLOPS BF16 dense, 2,039 GB/s HBM2e; 40 MB L2 (NVIDIA A100 Tensor Core GPU Architecture whitepaper)",
+                  l2_bytes=40 * 2**20),
     # Not a preset: NVIDIA A40 datasheet (https://images.nvidia.com/content/Solutions/data-center/a40/nvidia-a40-
     # datasheet.pdf): 149.7 TFLOPS BF16/FP16 tensor dense (299.4 with sparsity; full rate with FP32 accumulate on
     # this part, unlike GeForce GA102), 48 GB GDDR6 at 696 GB/s (384-bit, 14.5 Gb/s: 695.8 GB/s).
-    "a40": Peaks("A40", 149.7e12, 696e9, "NVIDIA A40 datasheet: 149.7 TFLOPS BF16 tensor dense, 696 GB/s GDDR6"),
+    "a40": Peaks("A40", 149.7e12, 696e9, "NVIDIA A40 datasheet: 149.7 TFLOPS BF16 tensor dense, 696 GB/s GDDR6; "
+                 "6 MB L2 (NVIDIA Ampere GA102 GPU Architecture whitepaper: 6,144 KB)", l2_bytes=6 * 2**20),
 }
 
 
@@ -78,15 +83,52 @@ class GemmCurve:
 
 @dataclass(frozen=True)
 class ElementwiseCurve:
-    """Norms, rotary, activation, residual add: bandwidth-bound."""
+    """Norms, rotary, activation, residual add: bandwidth-bound, floor + bytes / (memory_eff·bandwidth), with two
+    terms where the profiles show them (fit_elementwise says when each is fitted):
+    - a row term, max(that, row_bytes / row_rate): vLLM's RMSNorm, rotary and SiLU-and-mul kernels run one thread
+      block per token, so a few tokens cost one block's serial pass over its row (Vidur at 1 token: SiLU-and-mul
+      6.5 us for Llama-2-7B's 66 KB row, 15 us for Llama-2-70B's 172 KB, about proportional; rotary 4 us for 64
+      heads, 9 us for Qwen-72B's 128);
+    - a cache term: bytes that fit in L2 stream faster than DRAM (Vidur's residual add moves 1.1-1.3x the A100's
+      and H100's DRAM peak at 12-25 MB, under their 40 and 50 MB L2), the share of the peak going from cache_eff
+      to memory_eff as the footprint passes cache_bytes.
+    `classes` holds one curve per operator class (norm, rope, act, add); seconds(op_class=...) picks one, and
+    without a class the curve's own figures (all classes pooled, no extra terms) price it."""
 
     gpu: str
     memory_eff: float
     floor_s: float
     source: str
+    op_class: str = "all"
+    row_rate: float = math.inf  # bytes/s of one token's row through its block; inf: no row term
+    cache_eff: float = 0.0  # share of DRAM peak attained by a footprint well inside L2; 0: no cache term
+    cache_bytes: float = 0.0  # the GPU's L2 size (spec)
+    cache_sharpness: float = 1.0  # how sharply the share falls past cache_bytes
+    classes: tuple["ElementwiseCurve", ...] = ()
 
-    def seconds(self, nbytes, mem_bw: float):
-        return self.floor_s + np.asarray(nbytes, dtype=float) / (self.memory_eff * mem_bw)
+    def for_class(self, op_class: str) -> "ElementwiseCurve":
+        for c in self.classes:
+            if c.op_class == op_class:
+                return c
+        raise KeyError(f"no {op_class!r} elementwise curve for {self.gpu}: fitted are "
+                       f"{', '.join(c.op_class for c in self.classes) or 'none'}")
+
+    def seconds(self, nbytes, mem_bw: float, op_class: str | None = None, row_bytes=None):
+        """Time of an elementwise pass over nbytes; op_class picks the class's curve, whose row term needs
+        row_bytes (profiles.row_bytes: one token's bytes)."""
+        if op_class is not None:
+            return self.for_class(op_class).seconds(nbytes, mem_bw, row_bytes=row_bytes)
+        b = np.asarray(nbytes, dtype=float)
+        eff = self.memory_eff
+        if self.cache_eff:
+            eff = eff + (self.cache_eff - eff) / (1.0 + (b / self.cache_bytes) ** self.cache_sharpness)
+        t = b / (eff * mem_bw)
+        if math.isfinite(self.row_rate):
+            if row_bytes is None:
+                raise ValueError(f"the {self.op_class} curve has a row term: give row_bytes")
+            t = np.maximum(t, np.asarray(row_bytes, dtype=float) / self.row_rate)
+        out = self.floor_s + t
+        return out if np.ndim(out) else float(out)
 
 
 def _arrays(rows: Sequence[OpRow], gemm: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -132,16 +174,53 @@ def fit_gemm(rows: Sequence[OpRow], gpu_peak_flops: float, gpu_mem_bw: float) ->
                      _source(rows, "GEMM curve"))
 
 
-def fit_elementwise(rows: Sequence[OpRow], gpu_mem_bw: float) -> ElementwiseCurve:
-    """The ElementwiseCurve through rows' elementwise operators, least squares on log time."""
-    _, nbytes, t = _arrays(rows, False)
-    gpu = _gpu_of(rows)
+def _fit_class(gpu: str, op_class: str, nbytes, rows_b, t, gpu_mem_bw: float, l2_bytes: float,
+               row: bool, cache: bool) -> ElementwiseCurve:
+    """One class's curve: memory_eff and floor always, the row and cache terms where asked."""
+
+    def curve(x) -> ElementwiseCurve:
+        return ElementwiseCurve(gpu, x[0], x[1] * 1e-6, "", op_class,
+                                row_rate=x[2] * 1e9 if row else math.inf,
+                                cache_eff=x[3] if cache else 0.0, cache_bytes=l2_bytes if cache else 0.0,
+                                cache_sharpness=x[4] if cache else 1.0)
 
     def residual(x):
-        return np.log(ElementwiseCurve(gpu, x[0], x[1] * 1e-6, "").seconds(nbytes, gpu_mem_bw) / t)
+        return np.log(curve(x).seconds(nbytes, gpu_mem_bw, row_bytes=rows_b) / t)
 
-    fit = least_squares(residual, x0=[0.6, 3.0], bounds=([0.02, 0.0], [1.0, 50.0]))
-    return ElementwiseCurve(gpu, float(fit.x[0]), float(fit.x[1]) * 1e-6, _source(rows, "elementwise curve"))
+    # memory_eff (0, 1]; floor under 50 us; row rate 0.1 GB/s to 100 TB/s (in GB/s); L2 share up to 3x the
+    # DRAM peak, its cliff's sharpness 0.5-8. Unused unknowns stay at their start and change nothing.
+    fit = least_squares(residual, x0=[0.6, 2.0, 10.0, 1.0, 2.0],
+                        bounds=([0.02, 0.0, 0.1, 0.02, 0.5], [1.0, 50.0, 1e5, 3.0, 8.0]))
+    return curve([float(v) for v in fit.x])
+
+
+#: Classes whose kernels run one thread block per token (vLLM's RMSNorm, rotary, SiLU-and-mul): they get the row
+#: term. The residual add is torch's vectorized elementwise add: its 1-2 us at any small token count shows none.
+ROW_CLASSES = ("norm", "rope", "act")
+
+
+def fit_elementwise(rows: Sequence[OpRow], gpu_mem_bw: float, l2_bytes: float = 0.0) -> ElementwiseCurve:
+    """The ElementwiseCurve through rows' elementwise operators, least squares on log time: a pooled curve (one
+    memory_eff and floor) and one per class present. A class gets the cache term only where some fit row moved
+    its bytes faster than DRAM can (attained > 1.0 of mem_bw: only L2 explains it) and l2_bytes is known."""
+    pick = [r for r in rows if not r.is_gemm]
+    if not pick:
+        raise ValueError("no elementwise rows to fit")
+    gpu = _gpu_of(pick)
+    nbytes, rows_b, t = (np.array([r.nbytes for r in pick]), np.array([r.row_bytes for r in pick]),
+                         np.array([r.median_s for r in pick]))
+    classes = np.array([r.op_class for r in pick])
+    source = _source(pick, "elementwise curve")
+    per_class = []
+    for cls in dict.fromkeys(profiles.ELEMENTWISE_OPS.values()):
+        m = classes == cls
+        if not m.any():
+            continue
+        cache = bool(l2_bytes) and float(np.max(nbytes[m] / t[m])) > gpu_mem_bw
+        c = _fit_class(gpu, cls, nbytes[m], rows_b[m], t[m], gpu_mem_bw, l2_bytes, cls in ROW_CLASSES, cache)
+        per_class.append(replace(c, source=f"{source}; {cls} rows only"))
+    pooled = _fit_class(gpu, "all", nbytes, rows_b, t, gpu_mem_bw, l2_bytes, False, False)
+    return replace(pooled, source=source, classes=tuple(per_class))
 
 
 @lru_cache(maxsize=None)
@@ -149,15 +228,19 @@ def fitted_curves(gpu: str) -> tuple[GemmCurve, ElementwiseCurve]:
     """gpu's curves, fitted on the shipped sample's FIT_MODELS rows (cached)."""
     peaks = PEAKS[gpu]
     rows = [r for r in profiles.load_rows(gpu) if r.fit]
-    return fit_gemm(rows, peaks.flops, peaks.mem_bw), fit_elementwise(rows, peaks.mem_bw)
+    return fit_gemm(rows, peaks.flops, peaks.mem_bw), fit_elementwise(rows, peaks.mem_bw, peaks.l2_bytes)
 
 
 def predict(df: pd.DataFrame, gemm: GemmCurve, elementwise: ElementwiseCurve, peaks: Peaks) -> np.ndarray:
-    """Each row of a profiles.long_frame priced by the curves (seconds)."""
-    is_gemm = df["op"].isin(list(profiles.GEMM_OPS)).to_numpy()
-    flops, nbytes = df["flops"].to_numpy(), df["nbytes"].to_numpy()
-    return np.where(is_gemm, gemm.seconds(flops, nbytes, peaks.flops, peaks.mem_bw),
-                    elementwise.seconds(nbytes, peaks.mem_bw))
+    """Each row of a profiles.long_frame priced by the curves (seconds), elementwise rows by their class's curve."""
+    out = np.asarray(gemm.seconds(df["flops"].to_numpy(), df["nbytes"].to_numpy(), peaks.flops, peaks.mem_bw),
+                     dtype=float).copy()
+    cls = df["op_class"].to_numpy()
+    for c in elementwise.classes:
+        m = cls == c.op_class
+        if m.any():
+            out[m] = c.seconds(df["nbytes"].to_numpy()[m], peaks.mem_bw, row_bytes=df["row_bytes"].to_numpy()[m])
+    return out
 
 
 def flat_roofline(df: pd.DataFrame, peaks: Peaks, compute_fraction: float = 0.8,

@@ -73,6 +73,7 @@ class OpRow:
     parallel_block: bool  # attention and MLP side by side (phi-2): no post-attention norm, a three-way add
     flops: float
     nbytes: float
+    row_bytes: float  # elementwise: bytes of one token's row (row_bytes()); GEMMs: 0
 
     @property
     def op_class(self) -> str:
@@ -130,6 +131,14 @@ def op_cost(op: str, n, tp, n_head, n_kv_head, n_embd, n_expanded_embd, use_gate
     return np.zeros_like(nbytes, dtype=float), nbytes
 
 
+def row_bytes(op: str, tp, n_head, n_kv_head, n_embd, n_expanded_embd, use_gated_mlp, parallel_block=False,
+              dtype_bytes: float = DTYPE_BYTES):
+    """Bytes one token's row moves through an elementwise kernel: vLLM's RMSNorm, rotary and SiLU-and-mul kernels
+    run one thread block per token, so a few tokens take one block's time over its row (a norm's block reads the
+    weight too): the bytes of the operator on one token."""
+    return op_cost(op, 1, tp, n_head, n_kv_head, n_embd, n_expanded_embd, use_gated_mlp, parallel_block, dtype_bytes)[1]
+
+
 # ---- Vidur's files and the shipped sample -----------------------------------------------------------------------
 def vidur_files(root: str | Path, gpu: str) -> dict[str, Path]:
     """Each model's mlp.csv for `gpu` under a Vidur checkout (or its data/profiling/compute folder)."""
@@ -155,7 +164,8 @@ def sample_columns() -> list[str]:
 
 
 def _two_figures(x: float) -> float:
-    return float(f"{x:.2g}") if x == x else x
+    """std to two significant figures, at the medians' 1e-6 ms (a zero spread stays 0, not 4e-19)."""
+    return float(f"{round(x, 6):.2g}") if x == x else x
 
 
 def sample_frame(frames: dict[str, pd.DataFrame], tokens: tuple[int, ...] | None = TOKEN_GRID) -> pd.DataFrame:
@@ -220,7 +230,7 @@ def read_sample(path: str | Path) -> pd.DataFrame:
 # ---- rows ---------------------------------------------------------------------------------------------------------
 def long_frame(wide: pd.DataFrame, gpu: str) -> pd.DataFrame:
     """One row per (model, TP, tokens, operator) measured: gpu, model, tp, n_tokens, op, op_class, median_s, std_s,
-    the shapes, parallel_block, flops, nbytes."""
+    the shapes, parallel_block, flops, nbytes, row_bytes (elementwise: one token's row, row_bytes(); GEMMs 0)."""
     parallel = wide[_median_col("post_attention_layernorm")].isna().to_numpy()
     parts = []
     for op, cls in OPS.items():
@@ -233,11 +243,14 @@ def long_frame(wide: pd.DataFrame, gpu: str) -> pd.DataFrame:
         tp = w["num_tensor_parallel_workers"].to_numpy()
         n = w["num_tokens"].to_numpy()
         flops, nbytes = op_cost(op, n, tp, **shapes, parallel_block=parallel[keep])
+        rows = (np.zeros(len(n)) if op in GEMM_OPS else
+                np.asarray(row_bytes(op, tp, **shapes, parallel_block=parallel[keep]), dtype=float))
         parts.append(pd.DataFrame({
             "gpu": gpu, "model": w["model"].to_numpy(), "tp": tp, "n_tokens": n, "op": op, "op_class": cls,
             "median_s": t[keep] * 1e-3, "std_s": w[_std_col(op)].to_numpy(dtype=float) * 1e-3,
             **shapes, "parallel_block": parallel[keep],
-            "flops": np.broadcast_to(flops, n.shape).astype(float), "nbytes": np.asarray(nbytes, dtype=float)}))
+            "flops": np.broadcast_to(flops, n.shape).astype(float), "nbytes": np.asarray(nbytes, dtype=float),
+            "row_bytes": rows}))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -267,7 +280,8 @@ def to_rows(df: pd.DataFrame) -> list[OpRow]:
                             "n_expanded_embd": int(r["n_expanded_embd"]), "use_gated_mlp": bool(r["use_gated_mlp"]),
                             "parallel_block": bool(r["parallel_block"]), "median_s": float(r["median_s"]),
                             "std_s": float(r["std_s"]) if not math.isnan(r["std_s"]) else 0.0,
-                            "flops": float(r["flops"]), "nbytes": float(r["nbytes"])}))
+                            "flops": float(r["flops"]), "nbytes": float(r["nbytes"]),
+                            "row_bytes": float(r["row_bytes"])}))
     return out
 
 
@@ -278,5 +292,5 @@ def load_rows(gpu: str, path: str | Path | None = None, tokens: tuple[int, ...] 
 
 __all__ = ["DATA_DIR", "ELEMENTWISE_OPS", "FIT_MODELS", "GEMM_OPS", "GPUS", "OPS", "OpRow", "TEST_MODELS",
            "TOKEN_GRID", "VIDUR_COMMIT", "VIDUR_REPO", "gemm_dims", "load_frame", "load_rows", "long_frame",
-           "op_cost", "read_sample", "read_vidur", "sample_frame", "sample_path", "to_rows", "vidur_files",
+           "op_cost", "read_sample", "read_vidur", "row_bytes", "sample_frame", "sample_path", "to_rows", "vidur_files",
            "write_sample"]
