@@ -28,7 +28,8 @@ def _bounds(summary: pd.DataFrame, key: dict) -> tuple[pd.Series, pd.Series]:
 
 # ---- samples --------------------------------------------------------------------------------------------------------
 def test_samples_are_small_and_name_their_source():
-    for path, commit in ((attention.SAMPLE, attention.ATTENTION_COMMIT), (collectives.SAMPLE, collectives.VIDUR_COMMIT)):
+    for path, commit in ((attention.SAMPLE, attention.ATTENTION_COMMIT),
+                         (collectives.SAMPLE, collectives.VIDUR_COMMIT)):
         assert path.stat().st_size < 100_000
         first = path.read_text().splitlines()[0]
         assert first.startswith("#") and commit in first and "microsoft/vidur" in first

@@ -17,18 +17,18 @@ K/V rows. Decode attention is bandwidth-bound, prefill attention compute-bound.
 What the profile shows, and so what the curve is:
 - Prefill: at a fixed chunk the time grows linearly with the cached context, at a rate per key that rises with the
   chunk (111 TFLOP/s of the context's FLOPs at 256 tokens, 163 at 1,024, 222 at 3,072: 36% -> 71% of the 312 peak),
-  while the chunk attending itself (the causal diagonal block) costs ~4x as much per FLOP at every chunk (a chunk
-  with no context: 30 TFLOP/s at 512 tokens, 59 at 4,096). The rise is occupancy: FlashAttention runs a thread block
-  per (head, 128 query rows), so 32 heads x 256 tokens is 64 blocks on the A100's 108 SMs. The curve's compute rate
-  is therefore prefill_eff·peak·r^n / (r^n + r_half^n), r = query rows (heads x query tokens of the launch), a Hill
-  rise to prefill_eff; diagonal FLOPs count diag_factor times.
+  while the chunk attending itself (the causal diagonal block) costs 3-4x as much per FLOP at every chunk (a
+  chunk with no context: 30 TFLOP/s at 512 tokens, 59 at 4,096). The rise is occupancy: FlashAttention runs a
+  thread block per (head, 128 query rows), so 32 heads x 256 tokens is 64 blocks on the A100's 108 SMs. The
+  curve's compute rate is therefore prefill_eff·peak·r^n / (r^n + r_half^n), r = query rows (heads x query tokens
+  of the launch), a Hill rise to prefill_eff; diagonal FLOPs count diag_factor times.
   prefill_eff, the share of peak a long chunk reaches, is FlashAttention-2's published forward rate: "up to 230
   TFLOPs/s, 73% of the theoretical maximum TFLOPs/s on A100 GPUs" (Dao, arXiv 2307.08691, sec. 4; its abstract
-  "50-73%"), with the same rise with sequence length in its Fig. 5. FlashAttention-3 (Shah et al., arXiv 2407.08608)
-  reaches "up to 740 TFLOPs/s (75% utilization)" in FP16 on the H100 (FA2 there: 35%), so the same share of each
-  GPU's own peak holds where the engine runs the generation's kernel (FA3 on Hopper). The context's FLOPs of a 3,072-token
-  chunk run at 71% of peak in the data: they agree, so the asymptote is not fitted (the grid stops short of it) but taken from the
-  papers; r_half, n, diag_factor and the floor are fitted.
+  "50-73%"; its Fig. 5 plots the forward rate rising with sequence length). FlashAttention-3 (Shah et al., arXiv
+  2407.08608) reaches "up to 740 TFLOPs/s (75% utilization)" in FP16 on the H100 (FA2 there: 35%), so the same
+  share of each GPU's own peak holds where the engine runs its generation's kernel (FA3 on Hopper). The context's
+  FLOPs of a 3,072-token chunk run at 71% of peak in the data: they agree, so the asymptote is not fitted (the grid
+  stops short of it) but taken from the papers; r_half, n, diag_factor and the floor are fitted.
 - Decode: floor + bytes / (decode_eff·bandwidth): 128 sequences x 2,048 positions move 537 MB in 0.349 ms, 1.54
   TB/s, 75% of 2,039 GB/s, as far as the linear layers' streaming; a single sequence is floor-bound (17-18 us
   whatever its context). A per-sequence term, a smooth max in place of the sum, and a share rising with the batch
@@ -41,8 +41,9 @@ What the profile shows, and so what the curve is:
 Other GPUs: the same shares of their own peak FLOP/s and bandwidth (gpu.py scales; the floors are kept).
 
 Fit and test are kept apart on the grid: points whose (chunk, context) or (batch, context) grid indices sum to an
-even number fit (FIT), the others only test (a checkerboard, so both halves span the whole grid); split() says
-which. benchmarks/sim/attention_net.py prints both errors beside the sim's flat roofline; the tests assert them.
+even number fit (FIT), the others only test (a checkerboard, so both halves span the whole grid); frame()'s
+`split` column says which. benchmarks/sim/attention_net.py prints both errors beside the sim's flat roofline;
+tests/test_measured_attention_net.py asserts them.
 """
 from __future__ import annotations
 
@@ -277,7 +278,8 @@ def fit_prefill(df: pd.DataFrame, peak_flops: float = A100_FLOPS, mem_bw: float 
 
     def residual(x):
         c = curve(x)
-        return np.log(c.prefill_seconds(p["flops"], p["nbytes"], peak_flops, mem_bw, p["query_rows"], p["diag_flops"]) / t)
+        pred = c.prefill_seconds(p["flops"], p["nbytes"], peak_flops, mem_bw, p["query_rows"], p["diag_flops"])
+        return np.log(pred / t)
 
     # In us and thousands of rows, so the parameters are of one order; floor < 50 us, diag 1-16x, n 0.1-6.
     x = _fit(residual, [8.0, 10.0, 1.0, 3.0], [0.0, 0.1, 0.1, 1.0], [50.0, 1e4, 6.0, 16.0], max(noise(p), 0.01))
@@ -353,7 +355,8 @@ def spread(df: pd.DataFrame) -> pd.Series:
     averaged in log). The checkerboard makes every interior TEST point's four neighbours FIT points; edge points
     without a pair on either axis are left out. Indexed like df's TEST rows that have one."""
     out = {}
-    for kind, (a, b) in (("prefill", ("prefill_chunk_size", "kv_cache_size")), ("decode", ("batch_size", "kv_cache_size"))):
+    axes_of = {"prefill": ("prefill_chunk_size", "kv_cache_size"), "decode": ("batch_size", "kv_cache_size")}
+    for kind, (a, b) in axes_of.items():
         part = df[df["kind"] == kind]
         ia = {v: i for i, v in enumerate(sorted(part[a].unique()))}
         ib = {v: i for i, v in enumerate(sorted(part[b].unique()))}

@@ -8,7 +8,8 @@ vidur/profiling/collectives/collectives_wrapper.py). `size` is in BYTES: the wra
 bytes` of a buffer of `size` fp16 elements, Vidur's predictor reads it back as "each token is of size 2 * h bytes",
 and as elements the DGX A100's send/recv of its largest size would stream 456 GB/s, past NVLink's 300 per
 direction (as bytes: 228). The shipped sample (data/vidur_network.csv) keeps, per (node, collective, workers, devices
-per node), the median of the rows' medians at about three sizes an octave (SIZE_STEPS), 2 KiB to 64 MiB.
+per node), the median of the rows' medians at about three sizes an octave (SIZE_STEPS), 2 KiB to 64 MiB (to 512
+MiB in a100_pairwise_nvlink's all-reduce).
 
 Topologies: "nvlink_dgx" (all GPUs in one NVSwitch node: a100_dgx / h100_dgx with devices_per_node = workers),
 "pairwise_nvlink" (PCIe nodes whose GPUs are NVLink-bridged in pairs: at 4 workers the ring crosses PCIe),
@@ -25,8 +26,9 @@ of the two where NCCL's tuner picks the faster protocol (LL for small messages, 
 latency and a bandwidth each), the higher where past a size a slower path binds (the PCIe servers' cross-node
 send/recv: 7 GB/s to 4 MB, 2.5 GB/s beyond). Fit and test: per curve, alternate sizes (even positions in the
 sorted sizes) fit and the others test. All-gather and all-to-all are not measured: they are the all-reduce curve of
-the same topology and workers with their byte factor and its latencies (an NVSwitch all-reduce that reduces in the
-switch, NVLS on H100, moves less than a ring, so this over-prices their bytes there), and their source says so.
+the same topology and workers with their byte factor and its latencies, and their source says so (where NCCL
+runs the all-reduce as something other than a ring, as NVLS reduces inside an H100 node's NVSwitch, the shared bus
+bandwidth is an approximation).
 """
 from __future__ import annotations
 
