@@ -4,7 +4,7 @@ published - 1.
 
     python -m benchmarks.sim.published                              # every row, table + results/sim_published.png
     python -m benchmarks.sim.published --only trt-ttft,nim          # rows whose id starts with one of these
-    python -m benchmarks.sim.published --sim-extra "--sim-overheads vllm" --plot results/with_overheads.png
+    python -m benchmarks.sim.published --sim-extra "--sim-dtype fp8" --plot results/fp8.png  # flags on every row
     python -m benchmarks.sim.published --list                       # the rows, their sources and flags; nothing run
 
 Every run is `prefillbench run --backend sim -r 1 -p 0 --no-warmup --no-results-file --no-progress --no-verdict
@@ -43,7 +43,7 @@ TARGET = 0.25
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default="", help="comma list of id prefixes to run (default: every row)")
-    parser.add_argument("--sim-extra", default="", help="flags appended to every row's run, e.g. \"--sim-overheads vllm\"")
+    parser.add_argument("--sim-extra", default="", help="flags appended to every row's run, e.g. \"--sim-dtype fp8\"")
     parser.add_argument("--plot", default="results/sim_published.png", help="the scatter plot's path ('' for none)")
     parser.add_argument("--json", default="", help="also write every row's published and sim figures here")
     parser.add_argument("--list", action="store_true", help="print the rows and their sources; run nothing")

@@ -56,6 +56,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from prefillbench.backends.sim.measured import profiles
 from prefillbench.backends.sim.specs import SimConfigError
 
 VIDUR_REPO = "microsoft/vidur"
@@ -204,13 +205,11 @@ SAMPLE_HEADER = (f"# {VIDUR_REPO}@{ATTENTION_COMMIT} {ATTENTION_PATH} (A100, Fla
 
 
 def write_sample(df: pd.DataFrame, path: str | Path = SAMPLE) -> None:
-    with open(path, "w", newline="") as f:
-        f.write(SAMPLE_HEADER)
-        df.to_csv(f, index=False, lineterminator="\n")
+    profiles.write_csv(df, path, SAMPLE_HEADER)
 
 
 def read_sample(path: str | Path = SAMPLE) -> pd.DataFrame:
-    return pd.read_csv(path, comment="#")
+    return profiles.read_csv(path)
 
 
 # ---- rows with their FLOPs, bytes and split -----------------------------------------------------------------------

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from prefillbench.backends.sim.measured import profiles
 from prefillbench.backends.sim.measured.profiles import VIDUR_COMMIT, VIDUR_REPO
 from prefillbench.backends.sim.specs import SimConfigError
 
@@ -174,13 +175,11 @@ SAMPLE_HEADER = (f"# {VIDUR_REPO}@{VIDUR_COMMIT} {VIDUR_NETWORK}/<node>/<collect
 
 
 def write_sample(df: pd.DataFrame, path: str | Path = SAMPLE) -> None:
-    with open(path, "w", newline="") as f:
-        f.write(SAMPLE_HEADER)
-        df.to_csv(f, index=False, lineterminator="\n")
+    profiles.write_csv(df, path, SAMPLE_HEADER)
 
 
 def read_sample(path: str | Path = SAMPLE) -> pd.DataFrame:
-    return pd.read_csv(path, comment="#")
+    return profiles.read_csv(path)
 
 
 def frame(sample: pd.DataFrame) -> pd.DataFrame:

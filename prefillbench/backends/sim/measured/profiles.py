@@ -215,14 +215,24 @@ def sample_header(gpu: str) -> str:
             "python -m benchmarks.sim.make_samples\n")
 
 
-def write_sample(df: pd.DataFrame, path: str | Path, gpu: str) -> None:
+def write_csv(df: pd.DataFrame, path: str | Path, header: str) -> None:
+    """A shipped sample: one `# source` line, then the CSV (every measured/ sample is written so)."""
     with open(path, "w", newline="") as f:
-        f.write(sample_header(gpu))
+        f.write(header)
         df.to_csv(f, index=False, lineterminator="\n")
 
 
+def read_csv(path: str | Path) -> pd.DataFrame:
+    """A sample written by write_csv, its source line skipped."""
+    return pd.read_csv(path, comment="#")
+
+
+def write_sample(df: pd.DataFrame, path: str | Path, gpu: str) -> None:
+    write_csv(df, path, sample_header(gpu))
+
+
 def read_sample(path: str | Path) -> pd.DataFrame:
-    df = pd.read_csv(path, comment="#")
+    df = read_csv(path)
     df["use_gated_mlp"] = df["use_gated_mlp"].astype(bool)
     return df
 
@@ -292,5 +302,6 @@ def load_rows(gpu: str, path: str | Path | None = None, tokens: tuple[int, ...] 
 
 __all__ = ["DATA_DIR", "ELEMENTWISE_OPS", "FIT_MODELS", "GEMM_OPS", "GPUS", "OPS", "OpRow", "TEST_MODELS",
            "TOKEN_GRID", "VIDUR_COMMIT", "VIDUR_REPO", "gemm_dims", "load_frame", "load_rows", "long_frame",
-           "op_cost", "read_sample", "read_vidur", "row_bytes", "sample_frame", "sample_path", "to_rows", "vidur_files",
-           "write_sample"]
+           "op_cost", "read_csv", "read_sample", "read_vidur", "row_bytes", "sample_frame", "sample_path", "to_rows",
+           "vidur_files",
+           "write_csv", "write_sample"]
