@@ -108,6 +108,18 @@ def test_a_server_that_dies_mid_run_ends_it_in_one_line_and_keeps_the_finished_c
     assert export.read_text().count("\n") == 2  # the header and the finished case
 
 
+def test_a_server_that_cuts_a_stream_and_exits_a_moment_later_ends_the_run_as_its_exit(run_cli, tmp_path):
+    """A killed engine's socket closes before the process is reaped: the client's error comes first (an incomplete
+    chunked payload, not a refused connection), and the run must wait for the exit to name it, as a SIGKILLed vLLM
+    API server did in CI."""
+    export = tmp_path / "r.csv"
+    code, out, err = run_cli(*RUN, *stub("--cut-after", "4"), "-c", "1,2", "--export", str(export))
+    assert code == 2
+    errors = [line for line in err.splitlines() if line.startswith("prefillbench: error")]
+    assert len(errors) == 1 and "exited with status 3 during the run" in errors[0] and "kept 1" in errors[0], err
+    assert export.read_text().count("\n") == 2
+
+
 def test_a_server_command_that_cannot_start_shows_its_log(run_cli):
     code, out, err = run_cli(*RUN, *stub("--exit-at-start"), "-c", "1")
     assert code == 2 and "Traceback" not in err

@@ -35,7 +35,8 @@ WARMUP_FLOOR_S = 0.005
 #: The environment variable an API key for --url is read from (never printed, logged or exported).
 API_KEY_VARIABLE = "PREFILLBENCH_API_KEY"
 #: How the client names a connection that failed or a stream that was cut: what a server's exit looks like.
-DROPPED = ("ServerDisconnectedError", "ClientConnectorError", "ClientOSError", "the stream ended")
+#: A stream cut mid-chunk (a killed engine's socket) is a ClientPayloadError: its socket closes before it is reaped.
+DROPPED = ("ServerDisconnectedError", "ClientConnectorError", "ClientOSError", "ClientPayloadError", "the stream ended")
 #: Extra flags for every vLLM launch, split as a shell would (e.g. --enforce-eager: ready in a third of the time).
 VLLM_ARGS_VARIABLE = "PREFILLBENCH_VLLM_ARGS"
 #: llama.cpp's LLAMA_MAX_SEQ: the most slots a llama-server takes.

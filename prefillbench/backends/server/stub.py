@@ -3,7 +3,7 @@ one client machine can drive, with no engine sharing its cores) and for tests of
 streaming, failures, lifecycle) that need no build.
 
   python -m prefillbench.backends.server.stub --port P [--token-ms 5] [--prompt-ms-per-token 0.01]
-      [--fail-every N] [--short-every N] [--die-after N] [--slow-start S] [--exit-at-start]
+      [--fail-every N] [--short-every N] [--die-after N] [--cut-after N] [--slow-start S] [--exit-at-start]
       [--served-model-name NAME] [--ms-per-running MS] [--metrics-scale X] [--slots N] [--ctx N]
 
 Each request: `prompt_progress` events, then n_predict tokens, one event each, every --token-ms, with
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fail-every", type=int, default=0, help="every Nth request answers HTTP 500")
     parser.add_argument("--short-every", type=int, default=0, help="every Nth request stops one token short")
     parser.add_argument("--die-after", type=int, default=0, help="the process exits during its Nth request")
+    parser.add_argument("--cut-after", type=int, default=0,
+                        help="during its Nth request, after the first token, the stream is cut and the process "
+                             "exits a moment later (as a killed engine's does: its socket closes before it is reaped)")
     parser.add_argument("--slow-start", type=float, default=0.0, help="seconds /health answers 503 (loading)")
     parser.add_argument("--exit-at-start", action="store_true", help="print a line and exit 1 (a bad command)")
     parser.add_argument("--pair-every", type=int, default=0, help="every Nth token event carries two tokens")
@@ -67,6 +70,7 @@ async def _serve(args) -> None:
     clock = _Clock(args.metrics_scale, args.served_model_name or "stub")
     count = 0
     running = 0  # requests streaming now
+    cutting = False  # --cut-after reached: the next token sent cuts its stream
 
     def gap_s() -> float:
         return (args.token_ms + args.ms_per_running * max(running - 1, 0)) / 1e3
@@ -79,11 +83,13 @@ async def _serve(args) -> None:
     async def serve_one(asked: int, stream):
         """The failures the stub was told to make (exit, HTTP 500, one token short), then `stream(asked)`,
         counted as running while it streams."""
-        nonlocal count, running
+        nonlocal count, running, cutting
         count += 1
         n = count
         if args.die_after and n >= args.die_after:
             os._exit(3)
+        if args.cut_after and n >= args.cut_after:
+            cutting = True
         if args.fail_every and n % args.fail_every == 0:
             return web.json_response({"error": {"message": "stub failure"}}, status=500)
         if args.short_every and n % args.short_every == 0:
@@ -93,6 +99,13 @@ async def _serve(args) -> None:
             return await stream(asked)
         finally:
             running -= 1
+
+    async def cut(request) -> None:
+        """After a request's first token, once told to: its stream cut, the process gone 0.3 s later."""
+        if cutting:
+            request.transport.abort()
+            await asyncio.sleep(0.3)
+            os._exit(3)
 
     async def completion(request):
         body = await request.json()
@@ -131,6 +144,7 @@ async def _serve(args) -> None:
                         "tokens_predicted": produced,
                         "timings": {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": prompt_ms,
                                     "predicted_n": produced, "predicted_ms": predicted_ms}})
+            await cut(request)
         clock.llama(len(prompt), prompt_ms / 1e3, produced, (last_at - first_at) if first_at is not None else 0.0)
         await send({"content": "", "tokens": [], "stop": True, "stop_type": "limit", "tokens_predicted": produced,
                     "timings": {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": prompt_ms, "predicted_n": produced,
@@ -168,6 +182,7 @@ async def _serve(args) -> None:
             last = i == max_tokens - 1
             await send({"object": "text_completion", "model": model or args.served_model_name or "stub",
                         "choices": [{"index": 0, "text": "x", "finish_reason": "length" if last else None}]})
+            await cut(request)
         clock.vllm(arrived, times)
         if (body.get("stream_options") or {}).get("include_usage"):
             await send({"object": "text_completion", "choices": [],
