@@ -28,7 +28,7 @@ from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PAN
                                          EngineName, ExpertParallel, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, Url,
                                          Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
-                                         MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
+                                         MaxQueueGrowth, MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
                                          NoTuneLinear, NoVerdict, NoWarmup, NPrompt, Output, PipelineStages, ProbeArrival,
                                          PromptGen, Rate, RelativeTo, Repetitions, Requests, RequestShape, ResultsDir, Seed,
                                          SimGpu, SkipIdle, SimModel, SLOOption, Strategy, TensorParallel, Threads, Trace, UBatch,
@@ -259,6 +259,7 @@ def capacity_command(
         "--slo", panel=CAPACITY_PANEL, callback=slo_spec, metavar="tbt=MS[,ttft=MS,...]",
         help="tbt: the P99 TBT a rate must keep to (required); any other objective adds goodput to the rows")] = None,
     max_sched_delay: MaxSchedDelay = C.max_sched_delay,
+    max_queue_growth: MaxQueueGrowth = C.max_queue_growth,
     requests: Annotated[Optional[int], option(
         "--requests", panel=CAPACITY_PANEL,
         help=f"requests per probe (default: {DEFAULT_REQUESTS_SIM} on the sim, {DEFAULT_REQUESTS} on "
@@ -304,6 +305,7 @@ def tune_command(
     percentile: Annotated[float, option(
         "--percentile", panel=CAPACITY_PANEL, metavar="P", help="the percentile the SLO limits")] = T.percentile,
     max_sched_delay: MaxSchedDelay = T.max_sched_delay,
+    max_queue_growth: MaxQueueGrowth = T.max_queue_growth,
     requests: Annotated[Optional[int], option(
         "--requests", panel=CAPACITY_PANEL,
         help=f"requests per probe (default: {DEFAULT_REQUESTS_SIM} on the sim, {DEFAULT_REQUESTS} on real backends)")] = None,

@@ -124,3 +124,45 @@ def test_on_the_sim_chunked_prefill_has_more_capacity_than_sequential_under_a_st
     assert sequential.row.tbt_p99_ms <= 100 and chunked.row.tbt_p99_ms <= 100
     assert relative_capacities(results, "sequential") == [1.0, pytest.approx(chunked.capacity / sequential.capacity)]
     assert chunked.capacity > 1.5 * sequential.capacity
+
+
+def _fifo_run(rate: float, service_s: float, n: int, known_start: bool = True):
+    """n requests arriving evenly at `rate`, served one at a time for `service_s` each, first come first served."""
+    from prefillbench.engine import RequestRecord, RunRecord
+    reqs, free = [], 0.0
+    for i in range(n):
+        arrival = i / rate
+        start = max(arrival, free)
+        free = start + service_s
+        reqs.append(RequestRecord(8, arrival, [free], [0], first_scheduled=start if known_start else None))
+    return RunRecord(0.0, free, reqs, [])
+
+
+@pytest.mark.parametrize("rate, expected", [(5.0, 0.0), (9.9, 0.0), (12.0, 12 / 10 - 1), (20.0, 1.0), (40.0, 3.0)])
+def test_queue_growth_is_how_far_the_rate_is_over_what_the_system_serves(rate, expected):
+    # Served at 10 req/s: over capacity the request arriving at t waits (rate/10 - 1) t; under it, never.
+    from prefillbench.bench.metrics import queue_growth
+    assert queue_growth(_fifo_run(rate, 0.1, 30)) == pytest.approx(expected, abs=1e-9)
+    # Where the backend does not say when a prompt started, the TTFT grows the same (it is the wait plus the service).
+    assert queue_growth(_fifo_run(rate, 0.1, 30, known_start=False)) == pytest.approx(expected, abs=1e-9)
+
+
+def test_queue_growth_is_fitted_on_at_most_growth_points_requests_and_needs_three():
+    from prefillbench.bench.metrics import GROWTH_POINTS, queue_growth
+    assert queue_growth(_fifo_run(20.0, 0.1, 5 * GROWTH_POINTS)) == pytest.approx(1.0, abs=1e-9)
+    assert math.isnan(queue_growth(_fifo_run(20.0, 0.1, 2)))
+
+
+def test_a_short_probe_over_capacity_fails_on_queue_growth_where_the_delay_bound_cannot_see_it():
+    # 30 one-token requests served at 10 req/s: even all at once they drain in 3 s, a median delay of 1.5 s, under
+    # Sarathi-Serve's 2 s bound at any rate. Only the queue's growth tells 12 req/s (over by 20%) from 8.
+    backend = FakeBackend(seconds_per_token=0.0, seconds_per_step=0.1)
+    config = CapacityConfig(TestSpec(1, 0), ["sequential"], [], Criteria(tbt_p99_ms=1000), requests=30,
+                            arrival="gamma", burstiness=1e4, precision=0.02, start_rate=3.0)
+    (case,) = config.cases()
+    result = find_capacity(backend, case, config)
+    assert 10 / 1.1 <= result.capacity <= 10 * (1 + config.criteria.max_queue_growth) * 1.02
+    assert result.search.limited_by == "queue growth" and not result.search.hit_bound
+    loose = CapacityConfig(TestSpec(1, 0), ["sequential"], [], Criteria(tbt_p99_ms=1000, max_queue_growth=1e9),
+                           requests=30, arrival="gamma", burstiness=1e4, precision=0.02, start_rate=3.0)
+    assert find_capacity(backend, case, loose).search.hit_bound  # what the delay bound alone finds: no top

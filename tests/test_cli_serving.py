@@ -102,6 +102,7 @@ def test_capacity_prints_a_row_per_strategy_with_its_ratio(run_cli, tmp_path):
     (["--slo", "tbt=100", "--relative-to", "padded", "-s", "chunked"], "not among the strategies"),
     (["--slo", "tbt=100", "--requests", "1"], "at least 2"),
     (["--slo", "tbt=100", "--pg", "8,2", "--pg", "16,2"], "one --pg"),
+    (["--slo", "tbt=100", "--max-queue-growth", "0"], "--max-queue-growth is a percentage above 0"),
 ])
 def test_bad_capacity_flags_are_one_line_and_exit_2(run_cli, argv, message):
     code, out, err = run_cli(*CAPACITY, *argv)

@@ -55,6 +55,7 @@ def test_tune_with_a_list_of_slos_prints_capacity_against_the_slo(run_cli):
     (["--slo", "tbt=100", "--repeats", "0"], "--repeats"),
     (["--slo", "tbt=100", "--export", "x.xml"], "use a .csv, .json or .jsonl name"),
     (["--slo", "tbt=100", "--no-sim", "--sim-only"], "exclude each other"),
+    (["--slo", "tbt=100", "--max-queue-growth", "0"], "--max-queue-growth"),
 ])
 def test_bad_tune_input_is_one_line_and_exit_2(run_cli, argv, message):
     code, out, err = run_cli("tune", *SIM, *argv)
@@ -64,7 +65,7 @@ def test_bad_tune_input_is_one_line_and_exit_2(run_cli, argv, message):
 
 def test_capacity_says_when_the_search_hit_its_bound_and_names_the_limit_and_the_best(run_cli):
     code, out, err = run_cli("capacity", *SIM, "--pg", "64,4", "--slo", "tbt=1e9", "-s", "sequential",
-                             "--requests", "4", "--max-sched-delay", "1e12")
+                             "--requests", "4", "--max-sched-delay", "1e12", "--max-queue-growth", "1e12")
     assert code == 0, err
     assert "at least 1048576" in out and "search bound" in out
     assert "(the search hit its bound" in out.strip().splitlines()[-1]

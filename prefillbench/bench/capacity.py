@@ -26,8 +26,8 @@ from strategies import configurations, make_strategy
 from prefillbench import engine
 from prefillbench.backends.base import Backend
 from prefillbench.bench.cases import BenchConfig, Case, warm_up, request_tokens
-from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, percentile, row_strategy, sched_delay_ms,
-                                        summarize, tbts_ms, tpot_ms, ttft_ms, ttfts_ms)
+from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, percentile, queue_growth, row_strategy,
+                                        sched_delay_ms, summarize, tbts_ms, tpot_ms, ttft_ms, ttfts_ms)
 from prefillbench.bench.pricing import Pricer, priced_by_kind
 from prefillbench.engine import Progress, RunRecord
 from prefillbench.sequence import Request
@@ -36,6 +36,10 @@ from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, r
 #: Sarathi-Serve's bound on the median scheduling delay.
 DEFAULT_MAX_SCHED_DELAY_MS = 2000.0
 DEFAULT_PRECISION = 0.05
+#: The wait may grow by at most this share of the time requests arrive over (metrics.queue_growth, its lower 95%
+#: bound): over capacity by a share x, the wait grows by x. The search's precision: a rate over capacity by less
+#: cannot be told from one at capacity anyway, and one over it by more fails however short the probe.
+DEFAULT_MAX_QUEUE_GROWTH = DEFAULT_PRECISION
 DEFAULT_START_RATE = 1.0
 #: Requests per probe. Above capacity the queue, and so the scheduling delay, grows for as long as requests
 #: keep arriving: too few requests and a probe ends before the delay passes its bound. The sim runs in
@@ -47,13 +51,17 @@ MAX_BRACKET_STEPS = 20
 
 
 #: What can limit a capacity, as the tables name it.
-LIMITS = {"tbt": "TBT", "ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "sched": "scheduling delay"}
+LIMITS = {"tbt": "TBT", "ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "sched": "scheduling delay",
+          "growth": "queue growth"}
 
 
 @dataclass(frozen=True)
 class Criteria:
-    """What a rate must meet to be within capacity: latency limits at one percentile (P99 by default) and
-    Sarathi-Serve's bound on the median scheduling delay. `tbt_p99_ms` is the TBT limit at `percentile`."""
+    """What a rate must meet to be within capacity: latency limits at one percentile (P99 by default),
+    Sarathi-Serve's bound on the median scheduling delay, and a wait that does not keep growing while requests
+    arrive (`max_queue_growth`, metrics.queue_growth): Sarathi-Serve's traces are long enough for a growing queue to
+    pass the delay bound; a probe of 30 requests on a real engine is not. `tbt_p99_ms` is the TBT limit at
+    `percentile`."""
 
     tbt_p99_ms: float | None = None
     sched_delay_p50_ms: float = DEFAULT_MAX_SCHED_DELAY_MS
@@ -61,6 +69,7 @@ class Criteria:
     tpot_ms: float | None = None
     e2e_ms: float | None = None
     percentile: float = 99.0
+    max_queue_growth: float = DEFAULT_MAX_QUEUE_GROWTH
 
     def __post_init__(self) -> None:
         for key in ("tbt", "ttft", "tpot", "e2e"):
@@ -71,10 +80,13 @@ class Criteria:
             raise ValueError(f"the median scheduling delay bound must be positive, got {self.sched_delay_p50_ms}")
         if not 0 < self.percentile <= 100:
             raise ValueError(f"the percentile must be in (0, 100], got {self.percentile}")
+        if not self.max_queue_growth > 0:
+            raise ValueError(f"the queue growth bound must be positive, got {self.max_queue_growth}")
 
     @classmethod
-    def from_slo(cls, slo: SLO, sched_delay_ms: float = DEFAULT_MAX_SCHED_DELAY_MS, percentile: float = 99.0) -> "Criteria":
-        return cls(slo.tbt_ms, sched_delay_ms, slo.ttft_ms, slo.tpot_ms, slo.e2e_ms, percentile)
+    def from_slo(cls, slo: SLO, sched_delay_ms: float = DEFAULT_MAX_SCHED_DELAY_MS, percentile: float = 99.0,
+                 max_queue_growth: float = DEFAULT_MAX_QUEUE_GROWTH) -> "Criteria":
+        return cls(slo.tbt_ms, sched_delay_ms, slo.ttft_ms, slo.tpot_ms, slo.e2e_ms, percentile, max_queue_growth)
 
     def limit(self, key: str) -> float | None:
         return self.tbt_p99_ms if key == "tbt" else getattr(self, f"{key}_ms")
@@ -91,6 +103,8 @@ class Criteria:
                 if self.limit(k) is not None and not math.isnan(values[k]) and values[k] > self.limit(k)]
         if values["sched"] > self.sched_delay_p50_ms:
             over.append("sched")
+        if values.get("growth", math.nan) > self.max_queue_growth:
+            over.append("growth")
         return over
 
     def values(self, run: RunRecord) -> dict[str, float]:
@@ -99,12 +113,12 @@ class Criteria:
         reqs = run.requests
         return {"tbt": percentile(tbts_ms(run), q), "ttft": percentile(ttfts_ms(run), q),
                 "tpot": percentile([tpot_ms(r) for r in reqs], q), "e2e": percentile([e2e_ms(r) for r in reqs], q),
-                "sched": percentile([sched_delay_ms(r) for r in reqs], 50)}
+                "sched": percentile([sched_delay_ms(r) for r in reqs], 50), "growth": queue_growth(run)}
 
     def met(self, row: ResultRow) -> bool:
         """At P99, from a row's own columns (a one-token run has no TBT to miss)."""
         values = {"tbt": row.tbt_p99_ms, "ttft": row.ttft_p99_ms, "tpot": row.tpot_p99_ms, "e2e": row.e2e_p99_ms,
-                  "sched": row.sched_delay_p50_ms}
+                  "sched": row.sched_delay_p50_ms, "growth": row.queue_growth}
         return not self.exceeded(values)
 
 
@@ -370,6 +384,7 @@ class CapacityConfig:
             "capacity_tbt_p99_ms": self.criteria.tbt_p99_ms,
             "capacity_slo": self.criteria.describe(),
             "capacity_max_sched_delay_ms": self.criteria.sched_delay_p50_ms,
+            "capacity_max_queue_growth": self.criteria.max_queue_growth,
             "capacity_requests_per_probe": self.requests,
             "capacity_precision": self.precision,
             "capacity_start_rate": self.start_rate,

@@ -106,6 +106,7 @@ class ResultRow:
     sched_delay_p50_ms: float = math.nan
     sched_delay_p90_ms: float = math.nan
     sched_delay_p99_ms: float = math.nan
+    queue_growth: float = math.nan  # open loop: the wait's growth per second of arrivals, at least (queue_growth)
     request_throughput: float = math.nan  # completed requests per second of the run
     arrival: str = "closed"  # closed, poisson, gamma or trace
     rate: float | None = None  # the requested arrival rate, requests/s (None: closed loop or trace)
@@ -301,6 +302,31 @@ def achieved_rate(run: RunRecord) -> float:
     return len(run.requests) / span if span > 0 else math.nan
 
 
+#: Requests the queue-growth slope is fitted on at most (evenly by arrival): Theil-Sen takes every pair, n^2/2 slopes.
+GROWTH_POINTS = 200
+
+
+def queue_growth(run: RunRecord) -> float:
+    """How fast the wait grows with arrival time, at least: the lower end of a 90% interval (95% one-sided) of the
+    Theil-Sen slope of each request's wait (its scheduling delay; its TTFT where the backend does not say when a
+    prompt started) against its arrival. Dimensionless: an open loop at a rate r a system serves at mu < r
+    makes the request arriving at t wait about (r/mu - 1) t, so the slope is r/mu - 1, and below capacity it is 0
+    but for the queue filling to its steady state. What tells a short probe over capacity from one under it, where
+    the median-delay bound cannot: a burst of 30 requests drains in seconds, its median delay under any bound.
+    NaN with fewer than 3 requests or all arriving at once."""
+    reqs = sorted(run.requests, key=lambda r: r.arrival)
+    if len(reqs) > GROWTH_POINTS:
+        reqs = [reqs[round(i * (len(reqs) - 1) / (GROWTH_POINTS - 1))] for i in range(GROWTH_POINTS)]
+    waits = [sched_delay_ms(r) for r in reqs]
+    if any(math.isnan(w) for w in waits):
+        waits = [ttft_ms(r) for r in reqs]
+    arrivals = np.array([r.arrival for r in reqs])
+    if len(reqs) < 3 or np.ptp(arrivals) <= 0:
+        return math.nan
+    from scipy.stats import theilslopes  # scipy's import is 0.3 s: only where a slope is fitted
+    return float(theilslopes(np.array(waits) / 1000, arrivals, alpha=0.90).low_slope)
+
+
 def goodput(run: RunRecord, slo: SLO) -> float:
     return sum(slo.met(r) for r in run.requests) / run.wall
 
@@ -382,6 +408,7 @@ def summarize(
         sched_delay_p50_ms=percentile(sched, 50),
         sched_delay_p90_ms=percentile(sched, 90),
         sched_delay_p99_ms=percentile(sched, 99),
+        queue_growth=_mean([queue_growth(run) for run in runs]) if open_loop else math.nan,
         request_throughput=_mean([len(run.requests) / run.wall for run in runs]),
         arrival=load.arrival,
         rate=load.rate,

@@ -177,6 +177,10 @@ RequestShape = Annotated[Optional[list[str]], option(
 MaxSchedDelay = Annotated[float, option(
     "--max-sched-delay", panel=CAPACITY_PANEL, metavar="MS",
     help="bound on the median scheduling delay (arrival to first step; Sarathi-Serve's criterion)")]
+MaxQueueGrowth = Annotated[float, option(
+    "--max-queue-growth", panel=CAPACITY_PANEL, parser=percent, metavar="PCT",
+    help="how fast the wait may grow while requests arrive (its 95% lower bound, as a share of the time they arrive "
+    "over): a rate over capacity by x% grows it by x%; it fails a short probe whose queue the delay bound cannot see")]
 ProbeArrival = Annotated[str, option(
     "--arrival", panel=CAPACITY_PANEL, callback=choice("poisson", "gamma"), metavar="poisson|gamma", help="arrival process")]
 

@@ -131,9 +131,12 @@ def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEF
 def _flat(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
     """The frame with the run's metadata as columns of every record; chunk sizes as integers."""
     flat = frame.astype({"chunk_size": "Int64"})
-    for name, value in meta.items():
-        flat[name] = pd.Series([value] * len(flat), index=flat.index, dtype=object)
-    return flat
+    # One concat, not a column at a time: a frame grown by a hundred inserts is fragmented (pandas warns).
+    columns = {name: pd.Series([value] * len(flat), index=flat.index, dtype=object) for name, value in meta.items()
+               if name not in flat.columns}
+    flat = flat.assign(**{name: pd.Series([value] * len(flat), index=flat.index, dtype=object)
+                          for name, value in meta.items() if name in flat.columns})
+    return pd.concat([flat, pd.DataFrame(columns, index=flat.index)], axis=1)
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from prefillbench.bench import capacity
 from prefillbench.bench.metrics import SLO
 from prefillbench.commands.options.common import (BackendOptions, Measuring, check_export, check_relative_to,
-                                                 check_seed, check_precision, request_shape, strategy_names,
+                                                 check_seed, check_precision, check_queue_growth, request_shape, strategy_names,
                                                  test_specs, unique)
 from prefillbench.errors import UsageError
 
@@ -26,6 +26,7 @@ class CapacityOptions(Measuring):
     no_warmup: bool = False
     slo: SLO | None = None
     max_sched_delay: float = capacity.DEFAULT_MAX_SCHED_DELAY_MS
+    max_queue_growth: float = 100 * capacity.DEFAULT_MAX_QUEUE_GROWTH  # percent
     requests: int | None = None
     precision: float = 100 * capacity.DEFAULT_PRECISION  # percent
     start_rate: float = capacity.DEFAULT_START_RATE
@@ -52,11 +53,12 @@ class CapacityOptions(Measuring):
             strategies = strategies[:1]  # the server as it runs: one search
         check_relative_to(self.relative_to, strategies, "searched")
         check_precision(self.precision)
+        check_queue_growth(self.max_queue_growth)
         check_export(self.export)
         sim = self.load.name == "sim"
         self.config = capacity.CapacityConfig(
             tests[0], strategies, unique(self.chunk_size, "--chunk-size") or [256],
-            capacity.Criteria(self.slo.tbt_ms, self.max_sched_delay),
+            capacity.Criteria(self.slo.tbt_ms, self.max_sched_delay, max_queue_growth=self.max_queue_growth / 100),
             requests=self.requests or (capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS),
             concurrency=self.concurrency, arrival=self.arrival, burstiness=self.burstiness, seed=self.seed,
             start_rate=self.start_rate, precision=self.precision / 100, warmup=not self.no_warmup, slo=self.slo,

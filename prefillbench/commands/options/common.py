@@ -53,6 +53,11 @@ def check_precision(pct: float) -> None:
         raise UsageError(f"--precision is a percentage of the capacity between 0 and 100 (5 means 5%), got {pct:g}")
 
 
+def check_queue_growth(pct: float) -> None:
+    if not pct > 0:
+        raise UsageError(f"--max-queue-growth is a percentage above 0 (5 means the wait may grow 5% as fast as time passes), got {pct:g}")
+
+
 def check_relative_to(strategy: str | None, strategies: list[str], what: str) -> None:
     if strategy and strategy not in strategies:
         raise UsageError(f"--relative-to {strategy}: not among the strategies {what} ({', '.join(strategies)})")

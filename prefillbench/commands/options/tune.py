@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from prefillbench.bench import capacity, tune
-from prefillbench.commands.options.common import (BackendOptions, Measuring, check_seed, check_precision,
+from prefillbench.commands.options.common import (BackendOptions, Measuring, check_seed, check_precision, check_queue_growth,
                                                  request_shape, strategy_names, test_specs, unique)
 from prefillbench.errors import UsageError
 from prefillbench.writers import RECORD_FORMATS, format_for_path
@@ -48,6 +48,7 @@ class TuneOptions(Measuring):
     slo: str | None = None  # KEY=MS[,MS...][,KEY=MS]
     percentile: float = 99.0
     max_sched_delay: float = capacity.DEFAULT_MAX_SCHED_DELAY_MS
+    max_queue_growth: float = 100 * capacity.DEFAULT_MAX_QUEUE_GROWTH  # percent
     requests: int | None = None
     repeats: int | None = None
     precision: float | None = None  # percent; None: capacity's default, or --quick's
@@ -158,11 +159,12 @@ class TuneOptions(Measuring):
             raise UsageError(f"--start-rate must be positive, got {self.start_rate:g}")
         if self.time_budget is not None and not self.time_budget > 0:
             raise UsageError(f"--time-budget must be positive, got {self.time_budget:g}")
+        check_queue_growth(self.max_queue_growth)
         if self.slo is None:
             raise UsageError("tune needs --slo, e.g. --slo tbt=100 (P99 time between tokens within 100 ms)")
         try:
             slos = tune.parse_slo_list(self.slo)
-            self.criteria = [capacity.Criteria.from_slo(s, self.max_sched_delay, self.percentile) for s in slos]
+            self.criteria = [capacity.Criteria.from_slo(s, self.max_sched_delay, self.percentile, self.max_queue_growth / 100) for s in slos]
         except ValueError as e:
             raise UsageError(f"--slo: {e}") from None
         check_precision(self.precision)
