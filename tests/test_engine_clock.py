@@ -288,7 +288,7 @@ def test_a_real_llama_servers_clock_and_the_clients_agree_at_c1_and_c4(run_cli, 
     Tolerance: the issue's target, TTFT p50 and inter-token p50 within 5% of each other, or, where it is larger,
     the verdict's own allowance (two round trips measured beside the run for each request in flight). Why they
     agree: a constant delay between the server and the client cancels in a gap, and a TTFT is the same request's
-    first progress event (the queue, dated on the client's clock either way) plus the engine's own prefill,
+    least-delayed progress event (the queue, dated on the client's clock either way) plus the engine's own prefill,
     against the client's first token: the clocks differ only by the variation of an event's delay, under a ms on
     an idle loopback (docs/servers.md measured 0.2 ms on the TBT p50), more on a busy 2-core machine, where the
     round trips measured grow with it. A wrong clock misses by far more: llama-server's TTFT without its queue

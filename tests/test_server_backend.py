@@ -248,6 +248,26 @@ def test_prompt_progress_events_are_no_tokens_and_ttft_includes_the_prompt(run_c
     assert row["tbt_p99_ms"] < 32 * 2  # and never between two tokens
 
 
+def test_the_prompts_start_is_the_least_of_its_progress_events_bounds():
+    # llama-server sends a 0% progress event just before the prompt's first batch and another with the batch's
+    # elapsed time after it. On 2 cores busy with the batch the client reads the first only when the batch is done:
+    # dated by it, the queue took the batch's time too (CI: the engine's TTFT 19 ms over the client's at c=4).
+    # Each event's arrival less its time_ms bounds the start from above; the least is the start.
+    api, s = client.LlamaApi(), client.Streamed(Request((1, 2, 3), 2), scheduled=10.0)
+    placeholder = {"tokens": [0], "tokens_predicted": 0}
+    api.read({"prompt_progress": {"total": 3, "processed": 0, "time_ms": 0}, **placeholder}, 10.130, s)  # late
+    api.read({"prompt_progress": {"total": 3, "processed": 3, "time_ms": 30}, **placeholder}, 10.131, s)
+    assert s.first_scheduled == pytest.approx(10.101) and s.tokens == []
+    # a later event that arrives later than its time says cannot move the start later
+    api.read({"prompt_progress": {"total": 3, "processed": 3, "time_ms": 31}, **placeholder}, 10.200, s)
+    assert s.first_scheduled == pytest.approx(10.101)
+    # and where the 0% event is on time, it is the bound
+    s = client.Streamed(Request((1, 2, 3), 2), scheduled=10.0)
+    api.read({"prompt_progress": {"total": 3, "processed": 0, "time_ms": 0}, **placeholder}, 10.100, s)
+    api.read({"prompt_progress": {"total": 3, "processed": 3, "time_ms": 30}, **placeholder}, 10.131, s)
+    assert s.first_scheduled == pytest.approx(10.100)
+
+
 # ---------------------------------------------------------------- vLLM's API, its model names, slow launches
 
 OPENAI_RUN = ["run", "--backend", "server", "--engine", "vllm", "-p", "0", "-n", "0", "--pg", "32,8", "-r", "1",

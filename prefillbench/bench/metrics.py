@@ -433,7 +433,7 @@ def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:
     """The row's engine-clock columns: what the server's /metrics counted over the runs (their deltas summed), and
     where the engine sent its clock with every token (llama-server's timings), per request and per token, exact:
     its prefill (the prompt's start to its first token), its queue (arrival to the prompt's start, which its
-    first progress event dates), their sum its TTFT, and the gaps between its times of the tokens."""
+    progress events date), their sum its TTFT, and the gaps between its times of the tokens."""
     from prefillbench.backends.server.engine_clock import figures
 
     readings = [run.engine_clock for run in runs if run.engine_clock is not None]
@@ -459,7 +459,8 @@ def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:
         out["engine_net_ms"] = total.net_ms
     if per_token:
         # llama-server's clock starts when a prompt's first tokens enter a batch (update_slots); the wait before it
-        # is dated only by its first progress event, on the client's clock: its queue; its prefill is its own.
+        # is dated only by its progress events, on the client's clock (the least delayed of them): its queue; its
+        # prefill is its own.
         served = [r for r in reqs if r.server_token_times]
         prefill = [r.server_token_times[0] for r in served]
         queue = [1e3 * (r.first_scheduled - r.arrival) if r.first_scheduled is not None else 0.0 for r in served]
