@@ -25,7 +25,7 @@ from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
 from prefillbench.commands import ab, calibrate, capacity, compare, plot, run, tune
 from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
-                                         EngineName, ExpertParallel, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, Url,
+                                         EngineName, ExpertParallel, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimOverheads, SimPricing, Url,
                                          Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
                                          MaxQueueGrowth, MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
@@ -146,6 +146,8 @@ def _model_and_backend(
     ep: ExpertParallel = B.ep,
     sim_dtype: SimDtype = None,
     kv_dtype: KvDtype = None,
+    sim_pricing: SimPricing = None,
+    sim_overheads: SimOverheads = None,
     calibration: Calibration = None,
     trace: Trace = None,
     server_bin: ServerBin = None,

@@ -78,6 +78,15 @@ SimDtype = Annotated[Optional[str], option(
     "--sim-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8|int8|int4|mxfp4",
     help="sim: weight precision to price: fp8 is W8A8 on FP8 tensor cores where the GPU has them, int4 weight-only, "
     "mxfp4 MoE experts only (default: what the preset or config.json ships)")]
+SimPricing = Annotated[Optional[str], option(
+    "--sim-pricing", panel=SIM_PANEL, callback=choice("spec", "measured"), metavar="spec|measured",
+    help="sim: price operators by spec sheets (the roofline at flat shares of the peaks) or by curves fitted to "
+    "measured GPU profiles (Vidur's operators, FlashAttention, NCCL; docs/sim.md) (default: spec)")]
+SimOverheads = Annotated[Optional[str], option(
+    "--sim-overheads", panel=SIM_PANEL, callback=choice("vllm", "sglang", "tensorrt-llm", "sarathi", "none"),
+    metavar="vllm|sglang|tensorrt-llm|sarathi|none",
+    help="sim: whose per-step host time, kernel launches and CUDA graphs each step pays (docs/sim.md, Engine "
+    "overheads) (default: vllm with --sim-pricing measured, else none)")]
 KvDtype = Annotated[Optional[str], option(
     "--kv-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8", help="sim: KV cache precision to price (default: bf16)")]
 ExpertParallel = Annotated[int, option(

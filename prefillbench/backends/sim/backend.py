@@ -19,6 +19,7 @@ from prefillbench.backends.sim.calibration import calibration_specs, load_calibr
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
 from prefillbench.backends.sim.pipeline import Pipeline
+from prefillbench.backends.sim.pricing import engine_overheads, pricing_for
 from prefillbench.backends.sim.specs import (GiB, GPUSpec, ModelSpec, SimConfigError, kv_format, precision_words,
                                              weight_format, with_precision)
 from prefillbench.step import Step, StepResult
@@ -63,16 +64,23 @@ class SimBackend(Backend):
     # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
     options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
-                         "trace"})
+                         "trace", "sim_pricing", "sim_overheads"})
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
-                 trace: str | Path | None = None) -> None:
+                 trace: str | Path | None = None, pricing: str = "spec", overheads: str | None = None) -> None:
         self.spec_gpu = gpu
         if calibration:
+            if pricing != "spec":
+                raise SimConfigError(f"--calibration and --sim-pricing {pricing}: a calibration fits the spec "
+                                     "pricing's fractions; give one of the two")
             gpu = gpu.with_calibration(calibration.get("fitted", calibration))
         self.model, self.gpu = model, gpu
-        self.cost = CostModel(model, gpu, tp, pp, ep)
+        self.pricing_name = pricing
+        self.pricing = pricing_for(pricing, gpu)
+        # measured pricing prices an engine's steps: vLLM's overheads unless another (or none) is named
+        self.overheads = engine_overheads(overheads or ("vllm" if pricing == "measured" else "none"), gpu, tp)
+        self.cost = CostModel(model, gpu, tp, pp, ep, self.pricing, self.overheads)
         self.cost.check_fits()
         # A windowed model's sequences hold fewer positions on its windowed layers: its cache is counted in
         # positions summed over layers (ModelSpec.kv_positions), a dense one's in tokens, as before.
@@ -114,6 +122,11 @@ class SimBackend(Backend):
     def approximations(self) -> list[str]:
         """What the sim prices by a named approximation for this model and GPU (also in the metadata)."""
         out = list(self.model.approximations) + self.cost.approximations
+        if self.pricing is not None:
+            out += self.pricing.notes
+        if self.overheads is not None:
+            out.append(f"--sim-overheads {self.overheads.name}: each step pays {self.overheads.version or self.overheads.name}'s "
+                       "host time, kernel launches and CUDA graphs (docs/sim.md, Engine overheads)")
         m = self.model
         if m.is_moe:
             out.append(f"{m.name}: experts priced under uniform routing (a step of T tokens reads the weights of "
@@ -128,7 +141,8 @@ class SimBackend(Backend):
     def load(cls, model: str | None = None, gpu: str | None = None, *, tp: int = 1, pp: int = 1, ep: int = 1,
              calibration: str | None = None, trace: str | None = None, sim_model: str | None = None,
              sim_gpu: str | None = None, sim_dtype: str | None = None, kv_dtype: str | None = None,
-             dtype: str | None = None) -> "SimBackend":
+             dtype: str | None = None, sim_pricing: str | None = None,
+             sim_overheads: str | None = None) -> "SimBackend":
         """Presets or files by name; a calibration file supplies the model and device it measured when none is named.
         sim_dtype: the weights' precision (bf16, fp16, fp8, int8, int4, mxfp4), kv_dtype: the KV cache's (bf16,
         fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config). dtype (the
@@ -151,7 +165,8 @@ class SimBackend(Backend):
         if sim_dtype is not None or kv_dtype is not None:
             model_spec = with_precision(model_spec, sim_dtype, kv_dtype)
         gpu_spec = load_gpu_spec(gpu) if gpu else (cal_gpu or load_gpu_spec("a6000"))
-        return cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration, trace=trace)
+        return cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration, trace=trace,
+                   pricing=sim_pricing or "spec", overheads=sim_overheads)
 
     # ---- capacity ---------------------------------------------------------------
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int = 0) -> int:
@@ -456,6 +471,10 @@ class SimBackend(Backend):
             "sim_decode_attention_fraction": self.gpu.decode_attention_fraction,
             "sim_mixed_step_factor": self.gpu.mixed_step_factor,
             "sim_step_jitter": self.gpu.step_jitter,
+            "sim_pricing": self.pricing_name,
+            "sim_pricing_profile": self.pricing.profile if self.pricing is not None else None,
+            "sim_overheads": self.overheads.name if self.overheads is not None else "none",
+            "sim_overheads_source": self.overheads.source if self.overheads is not None else None,
             "sim_kv_capacity_tokens": self.cost.kv_capacity_tokens(),
         }
         if self.clamped:

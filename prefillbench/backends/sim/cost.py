@@ -35,88 +35,34 @@ Beyond the dense decoder (docs/sim.md has the formulas and their sources):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
-from prefillbench.step import Step
+from prefillbench.backends.sim.breakdown import Batch, Op, Parallel, StageCost, StepCost
+from prefillbench.backends.sim.footprint import Footprint, check_parallel
+from prefillbench.backends.sim.pricing import ELEMENTWISE_KERNELS
+from prefillbench.backends.sim.specs import GPUSpec, ModelSpec
 
-from prefillbench.backends.sim.specs import GiB, GPUSpec, ModelSpec, SimConfigError
-
-
-@dataclass(frozen=True)
-class Batch:
-    """What the cost model needs of a step: chunk shapes and decode contexts."""
-
-    chunks: tuple[tuple[int, int, bool], ...] = ()  # (start, tokens computed incl. pads, emits a token)
-    decodes: tuple[int, ...] = ()  # context each decode token attends to (itself included)
-
-    @classmethod
-    def from_step(cls, step: Step) -> "Batch":
-        return cls(
-            tuple((c.start, len(c.tokens) + c.pad, c.is_last) for c in step.prefills),
-            tuple(d.position + 1 for d in step.decodes),
-        )
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(n for _, n, _ in self.chunks) + len(self.decodes)
-
-    @property
-    def n_emit(self) -> int:
-        return sum(1 for *_, e in self.chunks if e) + len(self.decodes)
-
-
-@dataclass
-class Op:
-    name: str
-    flops: float
-    bytes: float
-    seconds: float
-    bound: str  # compute | memory | link | overhead
-    fp8: bool = False  # its FLOPs ran at the GPU's FP8 tensor rate
-
-    def scaled(self, k: int) -> "Op":
-        return Op(self.name, self.flops * k, self.bytes * k, self.seconds * k, self.bound, self.fp8)
-
-
-@dataclass
-class StageCost:
-    ops: list[Op]
-
-    @property
-    def seconds(self) -> float:
-        return sum(op.seconds for op in self.ops)
-
-
-@dataclass
-class StepCost:
-    stages: list[StageCost]
-
-    @property
-    def seconds(self) -> float:
-        return sum(s.seconds for s in self.stages)
-
-    def breakdown(self) -> dict[str, dict]:
-        """Per operator, summed over stages: seconds, FLOPs, bytes and what bounds it."""
-        out: dict[str, dict] = {}
-        for stage in self.stages:
-            for op in stage.ops:
-                d = out.setdefault(op.name, {"seconds": 0.0, "flops": 0.0, "bytes": 0.0, "bound": op.bound})
-                d["seconds"] += op.seconds
-                d["flops"] += op.flops
-                d["bytes"] += op.bytes
-        return out
-
-
-@dataclass(frozen=True)
-class Parallel:
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
+if TYPE_CHECKING:  # loading the presets fits Vidur's CPU profile: only a sim that names an engine pays for it
+    from prefillbench.backends.sim.measured.overheads import EngineOverheads
+    from prefillbench.backends.sim.pricing import MeasuredPricing
 
 
 #: A layer operator's count key: every layer, layers with a dense FFN, MoE layers, or attention layers of a window.
 LAYER, DENSE_FFN, MOE = "layer", "dense_ffn", "moe"
-#: (name, FLOPs, bytes, share of the roofs, on FP8 tensor cores, count key): an operator before it is priced.
-Term = tuple[str, float, float, float, bool, object]
+
+
+class Term(NamedTuple):
+    """An operator before it is priced. rows and diag are prefill attention's, for measured pricing: the launch's
+    query rows (heads x chunk tokens) and the FLOPs on the chunks' causal diagonal blocks."""
+
+    name: str
+    flops: float
+    bytes: float
+    share: float  # of the roofs (decode attention's calibrated fraction)
+    fp8: bool  # on FP8 tensor cores
+    key: object  # count key: on how many of a stage's layers it runs
+    rows: float = 0.0
+    diag: float = 0.0
 
 
 def expected_experts(n_experts: int, k: int, tokens: float) -> float:
@@ -138,10 +84,17 @@ def window_pairs(start: int, length: int, window: int) -> float:
     return (lo + window) * (window - lo + 1) / 2 + (hi - window) * window
 
 
-class CostModel:
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> None:
+class CostModel(Footprint):
+    """A step's time on a layout. pricing: None for the spec sheet's roofline, or measured curves
+    (pricing.MeasuredPricing); overheads: an engine's host time, launches and CUDA graphs per step (None: the GPU's
+    work alone)."""
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, pp: int = 1, ep: int = 1,
+                 pricing: MeasuredPricing | None = None, overheads: EngineOverheads | None = None) -> None:
         check_parallel(model, tp, pp, ep)
         self.model, self.gpu, self.tp, self.pp, self.ep = model, gpu, tp, pp, ep
+        self.pricing = pricing
+        self.overheads = overheads if overheads is not None and overheads.name != "none" else None
         self.dp = ep // tp if ep > 1 else 1  # data-parallel attention groups beside expert parallelism
         base, extra = divmod(model.n_layers, pp)
         self.stage_layers = [base + (1 if i < extra else 0) for i in range(pp)]
@@ -169,13 +122,34 @@ class CostModel:
             (gpu.interconnect_bw if k // stages_per_node == (k + 1) // stages_per_node else gpu.network_bw)
             for k in range(pp - 1)
         ]
+        self._kernels: tuple[int, int, int] | None = None
         self._by_tokens: dict[int, tuple[float, list[float]]] = {}
         self._lm_head: dict[int, float] = {}
         # fast_seconds' attention written out, where shape_terms is grouped-query attention with one KV precision
         # on one data-parallel group: (window, layers) of stage 0 in shape_terms' order.
-        plain = not model.is_mla and self.dp == 1 and model.kv_elem_bytes == model.dtype_bytes
+        plain = (not model.is_mla and self.dp == 1 and model.kv_elem_bytes == model.dtype_bytes
+                 and pricing is None)
         self._plain_groups = ([(w, self.stage_counts[0][("attn", w)]) for w in self.attention_windows
                                if self.stage_counts[0].get(("attn", w))] if plain else None)
+
+    # ---- the engine's per-step costs (--sim-overheads) ------------------------------------------------------------
+    def kernels(self) -> tuple[int, int, int]:
+        """(kernels, graph pieces, eager kernels) of a step on the most loaded stage: each linear, expert group and
+        collective of a layer one kernel, its elementwise passes as Vidur's profile lists them, one attention
+        kernel (FlashAttention's varlen call takes prefills and decodes together), and the embedding, LM head and
+        sampling; a piecewise CUDA graph (vLLM) is split at each layer's attention."""
+        layers = max(self.stage_layers)
+        per_layer = (len(self.token_terms(1)) + ELEMENTWISE_KERNELS + 1 + (2 if self.tp > 1 else 0)
+                     + (2 if self.dp > 1 else 0))
+        return layers * per_layer + 3, layers + 1, layers
+
+    def engine_terms(self, gpu_s: float, n_seqs: int, n_tokens: int, decode_only: bool) -> dict[str, float]:
+        """What the engine's overheads make of a step whose kernels take gpu_s (EngineOverheads.terms)."""
+        if self._kernels is None:
+            self._kernels = self.kernels()
+        n_kernels, pieces, eager = self._kernels
+        return self.overheads.terms(gpu_s, n_seqs, n_tokens, self.tp, n_kernels, decode_only,
+                                    eager_kernels=eager, graph_pieces=pieces)
 
     def _counts(self, lo: int, hi: int) -> dict[object, int]:
         m = self.model
@@ -196,12 +170,30 @@ class CostModel:
         return max(flops / (peak * self.gpu.compute_fraction * share),
                    nbytes / (self.gpu.mem_bw * self.gpu.memory_fraction * share))
 
-    def _roof(self, name: str, flops: float, nbytes: float, share: float = 1.0, fp8: bool = False) -> Op:
+    def _roof(self, name: str, flops: float, nbytes: float, share: float = 1.0, fp8: bool = False,
+              rows: float = 0.0, diag: float = 0.0) -> Op:
+        if self.pricing is not None:
+            return self._measured(name, flops, nbytes, fp8 and self.fp8, rows, diag)
         fp8 = fp8 and self.fp8
         peak = self.gpu.fp8_flops if fp8 else self.gpu.flops
         t_c = flops / (peak * self.gpu.compute_fraction * share)
         t_m = nbytes / (self.gpu.mem_bw * self.gpu.memory_fraction * share)
         return Op(name, flops, nbytes, max(t_c, t_m), "compute" if t_c >= t_m else "memory", fp8)
+
+    def _measured(self, name: str, flops: float, nbytes: float, fp8: bool, rows: float, diag: float) -> Op:
+        """An operator priced by its class's measured curve (pricing.py); its bound is the class's."""
+        p = self.pricing
+        if name == "prefill_attention":
+            return Op(name, flops, nbytes, p.prefill_attention(flops, nbytes, rows, diag), "compute")
+        if name == "decode_attention":
+            return Op(name, flops, nbytes, p.decode_attention(flops, nbytes), "memory")
+        if name == "norms_elementwise":
+            return Op(name, flops, nbytes, p.elementwise(nbytes, ELEMENTWISE_KERNELS), "memory")
+        if name == "embedding":
+            return Op(name, flops, nbytes, p.elementwise(nbytes), "memory")
+        ridge = (self.gpu.fp8_flops if fp8 else self.gpu.flops) / self.gpu.mem_bw
+        return Op(name, flops, nbytes, p.linear(flops, nbytes, fp8), "compute" if flops >= ridge * nbytes else "memory",
+                  fp8)
 
     def _link(self, name: str, nbytes: float, bw: float) -> Op:
         return Op(name, 0.0, nbytes, nbytes / (bw * self.gpu.network_fraction) + self.gpu.collective_latency_s, "link")
@@ -292,10 +284,13 @@ class CostModel:
                 terms.append(("mla_kv_b_proj", 2.0 * rows * m.kv_lora_rank * width,
                               m.weight_bytes * m.kv_lora_rank * width + kvb * rows * m.kv_lora_rank + b * rows * width,
                               1.0, True, LAYER))
+            per_pair = 2.0 * h * (hd + m.v_head_dim) if m.is_mla else 4.0 * hd * h
             for w in self.attention_windows:
                 fl = by = 0.0
+                diag = 0.0  # the chunks on themselves (measured pricing: the causal diagonal's dearer FLOPs)
                 for start, length in chunks:
                     pairs = window_pairs(start, length, w)
+                    diag += per_pair * window_pairs(0, length, w)
                     ctx = start + length if w == 0 else min(start, w - 1) + length
                     if m.is_mla:
                         fl += 2.0 * h * pairs * (hd + m.v_head_dim)
@@ -306,9 +301,10 @@ class CostModel:
                             by += b * (2 * length * self.q_local + 2 * ctx * self.kv_local + 2 * length * self.kv_local)
                         else:
                             by += b * 2 * length * self.q_local + kvb * (2 * ctx * self.kv_local + 2 * length * self.kv_local)
+                rows = h * sum(length for _, length in chunks)
                 if split:
-                    fl, by = fl / split, by / split
-                terms.append(("prefill_attention", fl, by, 1.0, False, ("attn", w)))
+                    fl, by, diag, rows = fl / split, by / split, diag / split, rows / split
+                terms.append(Term("prefill_attention", fl, by, 1.0, False, ("attn", w), rows, diag))
         if n_decodes:
             k = n_decodes
             if m.is_mla:
@@ -352,7 +348,9 @@ class CostModel:
         if tp > 1:
             per_reduce = 2.0 * (tp - 1) / tp * nl * d * b
             ar = self._link("tp_allreduce", per_reduce, self.gpu.interconnect_bw)
-            ops.append((Op(ar.name, 0.0, 2 * ar.bytes, 2 * ar.seconds, "link"), LAYER))
+            seconds = (ar.seconds if self.pricing is None  # measured: NCCL's curve at the message's size
+                       else self.pricing.collective("all_reduce", nl * d * b, tp * self.dp))
+            ops.append((Op(ar.name, 0.0, 2 * ar.bytes, 2 * seconds, "link"), LAYER))
         if self.dp > 1:
             ops.append((self._all_to_all(n), MOE))
         return ops
@@ -366,6 +364,9 @@ class CostModel:
         near = out * (min(self.ep, gpn) - 1) / self.ep
         far = out * max(self.ep - gpn, 0) / self.ep
         one_way = max(near / (g.interconnect_bw * g.network_fraction), far / (g.network_bw * g.network_fraction))
+        if self.pricing is not None:  # NCCL's all-to-all of the token copies among the ep GPUs, past a node or in one
+            one_way = self.pricing.collective("all_to_all", out, self.ep, across_nodes=self.ep > gpn)
+            return Op("ep_all_to_all", 0.0, 2 * (near + far), 2 * one_way, "link")
         return Op("ep_all_to_all", 0.0, 2 * (near + far), 2 * (one_way + g.collective_latency_s), "link")
 
     def layer_ops(self, batch: Batch) -> list[tuple[Op, object]]:
@@ -375,7 +376,7 @@ class CostModel:
         window_ctx = {w: sum(min(c, w) for c in decodes) for w in self.windows} if decodes and self.windows else None
         terms = self.token_terms(n) + self.shape_terms([(s, length) for s, length, _ in batch.chunks], len(decodes),
                                                        sum(decodes), window_ctx)
-        ops = [(self._roof(name, fl, by, share, fp8), key) for name, fl, by, share, fp8, key in terms]
+        ops = [(self._roof(t.name, t.flops, t.bytes, t.share, t.fp8, t.rows, t.diag), t.key) for t in (Term(*x) for x in terms)]
         return ops + self.tail_ops(n)
 
     # ---- stages and steps -------------------------------------------------------
@@ -394,6 +395,10 @@ class CostModel:
             if batch.n_emit:
                 vocab_local = -(-m.vocab // self.tp)
                 ops.append(self._linear("lm_head", self._local(batch.n_emit), m.hidden, vocab_local))
+        elif self.pricing is not None:
+            nbytes = self._local(n) * m.hidden * b
+            far = self.send_bw[stage] != self.gpu.interconnect_bw
+            ops.append(Op("pp_send", 0.0, nbytes, self.pricing.collective("send_recv", nbytes, 2, far), "link"))
         else:
             ops.append(self._link("pp_send", self._local(n) * m.hidden * b, self.send_bw[stage]))
         if batch.chunks and batch.decodes and self.gpu.mixed_step_factor != 1.0:
@@ -402,7 +407,13 @@ class CostModel:
 
     def step_cost(self, batch: Batch) -> StepCost:
         layer_ops = self.layer_ops(batch)
-        return StepCost([self.stage_cost(batch, k, layer_ops) for k in range(self.pp)])
+        cost = StepCost([self.stage_cost(batch, k, layer_ops) for k in range(self.pp)])
+        if self.overheads is not None and (batch.chunks or batch.decodes):
+            # the host's part of the step comes before the first stage's kernels can run
+            t = self.engine_terms(cost.seconds, len(batch.chunks) + len(batch.decodes), batch.n_tokens,
+                                  not batch.chunks)
+            cost.stages[0].ops += [Op(f"engine_{k}", 0.0, 0.0, t[k], "overhead") for k in ("launch", "cpu", "exposed")]
+        return cost
 
     def seconds(self, batch: Batch) -> float:
         return self.step_cost(batch).seconds
@@ -446,10 +457,10 @@ class CostModel:
                                             share) * count
             else:
                 counts = self.stage_counts[0]
-                for _, fl, by, share, fp8, key in self.shape_terms(chunks, n_decodes, decode_ctx, window_ctx):
-                    count = counts.get(key)
+                for t in (Term(*x) for x in self.shape_terms(chunks, n_decodes, decode_ctx, window_ctx)):
+                    count = counts.get(t.key)
                     if count:
-                        total += self._time(fl, by, share, fp8) * count
+                        total += self._term_seconds(t) * count
         for seconds in tail:
             total += seconds
         if n_emit:
@@ -460,7 +471,14 @@ class CostModel:
             total += lm
         if chunks and n_decodes and self.gpu.mixed_step_factor != 1.0:
             total += (self.gpu.mixed_step_factor - 1.0) * total
+        if self.overheads is not None and (chunks or n_decodes):
+            total = self.engine_terms(total, len(chunks) + n_decodes, n, not chunks)["step"]
         return total
+
+    def _term_seconds(self, t: Term) -> float:
+        if self.pricing is not None:
+            return self._measured(t.name, t.flops, t.bytes, t.fp8 and self.fp8, t.rows, t.diag).seconds
+        return self._time(t.flops, t.bytes, t.share, t.fp8)
 
     def _roof_seconds(self, flops: float, nbytes: float, share: float = 1.0) -> float:
         return self._time(flops, nbytes, share)
@@ -477,7 +495,7 @@ class CostModel:
         head += self._roof("embedding", 0.0, 2.0 * self._local(n) * m.hidden * m.dtype_bytes).seconds
         if self.gpu.step_overhead_s:
             head += self.gpu.step_overhead_s
-        for name, fl, by, share, fp8, key in self.token_terms(n):
+        for name, fl, by, share, fp8, key, *_ in self.token_terms(n):
             if counts.get(key):
                 head += self._roof(name, fl, by, share, fp8).scaled(counts[key]).seconds
         tail = [op.scaled(counts[key]).seconds for op, key in self.tail_ops(n) if counts.get(key)]
@@ -486,114 +504,7 @@ class CostModel:
     def stage_seconds(self, batch: Batch) -> list[float]:
         return [s.seconds for s in self.step_cost(batch).stages]
 
-    # ---- memory -----------------------------------------------------------------
-    def weight_bytes_per_gpu(self) -> float:
-        """Weights on the most loaded GPU (first or last stage, which hold the embedding / LM head)."""
-        m = self.model
-        if not (m.is_moe or m.is_mla) and m.head_bytes == m.weight_bytes:
-            layer = m.layer_params / self.tp
-            emb = m.embedding_params / self.tp
-            per_stage = [layers * layer for layers in self.stage_layers]
-            per_stage[0] += emb
-            if not m.tied_embeddings or self.pp > 1:
-                per_stage[-1] += emb  # untied head, or a tied one that must live on the last stage too
-            return max(per_stage) * m.weight_bytes
-        emb = m.embedding_params / self.tp * m.head_bytes
-        per_stage = [sum(self._layer_weight_bytes(i) for i in range(lo, hi)) for lo, hi in self.stage_ranges]
-        per_stage[0] += emb
-        if not m.tied_embeddings or self.pp > 1:
-            per_stage[-1] += emb
-        return max(per_stage)
-
-    def _layer_weight_bytes(self, i: int) -> float:
-        m, tp = self.model, self.tp
-        wb = m.weight_bytes
-        if m.is_mla:  # q_a and kv_a are replicated on every TP rank (vLLM's ReplicatedLinear), the rest split
-            attn = (m.mla_q_a_params + m.mla_kv_a_params) * wb + (m.mla_q_b_params + m.mla_kv_b_params
-                                                                   + m.v_dim * m.hidden) / tp * wb
-        else:
-            attn = m.attn_params / tp * wb
-        norms = 2 * m.hidden / tp * wb
-        if not m.is_moe_layer(i):
-            return attn + norms + m.dense_ffn_params / tp * wb
-        experts = m.n_experts * m.expert_params / (self.ep if self.ep > 1 else tp) * m.expert_bytes
-        return attn + norms + experts + m.shared_params / tp * wb + m.router_params * m.dtype_bytes
-
-    def kv_bytes_per_token_per_gpu(self) -> float:
-        """One token's KV cache on the most loaded GPU, every layer of its stage holding it (no window cap)."""
-        m = self.model
-        if m.is_mla:  # the latent is not split by heads: every TP rank holds all of it
-            return max(self.stage_layers) * m.latent_dim * m.kv_elem_bytes
-        return 2 * max(self.stage_layers) * self.kv_local * m.kv_elem_bytes
-
-    def activation_bytes(self, max_step_tokens: int) -> float:
-        m = self.model
-        width = max(m.hidden, (2 if m.gated_mlp else 1) * m.ffn // self.tp, self.q_local + 2 * self.kv_local)
-        if m.is_moe:
-            f_local = m.expert_ffn if self.ep > 1 else m.expert_ffn // self.tp
-            width = max(width, (m.mlp_matrices - 1) * m.experts_per_tok * f_local)
-        return 4.0 * max_step_tokens * width * m.dtype_bytes
-
-    def free_bytes(self, max_step_tokens: int = 0) -> float:
-        return self.gpu.mem_bytes - self.gpu.memory_reserve_bytes - self.weight_bytes_per_gpu() - self.activation_bytes(max_step_tokens)
-
-    def check_fits(self) -> None:
-        free = self.free_bytes(0)
-        if free <= 0:
-            need = (self.weight_bytes_per_gpu() + self.gpu.memory_reserve_bytes) / GiB
-            more = "raise --tp, --pp or --ep" if self.model.is_moe else "raise --tp or --pp"
-            raise SimConfigError(
-                f"{self.model.name} does not fit on {self.gpu.name} ({self.layout}): it needs {need:.1f} GiB "
-                f"per GPU for weights and reserve, the GPU has {self.gpu.mem_bytes / GiB:.1f} GiB, short by "
-                f"{-free / GiB:.1f} GiB before any KV cache; {more}"
-            )
-
-    @property
-    def layout(self) -> str:
-        return f"tp={self.tp}, pp={self.pp}" + (f", ep={self.ep}" if self.ep > 1 else "")
-
-    def kv_capacity_tokens(self, max_step_tokens: int = 0) -> int:
-        """Tokens of KV cache that fit (on every layer; a sliding window's layers hold fewer of a long sequence's,
-        which kv_capacity_positions counts), over all data-parallel groups."""
-        per_gpu = max(0, int(self.free_bytes(max_step_tokens) // self.kv_bytes_per_token_per_gpu()))
-        return per_gpu * self.dp if self.dp > 1 else per_gpu
-
-    def kv_capacity_positions(self, max_step_tokens: int = 0) -> int:
-        """The same room counted in positions summed over layers (ModelSpec.kv_positions), as a windowed model's
-        sequences are held."""
-        return self.kv_capacity_tokens(max_step_tokens) * self.model.n_layers
-
-    def max_sequences(self, max_seq_len: int, max_step_tokens: int = 0) -> int:
-        if self.model.windows:
-            return self.kv_capacity_positions(max_step_tokens) // max(self.model.kv_positions(max(max_seq_len, 1)), 1)
-        return self.kv_capacity_tokens(max_step_tokens) // max(max_seq_len, 1)
 
 
-def check_parallel(model: ModelSpec, tp: int, pp: int, ep: int = 1) -> None:
-    if tp < 1 or pp < 1 or ep < 1:
-        raise SimConfigError(f"--tp, --pp and --ep must be at least 1, got tp={tp}, pp={pp}, ep={ep}")
-    if model.n_heads % tp:
-        raise SimConfigError(f"--tp {tp} does not divide {model.name}'s {model.n_heads} attention heads")
-    if not model.is_mla and model.n_kv_heads % tp and tp % model.n_kv_heads:
-        raise SimConfigError(f"--tp {tp} and {model.name}'s {model.n_kv_heads} KV heads: neither divides the other")
-    if (not model.is_moe or model.dense_layers) and model.ffn % tp:
-        raise SimConfigError(f"--tp {tp} does not divide {model.name}'s FFN size {model.ffn}")
-    if pp > model.n_layers:
-        raise SimConfigError(f"--pp {pp} is more stages than {model.name}'s {model.n_layers} layers")
-    if model.is_moe:
-        if ep == 1 and model.expert_ffn % tp:
-            raise SimConfigError(f"--tp {tp} does not divide {model.name}'s expert FFN size {model.expert_ffn}")
-        if model.shared_ffn % tp:
-            raise SimConfigError(f"--tp {tp} does not divide {model.name}'s shared-expert FFN size {model.shared_ffn}")
-    if ep > 1:
-        if not model.is_moe:
-            raise SimConfigError(f"--ep {ep}: {model.name} is dense, it has no experts to spread")
-        if ep % tp:
-            raise SimConfigError(f"--ep {ep} is not a multiple of --tp {tp} (expert-parallel GPUs are the tensor-parallel "
-                                 "groups times the data-parallel attention groups)")
-        if model.n_experts % ep:
-            raise SimConfigError(f"--ep {ep} does not divide {model.name}'s {model.n_experts} experts")
-
-
-__all__ = ["Batch", "CostModel", "Op", "StageCost", "StepCost", "check_parallel", "expected_experts", "window_pairs",
+__all__ = ["Batch", "CostModel", "Op", "Parallel", "StageCost", "StepCost", "Term", "check_parallel", "expected_experts", "window_pairs",
            "field"]

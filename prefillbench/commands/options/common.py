@@ -116,6 +116,8 @@ class BackendOptions:
     ep: int = _backend_option(1, "--ep", "ep")
     sim_dtype: str | None = _backend_option(None, "--sim-dtype", "sim_dtype")
     kv_dtype: str | None = _backend_option(None, "--kv-dtype", "kv_dtype")
+    sim_pricing: str | None = _backend_option(None, "--sim-pricing", "sim_pricing")
+    sim_overheads: str | None = _backend_option(None, "--sim-overheads", "sim_overheads")
     calibration: str | None = _backend_option(None, "--calibration", "calibration")
     trace: str | None = _backend_option(None, "--trace", "trace")
     server_bin: str | None = _backend_option(None, "--server-bin", "server_bin")

@@ -1,0 +1,125 @@
+"""How the sim prices one operator: from spec sheets, or from curves fitted to measured GPU profiles.
+
+`spec` (the default) is the roofline at flat attained shares of the spec sheet's peaks (GPUSpec's
+compute_fraction, memory_fraction, network_fraction): cost.py's own arithmetic, unchanged.
+
+`measured` prices each operator by its class's curve in measured/ (fitted to Vidur's profiles, the fit and test
+data kept apart there): linears and experts by the GEMM curve (a floor, then a smooth max of compute and memory,
+so the ridge costs what the kernels show), norms, rotary, activation and residual adds by the elementwise curve (a
+floor per kernel), prefill attention by the FlashAttention curve (its rate rising with the launch's query rows, the
+causal diagonal dearer), decode attention by its bandwidth share, and collectives by the alpha-beta curves measured
+on NVLink and across nodes. A curve is a share of its profiled GPU's peaks: on another GPU the same shares of that
+GPU's own peaks price it (its spec ratios scale the profile), which `approximations` names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from prefillbench.backends.sim.specs import GiB, GPUSpec, SimConfigError
+
+PRICINGS = ("spec", "measured")
+#: --sim-overheads: whose per-step costs a step pays beyond its kernels (measured/overheads.py's presets).
+OVERHEADS = ("vllm", "sglang", "tensorrt-llm", "sarathi", "none")
+
+#: A GPU preset -> the profiled GPU whose curves price it. The same part, or the nearest of its kind: Hopper and
+#: Blackwell HBM parts (and AMD's MI300X, no AMD part being profiled) on the H100's, Ampere HBM on the A100's,
+#: GDDR workstation parts (GA102, AD102) on the A40's (GA102).
+PROFILE_OF = {"A100-SXM": "a100", "A100-PCIe": "a100", "H100-SXM": "h100", "H200": "h100", "B200": "h100",
+              "MI300X": "h100", "L40S": "a40", "A6000": "a40"}
+#: Profiled GPUs' own presets (their spec peaks are what the curves' shares are of).
+PROFILED = {"a100": "A100-SXM", "h100": "H100-SXM", "a40": "A40"}
+#: Elementwise kernels a layer runs, as Vidur's profile lists them: two norms, rotary, activation, residual add.
+ELEMENTWISE_KERNELS = 5
+
+
+def profile_of(gpu: GPUSpec) -> str:
+    name = gpu.name.removesuffix(" calibrated")
+    if name not in PROFILE_OF:
+        raise SimConfigError(f"--sim-pricing measured: no measured profile prices {name} (profiled: H100, A100, A40; "
+                             f"presets priced from them: {', '.join(PROFILE_OF)}); use --sim-pricing spec")
+    return PROFILE_OF[name]
+
+
+@dataclass(frozen=True)
+class MeasuredPricing:
+    """Operator times for `gpu` from the curves of its profile (PROFILE_OF)."""
+
+    gpu: GPUSpec
+    profile: str
+    notes: list[str] = field(default_factory=list, compare=False)
+
+    @classmethod
+    def for_gpu(cls, gpu: GPUSpec) -> "MeasuredPricing":
+        profile = profile_of(gpu)
+        notes = []
+        if PROFILED[profile] != gpu.name:
+            notes.append(f"--sim-pricing measured: {gpu.name} is not profiled; priced by {PROFILED[profile]}'s "
+                         f"measured curves (microsoft/vidur) at the same shares of {gpu.name}'s own peaks")
+        notes.append("--sim-pricing measured: attention by FlashAttention's A100 profile (Vidur), as shares of each "
+                     "GPU's peaks; collectives by NCCL's measured curves over NVLink (DGX) and across nodes")
+        return cls(gpu, profile, notes)
+
+    def _curves(self):
+        return _curves(self.profile)
+
+    def linear(self, flops: float, nbytes: float, fp8: bool = False) -> float:
+        gemm = self._curves()[0]
+        peak = self.gpu.fp8_flops if fp8 and self.gpu.fp8_flops else self.gpu.flops
+        return float(gemm.seconds(flops, nbytes, peak, self.gpu.mem_bw))
+
+    def elementwise(self, nbytes: float, kernels: int = 1) -> float:
+        pooled = self._curves()[1]
+        return kernels * pooled.floor_s + nbytes / (pooled.memory_eff * self.gpu.mem_bw)
+
+    def prefill_attention(self, flops: float, nbytes: float, query_rows: float, diag_flops: float) -> float:
+        return float(self._curves()[2].prefill_seconds(flops, nbytes, self.gpu.flops, self.gpu.mem_bw, query_rows,
+                                                       diag_flops))
+
+    def decode_attention(self, flops: float, nbytes: float) -> float:
+        return float(self._curves()[2].decode_seconds(nbytes, flops, self.gpu.flops, self.gpu.mem_bw))
+
+    def collective(self, kind: str, message_bytes: float, workers: int, across_nodes: bool = False) -> float:
+        """A collective of one message among `workers` GPUs: the measured curve of the profiled GPU (the newest
+        profiled with that topology where its own has none), its bandwidth scaled by this GPU's link over the
+        profiled one's."""
+        from prefillbench.backends.sim.measured import collectives
+
+        topology = "cross_node" if across_nodes else "nvlink_dgx"
+        try:
+            curve = collectives.collective(kind, workers, topology, self.profile)
+        except SimConfigError:
+            curve = collectives.collective(kind, workers, topology)
+        nvlink, network = collectives.FLAT_LINKS[curve.gpu]  # the profiled GPU's links (its preset's)
+        scale = (self.gpu.network_bw / network) if across_nodes else (self.gpu.interconnect_bw / nvlink)
+        return float(curve.seconds(message_bytes / scale))
+
+
+@lru_cache(maxsize=None)
+def _curves(profile: str):
+    from prefillbench.backends.sim.measured import attention, linear
+
+    gemm, elementwise = linear.fitted_curves(profile)
+    return gemm, elementwise, attention.fitted_attention()
+
+
+def pricing_for(name: str, gpu: GPUSpec) -> MeasuredPricing | None:
+    """None for spec (cost.py's roofline), else the measured pricing for gpu."""
+    if name not in PRICINGS:
+        raise SimConfigError(f"--sim-pricing {name!r}: one of {', '.join(PRICINGS)}")
+    return MeasuredPricing.for_gpu(gpu) if name == "measured" else None
+
+
+def engine_overheads(name: str, gpu: GPUSpec, tp: int = 1):
+    """The named engine's overheads with its defaults on this GPU (measured/overheads.py: EngineOverheads); None
+    for none, the GPU's work alone."""
+    if name not in OVERHEADS:
+        raise SimConfigError(f"--sim-overheads {name!r}: one of {', '.join(OVERHEADS)}")
+    if name == "none":
+        return None
+    from prefillbench.backends.sim.measured.overheads import ENGINE_OVERHEADS
+
+    return ENGINE_OVERHEADS[name].for_gpu(gpu.name.removesuffix(" calibrated"), gpu.mem_bytes / GiB, tp)
+
+
+__all__ = ["OVERHEADS", "engine_overheads", "ELEMENTWISE_KERNELS", "MeasuredPricing", "PRICINGS", "PROFILED", "PROFILE_OF", "pricing_for", "profile_of"]

@@ -1,0 +1,150 @@
+"""--sim-pricing measured and --sim-overheads: the sim's operators priced by the measured curves, and an engine's
+per-step costs on top. The spec pricing stays the default and unchanged."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
+from prefillbench.backends.sim.cost import Batch, CostModel
+from prefillbench.backends.sim.measured import linear, profiles
+from prefillbench.backends.sim.measured.attention import fitted_attention
+from prefillbench.backends.sim.measured.overheads import ENGINE_OVERHEADS
+from prefillbench.backends.sim.pricing import MeasuredPricing, engine_overheads
+
+#: cost.py's names for Vidur's linears
+SIM_NAME = {"attn_pre_proj": "qkv_proj", "attn_post_proj": "attn_out_proj", "mlp_up_proj": "mlp_gate_up",
+            "mlp_down_proj": "mlp_down"}
+REL = 1e-9  # the same arithmetic in two places: floating-point order only
+
+
+def _measured(model: str, gpu: str, tp: int = 1, overheads: str | None = None) -> CostModel:
+    m, g = load_model_spec(model), load_gpu_spec(gpu)
+    return CostModel(m, g, tp, pricing=MeasuredPricing.for_gpu(g),
+                     overheads=engine_overheads(overheads, g, tp) if overheads else None)
+
+
+def _ops(cm: CostModel, n: int) -> dict[str, float]:
+    return {op.name: op.seconds for op, _ in cm.layer_ops(Batch(chunks=((0, n, True),)))}
+
+
+def test_the_sims_linears_are_the_curves_on_the_profiles_held_out_rows():
+    """Meta-Llama-3-8B is a held-out model of Vidur's A100 profile (no curve saw it) with llama-3.1-8b's shapes: the
+    sim's four linears of a layer at every measured TP and token count are the GEMM curve's price of that very row
+    (so the sim counts the FLOPs and bytes the profile's rows do), and they are nearer the measured medians than the
+    spec sheet's flat roofline."""
+    gemm, _ = linear.fitted_curves("a100")
+    peaks = linear.PEAKS["a100"]
+    rows = [r for r in profiles.load_rows("a100") if r.model == "Meta-Llama-3-8B" and r.is_gemm]
+    assert not any(r.fit for r in rows) and len(rows) >= 4 * 4 * 10
+    err_measured, err_spec = [], []
+    models = {tp: (_measured("llama-3.1-8b", "a100-sxm", tp),
+                   CostModel(load_model_spec("llama-3.1-8b"), load_gpu_spec("a100-sxm"), tp)) for tp in (1, 2, 4, 8)}
+    for r in rows:
+        measured, spec = models[r.tp]
+        sim = _ops(measured, r.n_tokens)[SIM_NAME[r.op]]
+        assert sim == pytest.approx(float(gemm.seconds(r.flops, r.nbytes, peaks.flops, peaks.mem_bw)), rel=REL)
+        err_measured.append(abs(sim / r.median_s - 1))
+        err_spec.append(abs(_ops(spec, r.n_tokens)[SIM_NAME[r.op]] / r.median_s - 1))
+    assert np.median(err_measured) < np.median(err_spec)
+
+
+def test_attention_and_elementwise_are_their_curves_at_the_gpus_own_peaks():
+    """On an H200 (not profiled) the curves' shares price it at its own peaks: decode attention streams its bytes
+    at the A100 profile's decode share of 4.8 TB/s, prefill attention's rate rises with the query rows."""
+    cm = _measured("llama-3.1-8b", "h200")
+    g, curve = cm.gpu, fitted_attention()
+    decode = {op.name: op for op, _ in cm.layer_ops(Batch(decodes=(2048,) * 32))}["decode_attention"]
+    assert decode.seconds == pytest.approx(curve.decode_seconds(decode.bytes, decode.flops, g.flops, g.mem_bw), rel=REL)
+    prefill = {op.name: op for op, _ in cm.layer_ops(Batch(chunks=((0, 512, True),)))}["prefill_attention"]
+    heads = 32
+    diag = 4.0 * 128 * heads * 512 * 513 / 2
+    assert prefill.flops == pytest.approx(diag)  # a chunk with no context is all diagonal
+    assert prefill.seconds == pytest.approx(curve.prefill_seconds(prefill.flops, prefill.bytes, g.flops, g.mem_bw,
+                                                                  heads * 512, diag), rel=REL)
+    # a longer chunk runs its FLOPs faster (more query rows in flight), as the profile shows
+    long = {op.name: op for op, _ in cm.layer_ops(Batch(chunks=((0, 4096, True),)))}["prefill_attention"]
+    assert long.flops / long.seconds > 1.5 * prefill.flops / prefill.seconds
+
+
+def test_measured_steps_cost_more_than_the_roofline_where_steps_are_small():
+    """The issue's example: DeepSeek-V3 on 8 H200s at TP 8, one decode. The spec sheet's roofline prices it at 2.7 ms;
+    the measured kernels (floors, the ridge, NCCL's small-message latency: two all-reduces a layer, 61 layers) cost
+    more, and most where the step is smallest."""
+    spec = CostModel(load_model_spec("deepseek-v3"), load_gpu_spec("h200"), 8)
+    measured = _measured("deepseek-v3", "h200", 8)
+    one, big = Batch(decodes=(2048,)), Batch(chunks=((0, 8192, True),))
+    assert spec.seconds(one) == pytest.approx(2.68e-3, rel=0.01)
+    assert measured.seconds(one) > 2 * spec.seconds(one)
+    assert measured.seconds(one) / spec.seconds(one) > measured.seconds(big) / spec.seconds(big)
+    allreduce = next(op for op, _ in measured.tail_ops(1) if op.name == "tp_allreduce")
+    flat = next(op for op, _ in spec.tail_ops(1) if op.name == "tp_allreduce")
+    assert allreduce.seconds > flat.seconds  # NCCL's measured latency, not 10 us
+
+
+@pytest.mark.parametrize("overheads", [None, "vllm", "sarathi"])
+def test_the_fast_path_prices_every_step_as_the_breakdown_does(overheads):
+    """The sim prices most steps by fast_seconds and traces them by step_cost: the same time, measured or not."""
+    rng = random.Random(7)
+    for model, gpu, tp in (("llama-3.1-8b", "h100-sxm", 1), ("qwen3-30b-a3b", "h200", 2), ("gpt-oss-20b", "a100-sxm", 1)):
+        cm = _measured(model, gpu, tp, overheads)
+        for _ in range(30):
+            chunks = tuple((rng.randrange(0, 3000), rng.randrange(1, 700), rng.random() < 0.5) for _ in range(rng.randrange(0, 3)))
+            decodes = tuple(rng.randrange(1, 4000) for _ in range(rng.randrange(0 if chunks else 1, 80)))
+            b = Batch(chunks, decodes)
+            windows = {w: sum(min(c, w) for c in decodes) for w in cm.windows} if cm.windows and decodes else None
+            fast = cm.fast_seconds([(s, n) for s, n, _ in chunks], len(decodes), sum(decodes), b.n_emit, windows)
+            assert fast == pytest.approx(cm.step_cost(b).seconds, rel=REL)
+
+
+def test_an_engines_overheads_are_its_presets_terms():
+    """vLLM overlaps its host work with the GPU (async scheduling): a decode step whose kernels outlast the host
+    pays only the exposed part (0.16 ms) and a CUDA-graph replay in place of its launches. Sarathi-Serve as Vidur
+    profiled it runs eager and in turn: every kernel's launch (hidden behind a long step's GPU time) and all of its
+    host time, growing with the batch."""
+    plain = CostModel(load_model_spec("llama-3.1-70b"), load_gpu_spec("h100-sxm"), 4, pricing=MeasuredPricing.for_gpu(load_gpu_spec("h100-sxm")))
+    vllm, sarathi = _measured("llama-3.1-70b", "h100-sxm", 4, "vllm"), _measured("llama-3.1-70b", "h100-sxm", 4, "sarathi")
+    v, s = ENGINE_OVERHEADS["vllm"], ENGINE_OVERHEADS["sarathi"]
+    for batch in (1, 64):
+        b = Batch(decodes=(1024,) * batch)
+        gpu = plain.seconds(b)
+        assert gpu > v.graph_launch_s and gpu > v.cpu_seconds(batch, batch, 4) - v.exposed_s
+        assert vllm.seconds(b) == pytest.approx(gpu + v.exposed_s, rel=REL)
+        kernels, _, _ = sarathi.kernels()
+        assert sarathi.seconds(b) == pytest.approx(max(gpu, kernels * s.launch_s) + s.cpu_seconds(batch, batch, 4), rel=REL)
+    # the terms are in the breakdown, by name
+    names = {op.name for op in vllm.step_cost(Batch(decodes=(1024,))).stages[0].ops}
+    assert {"engine_launch", "engine_cpu", "engine_exposed"} <= names
+
+
+def test_the_default_is_the_spec_sheet_and_the_flags_are_named(run_cli, tmp_path):
+    args = ["run", "--backend", "sim", "--sim-model", "llama-3.1-8b", "--sim-gpu", "h200", "--pg", "512,32", "-c", "1,8",
+            "-s", "sarathi-serve", "--chunk-size", "256", "-r", "1", "-p", "0", "-n", "0", "--no-results-file",
+            "--no-progress", "--no-verdict"]
+    docs = {}
+    for name, extra in (("default", []), ("spec", ["--sim-pricing", "spec", "--sim-overheads", "none"]),
+                        ("measured", ["--sim-pricing", "measured"])):
+        code, out, err = run_cli(*args, *extra, "--export", str(tmp_path / f"{name}.json"))
+        assert code == 0, err
+        docs[name] = (json.loads((tmp_path / f"{name}.json").read_text()), err)
+    rows = {k: [r["tbt_p50_ms"] for r in d["results"]] for k, (d, _) in docs.items()}
+    assert rows["default"] == rows["spec"] and rows["measured"] != rows["spec"]
+    meta, err = docs["measured"][0]["metadata"], docs["measured"][1]
+    assert meta["sim_pricing"] == "measured" and meta["sim_pricing_profile"] == "h100" and meta["sim_overheads"] == "vllm"
+    assert "H200 is not profiled; priced by H100-SXM's measured curves" in err  # said, and in the metadata
+    assert any("H200 is not profiled" in a for a in meta["sim_approximations"])
+    assert docs["default"][0]["metadata"]["sim_pricing"] == "spec"
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--sim-gpu", "cpu", "--sim-pricing", "measured"], "no measured profile prices CPU"),
+    (["--sim-pricing", "roofline"], "'roofline' is not one of spec, measured"),
+    (["--sim-overheads", "triton"], "'triton' is not one of vllm, sglang, tensorrt-llm, sarathi, none"),
+])
+def test_bad_pricing_flags_fail_in_one_line(run_cli, extra, words):
+    code, out, err = run_cli("run", "--backend", "sim", "--pg", "32,8", "-c", "1", "-r", "1", "--no-results-file", *extra)
+    assert code == 2 and words in err and "Traceback" not in err
