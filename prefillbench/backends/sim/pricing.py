@@ -33,12 +33,32 @@ PROFILED = {"a100": "A100-SXM", "h100": "H100-SXM", "a40": "A40"}
 ELEMENTWISE_KERNELS = 5
 
 
-def profile_of(gpu: GPUSpec) -> str:
+#: A GPU given by a spec file: its family by the name's start (NVIDIA's part names), the profiled GPU of that
+#: generation and memory kind; AMD parts (no profile) as the MI300X preset is priced.
+FAMILIES = (("A100", "a100"), ("A800", "a100"), ("A30", "a100"), ("GH", "h100"), ("GB", "h100"), ("H", "h100"),
+            ("B", "h100"), ("MI", "h100"), ("A40", "a40"), ("A6000", "a40"), ("A10", "a40"), ("L", "a40"),
+            ("RTX", "a40"))
+#: The profiled parts' spec peaks (FLOP/s, bytes/s), for a GPU whose name says nothing: the nearest in both.
+PROFILED_PEAKS = {"a100": (312e12, 2039e9), "h100": (989e12, 3.35e12), "a40": (149.7e12, 696e9)}
+
+
+def profile_of(gpu: GPUSpec) -> tuple[str, str]:
+    """(profile, how it was chosen) for a GPU: its preset's, its name's family, or the profiled part nearest in the
+    log of its peak FLOP/s and bandwidth. A CPU has none."""
     name = gpu.name.removesuffix(" calibrated")
-    if name not in PROFILE_OF:
-        raise SimConfigError(f"--sim-pricing measured: no measured profile prices {name} (profiled: H100, A100, A40; "
-                             f"presets priced from them: {', '.join(PROFILE_OF)}); use --sim-pricing spec")
-    return PROFILE_OF[name]
+    if name in PROFILE_OF:
+        return PROFILE_OF[name], "preset"
+    if name.upper().startswith("CPU"):
+        raise SimConfigError(f"--sim-pricing measured: no measured profile prices {name} (profiled: H100, A100, A40, "
+                             f"and parts of their families); use --sim-pricing spec")
+    for prefix, profile in FAMILIES:
+        if name.upper().startswith(prefix):
+            return profile, f"{name}'s family ({prefix}...)"
+    import math
+
+    near = min(PROFILED_PEAKS, key=lambda p: abs(math.log(gpu.flops / PROFILED_PEAKS[p][0]))
+               + abs(math.log(gpu.mem_bw / PROFILED_PEAKS[p][1])))
+    return near, "the profiled GPU nearest in peak FLOP/s and bandwidth"
 
 
 @dataclass(frozen=True)
@@ -51,11 +71,12 @@ class MeasuredPricing:
 
     @classmethod
     def for_gpu(cls, gpu: GPUSpec) -> "MeasuredPricing":
-        profile = profile_of(gpu)
+        profile, how = profile_of(gpu)
         notes = []
         if PROFILED[profile] != gpu.name:
+            chosen = "" if how == "preset" else f" ({how})"
             notes.append(f"--sim-pricing measured: {gpu.name} is not profiled; priced by {PROFILED[profile]}'s "
-                         f"measured curves (microsoft/vidur) at the same shares of {gpu.name}'s own peaks")
+                         f"measured curves (microsoft/vidur){chosen} at the same shares of {gpu.name}'s own peaks")
         notes.append("--sim-pricing measured: attention by FlashAttention's A100 profile (Vidur), as shares of each "
                      "GPU's peaks; collectives by NCCL's measured curves over NVLink (DGX) and across nodes")
         return cls(gpu, profile, notes)
