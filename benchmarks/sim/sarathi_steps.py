@@ -4,6 +4,7 @@ beside the sim's where the artifact has them.
 
     python -m benchmarks.sim.sarathi_steps
     python -m benchmarks.sim.sarathi_steps --link pcie     # only the a100-pcie preset's PCIe link for the all-reduces
+    python -m benchmarks.sim.sarathi_steps --pricing measured --overheads sarathi   # the measured curves, Sarathi's host
 
 Source: microsoft/sarathi-serve, branch osdi-sarathi-serve @ ceaa0660ea2487976101a8167aad5c8046e85b27,
 osdi-experiments/figure-2/{decode,prefill}.csv (batch_execution_time, s) and osdi-experiments/table-2/results.csv
@@ -37,6 +38,7 @@ from tabulate import tabulate
 
 from prefillbench.backends.sim.configs import load_gpu_spec
 from prefillbench.backends.sim.cost import Batch, CostModel
+from prefillbench.backends.sim.pricing import OVERHEADS, PRICINGS, engine_overheads, pricing_for
 from prefillbench.backends.sim.specs import GPUSpec, ModelSpec
 
 from benchmarks.lib import cli
@@ -119,11 +121,14 @@ def price(cost: CostModel, step: Step) -> tuple[float, float, float]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link", choices=("both", "pcie", "nvlink"), default="both",
                         help="the all-reduces' link: the a100-pcie preset's PCIe, the NVLink bridge, or both columns")
+    parser.add_argument("--pricing", choices=PRICINGS, default="spec", help="the sim's --sim-pricing")
+    parser.add_argument("--overheads", choices=OVERHEADS, default="none", help="the sim's --sim-overheads")
 
 
 def main(args: argparse.Namespace) -> None:
     specs = gpus(args.link)
-    costs = {k: CostModel(YI_34B, g, tp=2) for k, g in specs.items()}
+    costs = {k: CostModel(YI_34B, g, 2, 1, 1, pricing_for(args.pricing, g), engine_overheads(args.overheads, g, 2))
+             for k, g in specs.items()}
     rows, errors = [], {k: [] for k in costs}
     for step in all_steps():
         row = [step.name, step.source, f"{step.published_ms:.2f}"]
@@ -136,7 +141,8 @@ def main(args: argparse.Namespace) -> None:
     headers = ["step", "artifact file", "published ms"]
     for key in costs:
         headers += [f"sim ms ({key})", f"error ({key})"]
-    print(f"Yi-34B TP2 on 2xA100-80GB PCIe (pairwise NVLink); {ARTIFACT}; spec sheets only\n")
+    print(f"Yi-34B TP2 on 2xA100-80GB PCIe (pairwise NVLink); {ARTIFACT}; --sim-pricing {args.pricing}, "
+          f"--sim-overheads {args.overheads}\n")
     print(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
     for key, errs in errors.items():
         worst = max(errs)
