@@ -148,3 +148,10 @@ def test_the_default_is_the_spec_sheet_and_the_flags_are_named(run_cli, tmp_path
 def test_bad_pricing_flags_fail_in_one_line(run_cli, extra, words):
     code, out, err = run_cli("run", "--backend", "sim", "--pg", "32,8", "-c", "1", "-r", "1", "--no-results-file", *extra)
     assert code == 2 and words in err and "Traceback" not in err
+
+
+def test_the_profiles_peaks_are_the_presets():
+    """measured/ may not import the presets, so it copies the profiled GPUs' peaks: they must stay the presets'."""
+    for profile, preset in (("h100", "h100-sxm"), ("a100", "a100-sxm")):
+        spec = load_gpu_spec(preset)
+        assert (linear.PEAKS[profile].flops, linear.PEAKS[profile].mem_bw) == (spec.flops, spec.mem_bw)

@@ -9,7 +9,7 @@ An elementwise operator (norm, rotary, activation, residual add) is bandwidth-bo
 
 Fit and test are apart: every constant here is fitted on profiles.FIT_MODELS only (Llama-2-7B and Llama-2-70B,
 TP 1-8, 1-4,096 tokens), by least squares on log time (scipy.optimize.least_squares); the held-out models
-(profiles.TEST_MODELS) only test them (benchmarks/sim/operators.py prints the table, tests/test_measured_linear.py
+(profiles.TEST_MODELS) only test them (benchmarks/sim/operators.py prints the table, tests/test_sim_pricing.py
 asserts it). Peaks are the sim's presets' spec figures (H100-SXM and A100-SXM, copied here because measured/ may
 not import presets; the test checks they are the same), and the A40's from its datasheet.
 """
