@@ -114,7 +114,7 @@ def test_an_engines_overheads_are_its_presets_terms():
         gpu = plain.seconds(b)
         assert gpu > v.graph_launch_s and gpu > v.cpu_seconds(batch, batch, 4) - v.exposed_s
         assert vllm.seconds(b) == pytest.approx(gpu + v.exposed_s, rel=REL)
-        kernels, _, _ = sarathi.kernels()
+        kernels, _, _ = sarathi.kernels
         assert sarathi.seconds(b) == pytest.approx(max(gpu, kernels * s.launch_s) + s.cpu_seconds(batch, batch, 4), rel=REL)
     # the terms are in the breakdown, by name
     names = {op.name for op in vllm.step_cost(Batch(decodes=(1024,))).stages[0].ops}

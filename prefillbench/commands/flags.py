@@ -13,6 +13,7 @@ import typer
 from strategies import STRATEGIES
 
 from prefillbench.backends import BACKEND_CHOICES, HIDDEN_BACKENDS
+from prefillbench.backends.sim.pricing import OVERHEADS, PRICINGS
 from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS
 from prefillbench.bench.workloads import ARRIVALS
 from prefillbench.commands.parsers import choice, float_list, int_list, lengths, percent, pp_tg_pairs, slo_spec, str_list
@@ -79,12 +80,11 @@ SimDtype = Annotated[Optional[str], option(
     help="sim: weight precision to price: fp8 is W8A8 on FP8 tensor cores where the GPU has them, int4 weight-only, "
     "mxfp4 MoE experts only (default: what the preset or config.json ships)")]
 SimPricing = Annotated[Optional[str], option(
-    "--sim-pricing", panel=SIM_PANEL, callback=choice("spec", "measured"), metavar="spec|measured",
+    "--sim-pricing", panel=SIM_PANEL, callback=choice(*PRICINGS), metavar="|".join(PRICINGS),
     help="sim: price operators by spec sheets (the roofline at flat shares of the peaks) or by curves fitted to "
     "measured GPU profiles (Vidur's operators, FlashAttention, NCCL; docs/sim.md) (default: spec)")]
 SimOverheads = Annotated[Optional[str], option(
-    "--sim-overheads", panel=SIM_PANEL, callback=choice("vllm", "sglang", "tensorrt-llm", "sarathi", "none"),
-    metavar="vllm|sglang|tensorrt-llm|sarathi|none",
+    "--sim-overheads", panel=SIM_PANEL, callback=choice(*OVERHEADS), metavar="|".join(OVERHEADS),
     help="sim: whose per-step host time, kernel launches and CUDA graphs each step pays (docs/sim.md, Engine "
     "overheads) (default: vllm with --sim-pricing measured, else none)")]
 KvDtype = Annotated[Optional[str], option(

@@ -76,7 +76,6 @@ class SimBackend(Backend):
                                      "pricing's fractions; give one of the two")
             gpu = gpu.with_calibration(calibration.get("fitted", calibration))
         self.model, self.gpu = model, gpu
-        self.pricing_name = pricing
         self.pricing = pricing_for(pricing, gpu)
         # measured pricing prices an engine's steps: vLLM's overheads unless another (or none) is named
         self.overheads = engine_overheads(overheads or ("vllm" if pricing == "measured" else "none"), gpu, tp)
@@ -471,7 +470,7 @@ class SimBackend(Backend):
             "sim_decode_attention_fraction": self.gpu.decode_attention_fraction,
             "sim_mixed_step_factor": self.gpu.mixed_step_factor,
             "sim_step_jitter": self.gpu.step_jitter,
-            "sim_pricing": self.pricing_name,
+            "sim_pricing": "measured" if self.pricing is not None else "spec",
             "sim_pricing_profile": self.pricing.profile if self.pricing is not None else None,
             "sim_overheads": self.overheads.name if self.overheads is not None else "none",
             "sim_overheads_source": self.overheads.source if self.overheads is not None else None,

@@ -35,6 +35,7 @@ Beyond the dense decoder (docs/sim.md has the formulas and their sources):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
 from prefillbench.backends.sim.breakdown import Batch, Op, Parallel, StageCost, StepCost
@@ -122,7 +123,6 @@ class CostModel(Footprint):
             (gpu.interconnect_bw if k // stages_per_node == (k + 1) // stages_per_node else gpu.network_bw)
             for k in range(pp - 1)
         ]
-        self._kernels: tuple[int, int, int] | None = None
         self._by_tokens: dict[int, tuple[float, list[float]]] = {}
         self._lm_head: dict[int, float] = {}
         # fast_seconds' attention written out, where shape_terms is grouped-query attention with one KV precision
@@ -133,6 +133,7 @@ class CostModel(Footprint):
                                if self.stage_counts[0].get(("attn", w))] if plain else None)
 
     # ---- the engine's per-step costs (--sim-overheads) ------------------------------------------------------------
+    @cached_property
     def kernels(self) -> tuple[int, int, int]:
         """(kernels, graph pieces, eager kernels) of a step on the most loaded stage: each linear, expert group and
         collective of a layer one kernel, its elementwise passes as Vidur's profile lists them, one attention
@@ -145,9 +146,7 @@ class CostModel(Footprint):
 
     def engine_terms(self, gpu_s: float, n_seqs: int, n_tokens: int, decode_only: bool) -> dict[str, float]:
         """What the engine's overheads make of a step whose kernels take gpu_s (EngineOverheads.terms)."""
-        if self._kernels is None:
-            self._kernels = self.kernels()
-        n_kernels, pieces, eager = self._kernels
+        n_kernels, pieces, eager = self.kernels
         return self.overheads.terms(gpu_s, n_seqs, n_tokens, self.tp, n_kernels, decode_only,
                                     eager_kernels=eager, graph_pieces=pieces)
 
@@ -285,6 +284,7 @@ class CostModel(Footprint):
                               m.weight_bytes * m.kv_lora_rank * width + kvb * rows * m.kv_lora_rank + b * rows * width,
                               1.0, True, LAYER))
             per_pair = 2.0 * h * (hd + m.v_head_dim) if m.is_mla else 4.0 * hd * h
+            rows = h * sum(length for _, length in chunks)  # query rows of the launch (measured pricing)
             for w in self.attention_windows:
                 fl = by = 0.0
                 diag = 0.0  # the chunks on themselves (measured pricing: the causal diagonal's dearer FLOPs)
@@ -301,10 +301,10 @@ class CostModel(Footprint):
                             by += b * (2 * length * self.q_local + 2 * ctx * self.kv_local + 2 * length * self.kv_local)
                         else:
                             by += b * 2 * length * self.q_local + kvb * (2 * ctx * self.kv_local + 2 * length * self.kv_local)
-                rows = h * sum(length for _, length in chunks)
                 if split:
-                    fl, by, diag, rows = fl / split, by / split, diag / split, rows / split
-                terms.append(Term("prefill_attention", fl, by, 1.0, False, ("attn", w), rows, diag))
+                    fl, by, diag = fl / split, by / split, diag / split
+                terms.append(Term("prefill_attention", fl, by, 1.0, False, ("attn", w), rows / split if split else rows,
+                                  diag))
         if n_decodes:
             k = n_decodes
             if m.is_mla:
@@ -363,11 +363,12 @@ class CostModel(Footprint):
         gpn = max(1, g.gpus_per_node)
         near = out * (min(self.ep, gpn) - 1) / self.ep
         far = out * max(self.ep - gpn, 0) / self.ep
-        one_way = max(near / (g.interconnect_bw * g.network_fraction), far / (g.network_bw * g.network_fraction))
         if self.pricing is not None:  # NCCL's all-to-all of the token copies among the ep GPUs, past a node or in one
             one_way = self.pricing.collective("all_to_all", out, self.ep, across_nodes=self.ep > gpn)
-            return Op("ep_all_to_all", 0.0, 2 * (near + far), 2 * one_way, "link")
-        return Op("ep_all_to_all", 0.0, 2 * (near + far), 2 * (one_way + g.collective_latency_s), "link")
+        else:
+            one_way = (max(near / (g.interconnect_bw * g.network_fraction), far / (g.network_bw * g.network_fraction))
+                       + g.collective_latency_s)
+        return Op("ep_all_to_all", 0.0, 2 * (near + far), 2 * one_way, "link")
 
     def layer_ops(self, batch: Batch) -> list[tuple[Op, object]]:
         """One layer's operators, each with the count key that says on how many of a stage's layers it runs."""
@@ -395,12 +396,13 @@ class CostModel(Footprint):
             if batch.n_emit:
                 vocab_local = -(-m.vocab // self.tp)
                 ops.append(self._linear("lm_head", self._local(batch.n_emit), m.hidden, vocab_local))
-        elif self.pricing is not None:
-            nbytes = self._local(n) * m.hidden * b
-            far = self.send_bw[stage] != self.gpu.interconnect_bw
-            ops.append(Op("pp_send", 0.0, nbytes, self.pricing.collective("send_recv", nbytes, 2, far), "link"))
         else:
-            ops.append(self._link("pp_send", self._local(n) * m.hidden * b, self.send_bw[stage]))
+            nbytes = self._local(n) * m.hidden * b
+            if self.pricing is None:
+                ops.append(self._link("pp_send", nbytes, self.send_bw[stage]))
+            else:
+                far = self.send_bw[stage] != self.gpu.interconnect_bw
+                ops.append(Op("pp_send", 0.0, nbytes, self.pricing.collective("send_recv", nbytes, 2, far), "link"))
         if batch.chunks and batch.decodes and self.gpu.mixed_step_factor != 1.0:
             ops.append(Op("mixed_step", 0.0, 0.0, (self.gpu.mixed_step_factor - 1.0) * sum(op.seconds for op in ops), "overhead"))
         return StageCost(ops)
@@ -477,7 +479,7 @@ class CostModel(Footprint):
 
     def _term_seconds(self, t: Term) -> float:
         if self.pricing is not None:
-            return self._measured(t.name, t.flops, t.bytes, t.fp8 and self.fp8, t.rows, t.diag).seconds
+            return self._roof(t.name, t.flops, t.bytes, t.share, t.fp8, t.rows, t.diag).seconds
         return self._time(t.flops, t.bytes, t.share, t.fp8)
 
     def _roof_seconds(self, flops: float, nbytes: float, share: float = 1.0) -> float:

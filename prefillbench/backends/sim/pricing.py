@@ -13,6 +13,7 @@ GPU's own peaks price it (its spec ratios scale the profile), which `approximati
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -54,8 +55,6 @@ def profile_of(gpu: GPUSpec) -> tuple[str, str]:
     for prefix, profile in FAMILIES:
         if name.upper().startswith(prefix):
             return profile, f"{name}'s family ({prefix}...)"
-    import math
-
     near = min(PROFILED_PEAKS, key=lambda p: abs(math.log(gpu.flops / PROFILED_PEAKS[p][0]))
                + abs(math.log(gpu.mem_bw / PROFILED_PEAKS[p][1])))
     return near, "the profiled GPU nearest in peak FLOP/s and bandwidth"
@@ -104,16 +103,23 @@ class MeasuredPricing:
         """A collective of one message among `workers` GPUs: the measured curve of the profiled GPU (the newest
         profiled with that topology where its own has none), its bandwidth scaled by this GPU's link over the
         profiled one's."""
-        from prefillbench.backends.sim.measured import collectives
-
-        topology = "cross_node" if across_nodes else "nvlink_dgx"
-        try:
-            curve = collectives.collective(kind, workers, topology, self.profile)
-        except SimConfigError:
-            curve = collectives.collective(kind, workers, topology)
-        nvlink, network = collectives.FLAT_LINKS[curve.gpu]  # the profiled GPU's links (its preset's)
+        curve, (nvlink, network) = _collective(self.profile, kind, workers, across_nodes)
         scale = (self.gpu.network_bw / network) if across_nodes else (self.gpu.interconnect_bw / nvlink)
         return float(curve.seconds(message_bytes / scale))
+
+
+@lru_cache(maxsize=None)
+def _collective(profile: str, kind: str, workers: int, across_nodes: bool):
+    """The measured curve of a collective and the links of the GPU it was measured on (a pipeline's send is priced
+    every step: the lookup and its source text once)."""
+    from prefillbench.backends.sim.measured import collectives
+
+    topology = "cross_node" if across_nodes else "nvlink_dgx"
+    try:
+        curve = collectives.collective(kind, workers, topology, profile)
+    except SimConfigError:
+        curve = collectives.collective(kind, workers, topology)
+    return curve, collectives.FLAT_LINKS[curve.gpu]  # the profiled GPU's links (its preset's)
 
 
 @lru_cache(maxsize=None)
