@@ -147,6 +147,41 @@ def test_queue_growth_is_how_far_the_rate_is_over_what_the_system_serves(rate, e
     assert queue_growth(_fifo_run(rate, 0.1, 30, known_start=False)) == pytest.approx(expected, abs=1e-9)
 
 
+def _slots_run(rate: float, service_s: float, n: int):
+    """n requests arriving evenly at `rate`, each given a slot on arrival (so scheduled at once), their prompts then
+    served one at a time for `service_s` each in slot order rather than arrival order (llama-server's slots are
+    taken least recently used first), here at the extreme: the latest started first."""
+    from prefillbench.engine import RequestRecord, RunRecord
+    arrivals = [i / rate for i in range(n)]
+    done, waiting, t, i = {}, [], 0.0, 0
+    while len(done) < n:
+        while i < n and arrivals[i] <= t + 1e-12:
+            waiting.append(i)
+            i += 1
+        if not waiting:
+            t = arrivals[i]
+            continue
+        t += service_s
+        done[waiting.pop()] = t
+    reqs = [RequestRecord(8, arrivals[k], [done[k]], [0], first_scheduled=arrivals[k]) for k in range(n)]
+    return RunRecord(0.0, t, reqs, [])
+
+
+@pytest.mark.parametrize("rate, expected", [(5.0, 0.0), (8.0, 0.0), (15.0, 15 / 10 - 1), (30.0, 2.0)])
+def test_queue_growth_sees_a_queue_inside_started_prompts_that_the_requests_own_waits_cannot(rate, expected):
+    # Served at 10 req/s by slots that start every request on arrival: no request's scheduling delay grows at any
+    # rate, and over capacity the first requests wait longest (served last), so their TTFT falls with arrival;
+    # the first tokens still come out at 10 a second, the queue's growth as in first come, first served.
+    from prefillbench.bench.metrics import queue_growth, sched_delay_ms, ttft_ms
+    from scipy.stats import theilslopes
+    run = _slots_run(rate, 0.1, 30)
+    assert all(sched_delay_ms(r) == 0 for r in run.requests)
+    if expected:
+        own = theilslopes([ttft_ms(r) for r in run.requests], [r.arrival for r in run.requests]).slope
+        assert own / 1000 < 1e-9  # no growth seen
+    assert queue_growth(run) == pytest.approx(expected, abs=1e-9)
+
+
 def test_queue_growth_is_fitted_on_at_most_growth_points_requests_and_needs_three():
     from prefillbench.bench.metrics import GROWTH_POINTS, queue_growth
     assert queue_growth(_fifo_run(20.0, 0.1, 5 * GROWTH_POINTS)) == pytest.approx(1.0, abs=1e-9)

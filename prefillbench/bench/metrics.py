@@ -308,23 +308,26 @@ GROWTH_POINTS = 200
 
 def queue_growth(run: RunRecord) -> float:
     """How fast the wait grows with arrival time, at least: the lower end of a 90% interval (95% one-sided) of the
-    Theil-Sen slope of each request's wait (its scheduling delay; its TTFT where the backend does not say when a
-    prompt started) against its arrival. Dimensionless: an open loop at a rate r a system serves at mu < r
-    makes the request arriving at t wait about (r/mu - 1) t, so the slope is r/mu - 1, and below capacity it is 0
-    but for the queue filling to its steady state. What tells a short probe over capacity from one under it, where
-    the median-delay bound cannot: a burst of 30 requests drains in seconds, its median delay under any bound.
+    Theil-Sen slope, against the k-th arrival, of the k-th first token's lag behind it (both sorted: the horizontal
+    distance between the arrival and first-token curves, the wait each request would have had served in order).
+    Dimensionless: an open loop at a rate r a system serves at mu < r makes the request arriving at t wait about
+    (r/mu - 1) t, so the slope is r/mu - 1, and below capacity it is 0 but for the queue filling to its steady state.
+    What tells a short probe over capacity from one under it, where the median-delay bound cannot: a burst of 30
+    requests drains in seconds, its median delay under any bound.
+    Read on the curves, not on each request's own scheduling delay or TTFT, because a queue can sit where those
+    cannot see it: llama-server gives every request a slot on arrival and interleaves their prompts, so no
+    request's scheduling delay grows, and the TTFT of each falls with its arrival once they all finish together;
+    the first tokens still come out at the rate the system serves, slower than requests arrive.
     NaN with fewer than 3 requests or all arriving at once."""
-    reqs = sorted(run.requests, key=lambda r: r.arrival)
-    if len(reqs) > GROWTH_POINTS:
-        reqs = [reqs[round(i * (len(reqs) - 1) / (GROWTH_POINTS - 1))] for i in range(GROWTH_POINTS)]
-    waits = [sched_delay_ms(r) for r in reqs]
-    if any(math.isnan(w) for w in waits):
-        waits = [ttft_ms(r) for r in reqs]
-    arrivals = np.array([r.arrival for r in reqs])
-    if len(reqs) < 3 or np.ptp(arrivals) <= 0:
+    arrivals = np.sort([r.arrival for r in run.requests])
+    firsts = np.sort([r.token_times[0] for r in run.requests])
+    if len(arrivals) > GROWTH_POINTS:
+        picks = np.round(np.arange(GROWTH_POINTS) * (len(arrivals) - 1) / (GROWTH_POINTS - 1)).astype(int)
+        arrivals, firsts = arrivals[picks], firsts[picks]
+    if len(arrivals) < 3 or np.ptp(arrivals) <= 0:
         return math.nan
     from scipy.stats import theilslopes  # scipy's import is 0.3 s: only where a slope is fitted
-    return float(theilslopes(np.array(waits) / 1000, arrivals, alpha=0.90).low_slope)
+    return float(theilslopes(firsts - arrivals, arrivals, alpha=0.90).low_slope)
 
 
 def goodput(run: RunRecord, slo: SLO) -> float:
