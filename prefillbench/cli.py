@@ -32,7 +32,9 @@ from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PAN
                                          NoTuneLinear, NoVerdict, NoWarmup, NPrompt, Output, PipelineStages, ProbeArrival,
                                          PromptGen, Rate, RelativeTo, Repetitions, Requests, RequestShape, ResultsDir, Seed,
                                          SimGpu, SkipIdle, SimModel, SLOOption, Strategy, TensorParallel, Threads, Trace, UBatch,
-                                         Verify, Workload, flag, option)
+                                         Verify, Workload, PrefixBlock, PrefixCache, TimeScale, TokenScale, TraceFirst,
+                                         TraceFormat, TraceMaxLen, TraceSpan, flag, option)
+from prefillbench.bench.traces import TraceReading
 from prefillbench.commands.options import (DEFAULT_PRESET, DEFAULT_TOP_K, QUICK, TUNE_OUTPUTS, ABOptions, BackendOptions,
                                            CalibrateOptions, CapacityOptions, CompareOptions, PlotOptions, RunOptions,
                                            TuneOptions)
@@ -149,6 +151,8 @@ def _model_and_backend(
     sim_pricing: SimPricing = None,
     sim_overheads: SimOverheads = None,
     calibration: Calibration = None,
+    prefix_cache: PrefixCache = None,
+    prefix_block: PrefixBlock = None,
     trace: Trace = None,
     server_bin: ServerBin = None,
     server_cmd: ServerCmd = None,
@@ -160,10 +164,24 @@ def _model_and_backend(
     """The model-and-backend flags of run, capacity and tune, declared once (see model_flags)."""
 
 
+def _trace_reading(
+    trace_format: TraceFormat = TraceReading.format,
+    time_scale: TimeScale = TraceReading.time_scale,
+    token_scale: TokenScale = TraceReading.token_scale,
+    trace_first: TraceFirst = None,
+    trace_span: TraceSpan = None,
+    trace_max_len: TraceMaxLen = None,
+) -> None:
+    """How run, capacity and tune read a --workload trace, declared once (see model_flags)."""
+
+
 def model_flags(fn: Callable[..., int]) -> Callable[..., int]:
-    """A command whose `**shared` takes _model_and_backend's flags: Typer reads one signature, those flags first."""
+    """A command whose `**shared` takes _model_and_backend's flags and _trace_reading's: Typer reads one signature,
+    the model's flags first, the trace's after the command's own."""
     shared = inspect.signature(_model_and_backend, eval_str=True).parameters.values()
+    reading = inspect.signature(_trace_reading, eval_str=True).parameters.values()
     own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    own = [*own, *reading]
 
     @functools.wraps(fn)
     def with_shared(**kwargs: Any) -> int:

@@ -24,6 +24,7 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)
     first_scheduled: float | None = None  # start of the first step that carried it
     forced_tokens: tuple[int, ...] | None = None
+    n_cached: int = 0  # leading prompt tokens found in the backend's prefix cache: never computed (n_prefilled starts here)
 
     @classmethod
     def admit(cls, seq_id: int, request: "Request", arrival: float) -> "Sequence":

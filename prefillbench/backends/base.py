@@ -91,6 +91,25 @@ class Backend(ABC):
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence and free its KV cache."""
 
+    #: Whether this run reuses cached prompt prefixes (`reuse_prefix`); set by a backend with a prefix cache.
+    caches_prefixes: bool = False
+    #: Its cache's block in tokens (prompts share cached KV in whole blocks); None without a cache.
+    prefix_block: int | None = None
+    #: The most blocks it caches (None: no bound), for the hit rate a workload implies beside the measured one.
+    prefix_capacity: int | None = None
+
+    def reuse_prefix(self, seq_id: int, prompt: tuple[int, ...]) -> int:
+        """Asked as a sequence is admitted, where `caches_prefixes`: how many leading tokens of its prompt the
+        backend's prefix cache holds, now in the sequence's own KV, so its prompt resumes there. At most
+        len(prompt) - 1: a prompt's last token is always computed, for its logits (vLLM's rule too)."""
+        return 0
+
+    def refreshed_prefixes(self) -> dict[int, int]:
+        """Asked before every step, where `caches_prefixes`: the sequences admitted but not started whose prompt
+        now finds more of itself cached than when it looked (a prompt sharing its prefix has computed it since):
+        seq_id -> tokens cached. A cache is consulted when a prompt starts, as vLLM's scheduler does."""
+        return {}
+
     def logit_tolerance(self) -> LogitTolerance | None:
         """What `--verify` may accept between strategies on this backend; None: it computes no logits."""
         return None

@@ -26,7 +26,7 @@ from strategies import configurations, make_strategy
 from prefillbench import engine
 from prefillbench.backends.base import Backend
 from prefillbench.bench.cases import BenchConfig, Case, warm_up, request_tokens
-from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, percentile, queue_growth, row_strategy,
+from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, implied_hit_rate, percentile, queue_growth, row_strategy,
                                         sched_delay_ms, summarize, tbts_ms, tpot_ms, ttft_ms, ttfts_ms)
 from prefillbench.bench.pricing import Pricer, priced_by_kind
 from prefillbench.engine import Progress, RunRecord
@@ -429,7 +429,9 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
                     strategy=row_strategy(backend, case.strategy),
                     concurrency=case.concurrency, chunk_size=case.chunk_size,
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
-                    slo=config.row_slo)
+                    slo=config.row_slo,
+                    prefix_implied=(implied_hit_rate([r.prompt for r in requests], backend.prefix_block,
+                                                     backend.prefix_capacity) if backend.caches_prefixes else math.nan))
     values = config.criteria.values(run)
     priced = {}
     if price is not None:

@@ -1,6 +1,8 @@
 """A benchmark: every test × strategy × concurrency × chunk size (× arrival rate), warmed up and repeated."""
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
@@ -11,7 +13,7 @@ from strategies import Strategy, configurations, make_strategy, strategy_label
 from prefillbench import engine
 from prefillbench.backends.base import Backend, LogitTolerance
 from prefillbench.engine import RunRecord
-from prefillbench.bench.metrics import SLO, Load, ResultRow, row_strategy, summarize
+from prefillbench.bench.metrics import SLO, Load, ResultRow, implied_hit_rate, row_strategy, summarize
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
 from prefillbench.sequence import Request
 
@@ -162,6 +164,9 @@ def prepare_case(backend: Backend, case: Case, config: BenchConfig) -> tuple[Str
 
 
 def case_result(backend: Backend, case: Case, runs: list[RunRecord], config: BenchConfig) -> CaseResult:
+    prompts = [r.prompt for r in config.requests_for(case, backend.vocab_size)] if backend.caches_prefixes else []
+    implied = (implied_hit_rate(prompts, backend.prefix_block, backend.prefix_capacity)
+               if backend.caches_prefixes else math.nan)
     row = summarize(
         case.test,
         runs,
@@ -172,6 +177,7 @@ def case_result(backend: Backend, case: Case, runs: list[RunRecord], config: Ben
         chunk_size=case.chunk_size,
         load=config.load(case),
         slo=config.slo,
+        prefix_implied=implied,
     )
     return CaseResult(case, row, runs)
 

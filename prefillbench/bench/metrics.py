@@ -28,6 +28,7 @@ from prefillbench.errors import BackendError
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.stats import mean_std
 from prefillbench.bench.workloads import TestSpec
+from prefillbench.prefix_cache import implied_hits
 
 
 
@@ -147,6 +148,11 @@ class ResultRow:
     engine_e2e_mean_ms: float = math.nan
     engine_requests: float = math.nan
     engine_net_ms: float = math.nan
+    # Prefix caching: the share of prompt tokens the backend found cached (measured: the backend's own count, a
+    # server's as it reported it), and the share the requests' own structure implies (every block an earlier
+    # prompt had, never evicted, at the cache's block size). NaN: no cache, or none reported.
+    prefix_hit_rate: float = math.nan
+    prefix_hit_implied: float = math.nan
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -359,6 +365,7 @@ def summarize(
     chunk_size: int | None,
     load: Load = Load(),
     slo: SLO | None = None,
+    prefix_implied: float = math.nan,
 ) -> ResultRow:
     reqs = [r for run in runs for r in run.requests]
     failed = sum(len(run.failed) for run in runs)
@@ -429,7 +436,25 @@ def summarize(
         ttft_p50_rank_ms=percentile(ttft, 50, "inverted_cdf"),
         tbt_p50_rank_ms=percentile(tbt, 50, "inverted_cdf"),
         **engine_columns(runs, reqs),
+        prefix_hit_rate=prefix_hit_rate(reqs),
+        prefix_hit_implied=prefix_implied,
     )
+
+
+def prefix_hit_rate(reqs: list[RequestRecord]) -> float:
+    """The share of the prompt tokens of `reqs` their backend found cached; NaN where none says."""
+    known = [r for r in reqs if r.cached_tokens is not None]
+    total = sum(r.prompt_len for r in known)
+    return sum(r.cached_tokens for r in known) / total if known and total else math.nan
+
+
+def implied_hit_rate(prompts: list[tuple[int, ...]], block: int | None, capacity: int | None = None) -> float:
+    """The share of prompt tokens cached if every prompt found the blocks earlier ones left in a cache of
+    `capacity` blocks (prefix_cache.implied_hits); NaN without a cache (`block` None)."""
+    if block is None:
+        return math.nan
+    cached, total = implied_hits(prompts, block, capacity)
+    return cached / total if total else math.nan
 
 
 def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:

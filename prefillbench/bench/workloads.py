@@ -8,34 +8,17 @@ or a gamma process of a given rate and burstiness (vLLM's convention), seeded.
 """
 from __future__ import annotations
 
-import csv
 import functools
-import io
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from prefillbench.bench.traces import TraceReading, WorkloadError, WorkloadFile, load_workload
 from prefillbench.sequence import Request
 
-
-class WorkloadError(ValueError):
-    """A workload file that cannot be used: one line for the user."""
-
-
-@dataclass(frozen=True)
-class WorkloadFile:
-    """A replayed trace: each request's prompt and generation length, and its arrival if the file has one."""
-
-    name: str
-    prompt_lens: tuple[int, ...]
-    gen_lens: tuple[int, ...]
-    arrivals: tuple[float, ...] | None = None  # seconds from the first request
-
-    def __len__(self) -> int:
-        return len(self.prompt_lens)
+__all__ = ["ARRIVALS", "ArrivalSpec", "TestSpec", "TraceReading", "WorkloadError", "WorkloadFile", "load_workload",
+           "make_requests", "make_tests", "request_lengths", "workload_test"]
 
 
 @dataclass(frozen=True)
@@ -154,7 +137,30 @@ def _seeded_prompts(test: TestSpec, count: int, vocab_size: int, seed: int) -> t
     """(prompt, tokens to generate) of each seeded request. Kept: a capacity search replays one seed's requests at
     every rate it probes, and drawing 1.7M prompt tokens took a tenth of a 1000-request probe on the sim."""
     rng = np.random.default_rng(seed)
-    return tuple((random_prompt(rng, p, vocab_size), g) for p, g in request_lengths(test, count, seed))
+    lengths = request_lengths(test, count, seed)
+    if test.workload is not None and test.workload.blocks is not None:
+        return _block_prompts(test.workload, vocab_size, seed, rng)
+    return tuple((random_prompt(rng, p, vocab_size), g) for p, g in lengths)
+
+
+def _block_prompts(workload: WorkloadFile, vocab_size: int, seed: int,
+                   rng: np.random.Generator) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """A trace's prompts made of its blocks: block id b is the same `block_size` seeded tokens wherever it appears,
+    so requests that share leading block ids share exactly those tokens (a prompt's last block may be partial: its
+    first tokens). A prompt longer than its blocks (not in Mooncake's traces) ends in tokens of its own."""
+    size, made = workload.block_size, {}
+    out = []
+    for length, gen, ids in zip(workload.prompt_lens, workload.gen_lens, workload.blocks):
+        tokens: list[int] = []
+        for b in ids[:math.ceil(length / size)]:
+            if b not in made:
+                made[b] = random_prompt(np.random.default_rng([seed, 3, b]), size, vocab_size)
+            tokens.extend(made[b])
+        prompt = tuple(tokens[:length])
+        if len(prompt) < length:
+            prompt += random_prompt(rng, length - len(prompt), vocab_size)
+        out.append((prompt, gen))
+    return tuple(out)
 
 
 def make_requests(test: TestSpec, count: int, vocab_size: int, seed: int,
@@ -214,62 +220,6 @@ class ArrivalSpec:
         gaps = rng.gamma(self.shape, 1.0 / (self.rate * self.shape), size=max(count - 1, 0))
         # The first request arrives at once, as vLLM's benchmark sends it.
         return [0.0] + np.cumsum(gaps).tolist()
-
-
-# ---- workload files -------------------------------------------------------------------------------
-def _workload_records(path: Path, text: str) -> list[tuple[str, dict]]:
-    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
-        out = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise WorkloadError(f"{path} line {n}: malformed JSON ({e.msg})") from None
-                if not isinstance(record, dict):
-                    raise WorkloadError(f"{path} line {n}: not a JSON object")
-                out.append((f"{path} line {n}", record))
-        return out
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    return [(f"{path} line {reader.line_num}", dict(record)) for record in reader]
-
-
-def load_workload(path: str | Path) -> WorkloadFile:
-    """Read a CSV or JSON-lines workload: prompt_len and gen_len per request, arrival_s optional (all or none)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"cannot read workload {path}: {getattr(e, 'strerror', None) or e}") from None
-    prompts, gens, arrivals = [], [], []
-    for where, record in _workload_records(p, text):
-        values = []
-        for name in ("prompt_len", "gen_len"):
-            try:
-                value = int(float(record[name]))
-            except KeyError:
-                raise WorkloadError(f"{where}: no {name} (a workload needs prompt_len and gen_len)") from None
-            except (TypeError, ValueError):
-                raise WorkloadError(f"{where}: {name} is not a number: {record[name]!r}") from None
-            if value < 1:
-                raise WorkloadError(f"{where}: {name} must be at least 1, got {value}")
-            values.append(value)
-        prompts.append(values[0])
-        gens.append(values[1])
-        arrival = record.get("arrival_s")
-        if arrival not in (None, ""):
-            try:
-                arrivals.append(float(arrival))
-            except (TypeError, ValueError):
-                raise WorkloadError(f"{where}: arrival_s is not a number: {arrival!r}") from None
-            if not arrivals[-1] >= 0:
-                raise WorkloadError(f"{where}: arrival_s cannot be negative")
-    if not prompts:
-        raise WorkloadError(f"{path}: no requests")
-    if arrivals and len(arrivals) != len(prompts):
-        raise WorkloadError(f"{path}: arrival_s is given for {len(arrivals)} of {len(prompts)} requests (all or none)")
-    first = min(arrivals) if arrivals else 0.0
-    return WorkloadFile(p.stem, tuple(prompts), tuple(gens), tuple(a - first for a in arrivals) if arrivals else None)
 
 
 def workload_test(workload: WorkloadFile) -> TestSpec:

@@ -15,6 +15,7 @@ from strategies import STRATEGIES
 from prefillbench.backends import BACKEND_CHOICES, HIDDEN_BACKENDS
 from prefillbench.backends.sim.pricing import OVERHEADS, PRICINGS
 from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS
+from prefillbench.bench.traces import FORMATS as TRACE_FORMATS
 from prefillbench.bench.workloads import ARRIVALS
 from prefillbench.commands.parsers import choice, float_list, int_list, lengths, percent, pp_tg_pairs, slo_spec, str_list
 from prefillbench.report.tables import OUTPUT_FORMATS
@@ -99,6 +100,13 @@ TensorParallel = Annotated[int, option(
 PipelineStages = Annotated[int, option("--pp", panel=SIM_PANEL, help="sim: pipeline stages, run as a pipeline of micro-batches")]
 Calibration = Annotated[Optional[str], option(
     "--calibration", panel=SIM_PANEL, help="sim: calibration file written by `prefillbench calibrate`")]
+PrefixCache = Annotated[Optional[str], option(
+    "--prefix-cache", panel=MODEL_PANEL, callback=choice("on", "off"), metavar="on|off",
+    help="reuse cached prompt prefixes (vLLM's automatic prefix caching; gguf, sim): default on for a workload whose "
+    "prompts share prefixes, off elsewhere")]
+PrefixBlock = Annotated[Optional[int], option(
+    "--prefix-block", panel=MODEL_PANEL, metavar="TOKENS",
+    help="the prefix cache's block: prompts share cached KV in whole blocks of this many tokens (default: 16, vLLM's)")]
 Trace = Annotated[Optional[str], option(
     "--trace", panel=SIM_PANEL, metavar="FILE", help="sim: write every step's per-operator cost breakdown here (JSONL)")]
 # servers
@@ -155,7 +163,24 @@ LenSpread = Annotated[float, option(
 Workload = Annotated[Optional[str], option(
     "--workload", panel=TESTS_PANEL, metavar="FILE",
     help="replay a trace instead of -p/-n/--pg: CSV or JSON lines with prompt_len, gen_len and optional arrival_s "
-    "(with arrival_s and no --arrival, its arrival times are replayed)")]
+    "(with arrival_s and no --arrival, its arrival times are replayed); Mooncake's JSONL (timestamp, input_length, "
+    "output_length, hash_ids) and Azure's LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens) are read by "
+    "their own columns; mooncake-sample and azure-conv-sample name the shipped samples")]
+TraceFormat = Annotated[str, option(
+    "--trace-format", panel=TESTS_PANEL, callback=choice(*TRACE_FORMATS), metavar="|".join(TRACE_FORMATS),
+    help="the --workload file's format (auto: told by its columns)")]
+TimeScale = Annotated[float, option(
+    "--time-scale", panel=TESTS_PANEL, metavar="F", help="multiply a trace's arrival times by F (0.5 replays it twice as fast)")]
+TokenScale = Annotated[float, option(
+    "--token-scale", panel=TESTS_PANEL, metavar="F",
+    help="multiply a trace's prompt and output lengths by F, and its prefix blocks with them (shared prefixes stay shared)")]
+TraceFirst = Annotated[Optional[int], option(
+    "--trace-first", panel=TESTS_PANEL, metavar="N", help="replay only a trace's first N requests")]
+TraceSpan = Annotated[Optional[float], option(
+    "--trace-span", panel=TESTS_PANEL, metavar="S", help="replay only the requests of a trace's first S seconds (its own time)")]
+TraceMaxLen = Annotated[Optional[int], option(
+    "--trace-max-len", panel=TESTS_PANEL, metavar="N",
+    help="leave out requests longer than N tokens, prompt and output (after --token-scale); stderr says how many")]
 
 # arrivals and SLOs
 Arrival = Annotated[Optional[str], option(

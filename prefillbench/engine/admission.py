@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 
 from strategies import Strategy
 
@@ -48,13 +49,16 @@ class Admission:
     moves it on from there and takes it out of all three when it finishes.
     """
 
-    __slots__ = ("pending", "cap", "open_loop", "start", "live", "waiting", "running", "next_id", "next_at")
+    __slots__ = ("pending", "cap", "open_loop", "start", "reuse", "live", "waiting", "running", "next_id", "next_at")
 
-    def __init__(self, requests: list[Request], open_loop: bool, cap: int, start: float) -> None:
+    def __init__(self, requests: list[Request], open_loop: bool, cap: int, start: float,
+                 reuse: Callable[[int, tuple[int, ...]], int] | None = None) -> None:
         self.pending = deque(requests)
         self.cap = cap  # most sequences in flight
         self.open_loop = open_loop
         self.start = start  # the clock when the run started: an open loop's arrivals count from it
+        #: The backend's prefix cache (Backend.reuse_prefix), asked once per admitted prompt; None: no cache this run.
+        self.reuse = reuse
         self.live: dict[int, Sequence] = {}
         # The strategy's two lists, kept by the loop as sequences move between them rather than rebuilt from `live`
         # every step (a pass over every sequence in flight per step: a tenth of the sim's time). Both in admission order.
@@ -81,6 +85,8 @@ class Admission:
             req = pending.popleft()
             arrival = start + req.arrival_s if open_loop else now
             seq = live[self.next_id] = Sequence.admit(self.next_id, req, arrival)
+            if self.reuse is not None:
+                seq.n_prefilled = seq.n_cached = self.reuse(seq.seq_id, seq.prompt)
             (self.running if seq.prefill_done else self.waiting).append(seq)
             self.next_id += 1
         self.next_at = self._first_arrival()

@@ -70,6 +70,7 @@ class Loop:
         admission = self.admission
         pending, admit, next_arrival = admission.pending, admission.admit, admission.next_arrival
         launch, retire, decode_run = self.launch, self.retire, self.decode_run
+        refreshed = backend.refreshed_prefixes if admission.reuse is not None else None
         stopped = False
         while live or pending:
             now = backend.now()
@@ -81,6 +82,10 @@ class Loop:
                 admit(now)
             if not live and not pending:
                 break
+            if refreshed is not None:  # a prompt not started yet may find more of itself cached now
+                for seq_id, cached in refreshed().items():
+                    seq = live[seq_id]
+                    seq.n_prefilled = seq.n_cached = cached
             # with one step at a time nothing is busy here
             if busy:
                 ready_waiting = [s for s in waiting if s.seq_id not in busy]
@@ -132,12 +137,14 @@ class Loop:
             launched = self.backend.launch(step, return_logits=self.keep_logits)
         except BackendError as e:
             raise self.failed(step, e) from None
-        self.steps.append(step_record(step, launched.start, launched.end))
+        record = step_record(step, launched.start, launched.end)
+        self.steps.append(record)
         # A decoding sequence had its prompt in an earlier step: only a prompt chunk can be a first schedule.
         for chunk in step.prefills:
             seq = self.live[chunk.seq_id]
             if seq.first_scheduled is None:
                 seq.first_scheduled = launched.start
+                record.cached += seq.n_cached
         if self.pipelined:
             self.busy.update([c.seq_id for c in step.prefills])
             self.busy.update([d.seq_id for d in step.decodes])
@@ -186,11 +193,12 @@ class Loop:
         running = self.running
         running[:] = [s for s in running if not s.finished]
         backend, live, done, done_ids, logits = self.backend, self.live, self.done, self.done_ids, self.logits
+        cached = self.admission.reuse is not None
         for seq in finished:
             backend.release(seq.seq_id)
             del live[seq.seq_id]
             done_ids.append(seq.seq_id)
-            done.append(request_record(seq, logits.pop(seq.seq_id, [])))
+            done.append(request_record(seq, logits.pop(seq.seq_id, []), cached))
 
     def decode_run(self, step: Step) -> bool:
         """Run the decode-only `step` and the same decodes after it, for as long as nothing could change the

@@ -17,6 +17,7 @@ class StepRecord:
     n_pad: int
     decode_contexts: list[int]  # context length each decode token attends to
     chunk_emits: int = 0  # prompt chunks that were their prompt's last, so emitted a token (the decodes all do)
+    cached: int = 0  # prompt tokens of this step's first chunks that the prefix cache held (so were not computed)
 
     @property
     def seconds(self) -> float:
@@ -36,6 +37,8 @@ class RequestRecord:
     error: str | None = None
     #: A server's own clock for each token (ms from its slot's start), where the engine reports one.
     server_token_times: list[float] | None = None
+    #: Leading prompt tokens the backend's prefix cache held (a server: what the engine reported); None: not known.
+    cached_tokens: int | None = None
 
 
 @dataclass
@@ -74,6 +77,7 @@ def step_record(step: Step, start: float, end: float) -> StepRecord:
                       [d.position + 1 for d in step.decodes], sum([c.is_last for c in prefills]))
 
 
-def request_record(seq: Sequence, logits: list) -> RequestRecord:
-    """A finished sequence's record."""
-    return RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated, logits, seq.first_scheduled)
+def request_record(seq: Sequence, logits: list, cached: bool = False) -> RequestRecord:
+    """A finished sequence's record; `cached`: the run had a prefix cache, so its count of cached tokens is known."""
+    return RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated, logits, seq.first_scheduled,
+                         cached_tokens=seq.n_cached if cached else None)

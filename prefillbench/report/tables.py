@@ -119,9 +119,19 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
         if any(not math.isnan(r.engine_queue_mean_ms) for r in rows):
             columns = columns + [("engine queue+prefill mean ms", lambda r: f"{fmt_number(r.engine_queue_mean_ms, 1)}+"
                                   f"{fmt_number(r.engine_prefill_mean_ms, 1)}", True)]
+    if any(not math.isnan(r.prefix_hit_rate) for r in rows):  # prefix caching: measured beside what the workload implies
+        columns = columns + [("prefix hits % (implied)", prefix_cell, True)]
     if any(r.failed_requests for r in rows):  # a server's failed requests: counted, in no figure
         columns = columns + [("failed", lambda r: f"{r.failed_requests}/{r.requests * r.repetitions}", True)]
     return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
+
+
+def prefix_cell(row: ResultRow) -> str:
+    """'39.8 (40.0)': the share of prompt tokens the backend found cached, and the share the workload implies."""
+    if math.isnan(row.prefix_hit_rate):
+        return "-"
+    implied = "" if math.isnan(row.prefix_hit_implied) else f" ({100 * row.prefix_hit_implied:.1f})"
+    return f"{100 * row.prefix_hit_rate:.1f}{implied}"
 
 
 def render_md(rows: list[ResultRow], meta: dict[str, Any], noisy_cv: float = DEFAULT_NOISY_CV, fmt: str = "md") -> str:

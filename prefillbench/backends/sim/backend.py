@@ -15,6 +15,7 @@ from operator import add, mod
 from pathlib import Path
 from typing import Any, TextIO
 
+from prefillbench.backends.prefix import PrefixSettings, PrefixStore
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
@@ -64,11 +65,12 @@ class SimBackend(Backend):
     # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
     options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
-                         "trace", "sim_pricing", "sim_overheads"})
+                         "trace", "sim_pricing", "sim_overheads", "prefix_cache", "prefix_block"})
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
-                 trace: str | Path | None = None, pricing: str = "spec", overheads: str | None = None) -> None:
+                 trace: str | Path | None = None, pricing: str = "spec", overheads: str | None = None,
+                 prefix: PrefixSettings = PrefixSettings()) -> None:
         self.spec_gpu = gpu
         if calibration:
             if pricing != "spec":
@@ -115,6 +117,11 @@ class SimBackend(Backend):
         self._jitter: random.Random | None = None  # each run's draws of step jitter, from the same seed
         self._trace_path = Path(trace) if trace else None
         self._trace: TextIO | None = None
+        self.prefix = prefix
+        self.caches_prefixes = prefix.on
+        self.prefix_block = prefix.block if prefix.on else None
+        self.prefix_capacity = prefix.blocks(self._kv_capacity) if prefix.on else None
+        self.prefixes: PrefixStore | None = None  # the current run's cache, with --prefix-cache on
         for line in self.approximations():
             say_once(line)
 
@@ -140,8 +147,8 @@ class SimBackend(Backend):
     def load(cls, model: str | None = None, gpu: str | None = None, *, tp: int = 1, pp: int = 1, ep: int = 1,
              calibration: str | None = None, trace: str | None = None, sim_model: str | None = None,
              sim_gpu: str | None = None, sim_dtype: str | None = None, kv_dtype: str | None = None,
-             dtype: str | None = None, sim_pricing: str | None = None,
-             sim_overheads: str | None = None) -> "SimBackend":
+             dtype: str | None = None, sim_pricing: str | None = None, sim_overheads: str | None = None,
+             prefix_cache: str | None = None, prefix_block: int | None = None) -> "SimBackend":
         """Presets or files by name; a calibration file supplies the model and device it measured when none is named.
         sim_dtype: the weights' precision (bf16, fp16, fp8, int8, int4, mxfp4), kv_dtype: the KV cache's (bf16,
         fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config). dtype (the
@@ -164,8 +171,12 @@ class SimBackend(Backend):
         if sim_dtype is not None or kv_dtype is not None:
             model_spec = with_precision(model_spec, sim_dtype, kv_dtype)
         gpu_spec = load_gpu_spec(gpu) if gpu else (cal_gpu or load_gpu_spec("a6000"))
+        try:
+            prefix = PrefixSettings.from_options(prefix_cache, prefix_block)
+        except ValueError as e:
+            raise SimConfigError(str(e)) from None
         return cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration, trace=trace,
-                   pricing=sim_pricing or "spec", overheads=sim_overheads)
+                   pricing=sim_pricing or "spec", overheads=sim_overheads, prefix=prefix)
 
     # ---- capacity ---------------------------------------------------------------
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int = 0) -> int:
@@ -186,6 +197,8 @@ class SimBackend(Backend):
             )
         self._seq_tokens.clear()
         self._held = 0
+        # The cache holds what the KV pool does (vLLM's: cached blocks live in the pool and are evicted as it fills).
+        self.prefixes = PrefixStore(self.prefix.block, self.prefix.blocks(self._kv_capacity)) if self.prefix.on else None
         # The same draws in every run: configurations compared on one trace also meet the same jitter, step by step.
         self._jitter = random.Random(JITTER_SEED) if self.gpu.step_jitter else None
         self.n_runs += 1
@@ -233,6 +246,8 @@ class SimBackend(Backend):
             if c.is_last:
                 n_emit += 1
                 tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
+            if self.prefixes is not None:
+                self.prefixes.computed(c.seq_id, end)
         if self._trace_path is None:
             seconds = self.cost.fast_seconds(chunks, len(step.decodes), ctx, n_emit)
         else:
@@ -272,6 +287,8 @@ class SimBackend(Backend):
             if c.is_last:
                 n_emit += 1
                 tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
+            if self.prefixes is not None:
+                self.prefixes.computed(c.seq_id, end)
         if self._trace_path is None:
             window_ctx = {w: sum(min(x, w) for x in lengths) for w in self.cost.windows}
             seconds = self.cost.fast_seconds(chunks, len(lengths), sum(lengths), n_emit, window_ctx)
@@ -384,7 +401,17 @@ class SimBackend(Backend):
         out.update((d.seq_id, placeholder_token(d.seq_id, d.position + 1, span)) for d in step.decodes)
         return out
 
+    def reuse_prefix(self, seq_id: int, prompt: tuple[int, ...]) -> int:
+        """The cached prefix costs nothing to compute; its KV is held as the sequence's own (execute counts the
+        sequence's whole length) and read by its attention (a chunk's context starts there)."""
+        return self.prefixes.reuse(seq_id, prompt)[0] if self.prefixes is not None else 0
+
+    def refreshed_prefixes(self) -> dict[int, int]:
+        return self.prefixes.refreshed() if self.prefixes is not None else {}
+
     def release(self, seq_id: int) -> None:
+        if self.prefixes is not None:
+            self.prefixes.release(seq_id)
         length = self._seq_tokens.pop(seq_id, 0)
         self._held -= self.model.kv_positions(length) if self._windows else length
 
@@ -398,6 +425,9 @@ class SimBackend(Backend):
         cost = self.step_cost(step)
         t0 = max(self.clock, self.pipeline.stage_free[0])
         mb = self.pipeline.launch(step, t0, cost)
+        if self.prefixes is not None:
+            for c in step.prefills:
+                self.prefixes.computed(c.seq_id, c.end)
         self.trace_step(step, t0, cost, stage_starts=mb.starts, stage_ends=mb.ends, bubble_s=mb.bubble)
         self.n_steps += 1
         self.clock = self.pipeline.stage_free[0]
@@ -475,7 +505,10 @@ class SimBackend(Backend):
             "sim_overheads": self.overheads.name if self.overheads is not None else "none",
             "sim_overheads_source": self.overheads.source if self.overheads is not None else None,
             "sim_kv_capacity_tokens": self.cost.kv_capacity_tokens(),
+            "prefix_cache": "on" if self.prefix.on else "off",
         }
+        if self.prefixes is not None:
+            meta |= self.prefixes.metadata()
         if self.clamped:
             meta["sim_concurrency_clamped"] = self.clamp_note()
         if self.pipeline_stats:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from prefillbench.bench import capacity
 from prefillbench.bench.metrics import SLO
+from prefillbench.bench.workloads import TraceReading
 from prefillbench.commands.options.common import (BackendOptions, Measuring, check_export, check_relative_to,
                                                  check_seed, check_precision, check_queue_growth, request_shape, strategy_names,
                                                  test_specs, unique)
@@ -19,6 +20,7 @@ class CapacityOptions(Measuring):
     pg: list[tuple[int, int]] | None = None
     len_spread: float = 0.0
     workload: str | None = None
+    reading: TraceReading = field(default_factory=TraceReading)
     strategy: list[str] | None = None
     chunk_size: list[int] | None = None
     concurrency: int = 0
@@ -42,7 +44,9 @@ class CapacityOptions(Measuring):
         check_seed(self.seed)
         if self.slo is None or self.slo.tbt_ms is None:
             raise UsageError("capacity needs --slo tbt=MS: the highest rate whose P99 time between tokens stays within it")
-        tests = test_specs(None, None, request_shape(self.pg, self.workload), self.arrival, self.len_spread, self.workload)
+        tests = test_specs(None, None, request_shape(self.pg, self.workload), self.arrival, self.len_spread, self.workload,
+                           self.reading)
+        self.settle_prefix_cache(tests)
         if len(tests) != 1:
             raise UsageError("capacity searches one test: give one --pg or a --workload")
         strategies = strategy_names(self.strategy, self.load)

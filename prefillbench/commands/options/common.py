@@ -11,7 +11,7 @@ from strategies import STRATEGIES
 
 from prefillbench.backends import backend_class, check_options, choose_backend
 from prefillbench.backends.distributed import is_rank_zero
-from prefillbench.bench.workloads import TestSpec, load_workload, make_tests, workload_test
+from prefillbench.bench.workloads import TestSpec, TraceReading, load_workload, make_tests, workload_test
 from prefillbench.errors import BackendError, UsageError
 from prefillbench.writers import format_for_path
 
@@ -119,6 +119,8 @@ class BackendOptions:
     sim_pricing: str | None = _backend_option(None, "--sim-pricing", "sim_pricing")
     sim_overheads: str | None = _backend_option(None, "--sim-overheads", "sim_overheads")
     calibration: str | None = _backend_option(None, "--calibration", "calibration")
+    prefix_cache: str | None = _backend_option(None, "--prefix-cache", "prefix_cache")
+    prefix_block: int | None = _backend_option(None, "--prefix-block", "prefix_block")
     trace: str | None = _backend_option(None, "--trace", "trace")
     server_bin: str | None = _backend_option(None, "--server-bin", "server_bin")
     server_cmd: str | None = _backend_option(None, "--server-cmd", "server_cmd")
@@ -188,9 +190,23 @@ class BackendOptions:
 # ---------------------------------------------------------------- tests
 
 
+#: The trace-reading flags (cli._trace_reading) and the TraceReading field each sets.
+READING_FLAGS = {"trace_format": "format", "time_scale": "time_scale", "token_scale": "token_scale",
+                 "trace_first": "first", "trace_span": "span", "trace_max_len": "max_len"}
+
+
+def trace_reading(flags: dict[str, Any]) -> TraceReading:
+    """The trace-reading flags as one validated value."""
+    try:
+        return TraceReading(**{field: flags[name] for name, field in READING_FLAGS.items() if name in flags})
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def test_specs(n_prompt: list[int] | None, n_gen: list[int] | None, pg: list[tuple[int, int]] | None,
-               arrival: str | None, len_spread: float, workload: str | None) -> list[TestSpec]:
-    """-p/-n/--pg with --len-spread, or the one test a --workload file makes.
+               arrival: str | None, len_spread: float, workload: str | None,
+               reading: TraceReading = TraceReading()) -> list[TestSpec]:
+    """-p/-n/--pg with --len-spread, or the one test a --workload file makes, read as `reading` says.
 
     In an open loop, --pg alone means just that test: pp-only and tg-only requests are not what a server sees.
     """
@@ -198,7 +214,15 @@ def test_specs(n_prompt: list[int] | None, n_gen: list[int] | None, pg: list[tup
         if workload:
             if n_prompt or n_gen or pg or len_spread:
                 raise UsageError("--workload gives the lengths: drop -p, -n, --pg and --len-spread")
-            return [workload_test(load_workload(workload))]
+            loaded = load_workload(workload, reading)
+            if loaded.dropped:
+                note(f"{workload}: {loaded.dropped} requests longer than --trace-max-len {reading.max_len} tokens "
+                     f"left out; {len(loaded)} replayed")
+            return [workload_test(loaded)]
+        if reading != TraceReading():
+            given = [f"--{name.replace('_', '-')}" for name, f in READING_FLAGS.items()
+                     if getattr(reading, f) != getattr(TraceReading(), f)]
+            raise UsageError(f"{', '.join(given)} reads a --workload trace: give one, or drop {given[0]}")
         defaults = not (pg and arrival not in (None, "closed"))
         return make_tests(unique(n_prompt, "-p") or ([512] if defaults else []), unique(n_gen, "-n") or ([128] if defaults else []),
                           unique(pg, "--pg") or [], len_spread)
@@ -220,17 +244,39 @@ class Measuring:
     seed: int
     len_spread: float
     workload: str | None
+    reading: TraceReading
 
     @classmethod
     def from_flags(cls, **flags: Any) -> Any:
         own = {f.name for f in fields(cls) if f.init} - {"load"}  # type: ignore[arg-type]
-        options = cls(BackendOptions.pick(flags), **{k: v for k, v in flags.items() if k in own})  # type: ignore[call-arg]
+        own.discard("reading")
+        options = cls(BackendOptions.pick(flags), **{k: v for k, v in flags.items() if k in own},  # type: ignore[call-arg]
+                      reading=trace_reading(flags))
         options.validate()
         return options
 
     def validate(self) -> None:
         raise NotImplementedError
 
+    def settle_prefix_cache(self, tests: list[TestSpec]) -> None:
+        """--prefix-cache unless given: on where the workload's prompts share prefixes (a trace with block ids)
+        and the backend has a cache, off elsewhere, so a workload of random prompts measures what it always did."""
+        if self.load.prefix_cache is not None:
+            return
+        shared = any(t.workload is not None and t.workload.blocks is not None for t in tests)
+        if not shared:
+            return
+        if "prefix_cache" in backend_class(self.load.name).options:
+            self.load.prefix_cache = "on"
+            note("prefix cache on: the workload's prompts share prefixes (--prefix-cache off computes every prompt whole)")
+        else:
+            note(f"the {self.load.name} backend has no prefix cache here: every prompt is computed whole")
+
     def workload_settings(self) -> dict[str, Any]:
         """What made the requests, for the export's metadata (arrival, rate and SLO are columns of every row)."""
-        return {"seed": self.seed, "len_spread": self.len_spread, "workload": self.workload or ""}
+        settings = {"seed": self.seed, "len_spread": self.len_spread, "workload": self.workload or ""}
+        if self.workload:
+            r = self.reading
+            settings |= {"trace_format": r.format, "trace_time_scale": r.time_scale, "trace_token_scale": r.token_scale,
+                         "trace_first": r.first or "", "trace_span_s": r.span or "", "trace_max_len": r.max_len or ""}
+        return settings

@@ -7,6 +7,7 @@ from prefillbench.bench import stats
 from prefillbench.bench.cases import BenchConfig
 from prefillbench.bench.metrics import SLO
 from prefillbench.bench.workloads import ARRIVALS
+from prefillbench.bench.workloads import TraceReading
 from prefillbench.commands.options.common import (BackendOptions, Measuring, check_export, check_relative_to,
                                                  check_seed, note, strategy_names, test_specs, unique)
 from prefillbench.errors import UsageError
@@ -29,6 +30,7 @@ class RunOptions(Measuring):
     no_warmup: bool = False
     len_spread: float = 0.0
     workload: str | None = None
+    reading: TraceReading = field(default_factory=TraceReading)
     arrival: str | None = None
     rate: list[float] | None = None
     burstiness: float = 1.0
@@ -67,7 +69,8 @@ class RunOptions(Measuring):
 
     def bench_config(self) -> BenchConfig:
         strategies = strategy_names(self.strategy, self.load)
-        tests = test_specs(self.n_prompt, self.n_gen, self.pg, self.arrival, self.len_spread, self.workload)
+        tests = test_specs(self.n_prompt, self.n_gen, self.pg, self.arrival, self.len_spread, self.workload, self.reading)
+        self.settle_prefix_cache(tests)
         arrival = self.arrival or ("trace" if tests and tests[0].workload and tests[0].workload.arrivals else "closed")
         if arrival not in ARRIVALS + ("trace",):
             raise UsageError(f"--arrival {arrival}: choose from {', '.join(ARRIVALS)}")

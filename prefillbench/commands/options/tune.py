@@ -5,7 +5,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from prefillbench.bench import capacity, tune
-from prefillbench.commands.options.common import (BackendOptions, Measuring, check_seed, check_precision, check_queue_growth,
+from prefillbench.bench.workloads import TraceReading
+from prefillbench.commands.options.common import (trace_reading, BackendOptions, Measuring, check_seed, check_precision, check_queue_growth,
                                                  request_shape, strategy_names, test_specs, unique)
 from prefillbench.errors import UsageError
 from prefillbench.writers import RECORD_FORMATS, format_for_path
@@ -40,6 +41,7 @@ class TuneOptions(Measuring):
     pg: list[tuple[int, int]] | None = None
     len_spread: float = 0.0
     workload: str | None = None
+    reading: TraceReading = field(default_factory=TraceReading)
     strategy: list[str] | None = None
     chunk_size: list[int] | None = None  # token budgets
     concurrency: int = 0
@@ -84,7 +86,8 @@ class TuneOptions(Measuring):
             own -= set(SIM_OF_TUNE)
         else:
             load = replace(load, **{k: None for k in SIM_OF_TUNE})
-        options = cls(load, **{k: v for k, v in flags.items() if k in own})
+        own.discard("reading")
+        options = cls(load, **{k: v for k, v in flags.items() if k in own}, reading=trace_reading(flags))
         options.validate()
         return options
 
@@ -168,7 +171,9 @@ class TuneOptions(Measuring):
         except ValueError as e:
             raise UsageError(f"--slo: {e}") from None
         check_precision(self.precision)
-        tests = test_specs(None, None, request_shape(self.pg, self.workload), self.arrival, self.len_spread, self.workload)
+        tests = test_specs(None, None, request_shape(self.pg, self.workload), self.arrival, self.len_spread, self.workload,
+                           self.reading)
+        self.settle_prefix_cache(tests)
         if len(tests) != 1:
             raise UsageError("tune searches one test: give one --pg or a --workload")
         strategies = strategy_names(self.strategy, self.load)
