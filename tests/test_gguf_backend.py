@@ -335,7 +335,7 @@ def smol_reference():
         prompts.append(prompt)
         expected.append(out)
     llm.close()
-    gguf_backend._install_log()  # Llama() installed its own logger
+    gguf_backend.install_log()  # Llama() installed its own logger
     return prompts, expected, first_logits
 
 

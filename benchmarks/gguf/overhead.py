@@ -36,7 +36,8 @@ import time
 import numpy as np
 
 from prefillbench import engine
-from prefillbench.backends.gguf import GGUFBackend, _install_log
+from prefillbench.backends.gguf import GGUFBackend
+from prefillbench.backends.gguf_lib import install_log
 from prefillbench.models import default_model_path
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 from prefillbench.sequence import Request
@@ -79,7 +80,7 @@ def pp_vs_llama_eval(backend: GGUFBackend, model: str, threads: int, n_prompt: i
     flash = backend.flash_attn != "off"
     llm = Llama(model, n_ctx=max(n_prompt + 16, 512), n_batch=max(n_prompt, 512), n_ubatch=512, n_threads=threads,
                 n_threads_batch=threads, flash_attn=flash, logits_all=False, verbose=False)
-    _install_log()
+    install_log()
     rng = np.random.default_rng(1)
     prompt = [int(t) for t in rng.integers(3, backend.vocab_size, n_prompt)]
     request = [Request(tuple(prompt), 1)]

@@ -59,8 +59,8 @@ Design notes
 from __future__ import annotations
 
 import ctypes
+import sys
 import os
-from collections import deque
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -70,21 +70,14 @@ import numpy as np
 from prefillbench.step import Step, StepResult, pack
 
 from prefillbench.backends.base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
+from prefillbench.backends import gguf_lib
+from prefillbench.backends.gguf_lib import (FLASH_ATTN_TYPES, KV_TYPES, DEFAULT_FLASH_ATTN, FLASH_ATTN_CHOICES,
+                                            check_gguf_file, ggml_version, install_log, last_error, llama,
+                                            llama_version, logits_address, weights_label)
+from prefillbench.backends.gguf_prefix import LlamaPrefixes
+from prefillbench.backends.prefix import PrefixSettings
 from prefillbench.backends.llama_kernels import extra_buffers, say_extra_buffers
 
-try:
-    import llama_cpp as llama
-except ImportError:  # the torch backend keeps working without llama-cpp-python
-    llama = None
-
-GGUF_MAGIC = b"GGUF"
-# ggml_log_level (ggml.h): 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation
-_LOG_WARN, _LOG_ERROR = 3, 4
-_KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # ggml_type values
-FLASH_ATTN_CHOICES = ("on", "off", "auto")  # llama-bench's -fa values
-_FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
-DEFAULT_FLASH_ATTN = "auto"
-_log_lines: deque = deque(maxlen=32)
 # --verify's tolerances (see LogitTolerance). llama.cpp's CPU kernels are not batch-invariant: a token's
 # logits move with the other tokens of its ubatch and its row in it. Measured teacher-forced across all
 # strategies: SmolLM2-135M Q4_1, pp128+tg16 at c=1 and 4, moves by up to 0.98 (0 at c=1), and top-1 flips
@@ -92,76 +85,20 @@ _log_lines: deque = deque(maxlen=32)
 # The tiny float32 Llama with llama.cpp's f16 KV cache moves by up to 0.021, a corruption by 10.
 QUANTIZED_TOLERANCE = LogitTolerance(3.0, 2.0, "quantized GGUF: 3x the largest move measured on Q4_1")
 FLOAT_TOLERANCE = LogitTolerance(0.1, 0.1, "float GGUF with an f16 KV cache: 5x the largest move measured")
-_log_callback = None  # keeps the ctypes callback alive while llama.cpp holds it
-_backend_ready = False
-_get_logits_addr = None  # llama_get_logits returning the address as an int (_install_log binds it)
 
-
-def _install_log() -> None:
-    """Silence llama.cpp's stderr logging but keep its warnings and errors for our messages."""
-    global _log_callback, _backend_ready, _get_logits_addr
-    if _log_callback is None:
-
-        def _log(level: int, text: bytes, user_data) -> None:
-            if level in (_LOG_WARN, _LOG_ERROR) and text:
-                _log_lines.append((level, text))
-
-        _log_callback = llama.llama_log_callback(_log)
-    llama.llama_log_set(_log_callback, ctypes.c_void_p(0))
-    if not _backend_ready:
-        llama.llama_backend_init()
-        _backend_ready = True
-    if _get_logits_addr is None:
-        # The same C function with an address for its result: llama-cpp-python's binding returns a ctypes
-        # POINTER(c_float), and turning that into an array cost a few microseconds a step.
-        address = ctypes.cast(llama.llama_get_logits, ctypes.c_void_p).value
-        _get_logits_addr = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(address)
-
-
-def _last_error(default: str = "no details from llama.cpp") -> str:
-    """The most recent error line llama.cpp logged (else the latest warning), made readable."""
-    for wanted in (_LOG_ERROR, _LOG_WARN):
-        for level, text in reversed(_log_lines):
-            if level != wanted:
-                continue
-            line = text.decode("utf-8", "replace").strip().splitlines()[0] if text.strip() else ""
-            if not line or line.endswith("failed to load model") or "failed to decode" in line:
-                continue
-            for marker in ("error loading model: ", "error loading model architecture: "):
-                if marker in line:
-                    line = line.split(marker, 1)[1]
-            return line
-    return default
-
-
-def _check_gguf_file(model: str) -> Path:
-    path = Path(model)
-    if not path.exists():
-        raise BackendError(f"model file not found: {model}")
-    if path.is_dir():
-        raise BackendError(f"--backend gguf needs a .gguf file, and {model} is a folder (use --backend torch for checkpoints)")
-    try:
-        with path.open("rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise BackendError(f"cannot read {model}: {e.strerror}") from None
-    if magic != GGUF_MAGIC:
-        raise BackendError(f"{model} is not a GGUF file (it does not start with the GGUF magic bytes)")
-    return path
-
-
-def _weights_label(desc: str) -> str:
-    """'llama 135M Q4_1' -> 'Q4_1 (quantized, as stored)'."""
-    ftype = desc.split(" ", 2)[-1] if desc.count(" ") >= 2 else desc
-    if ftype.upper().startswith(("F32", "F16", "BF16", "ALL F32")):
-        return f"{ftype} (as stored)"
-    return f"{ftype} (quantized, as stored)"
+#: llama.cpp sequence ids kept for the prefix cache's entries (each a cached prefix that branches off the others):
+#: beside the run's own sequences, within LLAMA_MAX_SEQ.
+PREFIX_ENTRY_IDS = 32
+#: The least the prefix cache holds, in tokens (KV cells beside the run's own): 8,192 cells of SmolLM2-135M's f16 KV
+#: are 180 MiB.
+PREFIX_CACHE_CELLS = 8192
 
 
 class GGUFBackend(Backend):
     name = "gguf"
     sequence_limit = 256  # llama.cpp's LLAMA_MAX_SEQ: n_seq_max above it fails at context creation
-    options = frozenset({"device", "threads", "n_gpu_layers", "n_ubatch", "n_ctx", "kv_type", "flash_attn", "kv_unified"})
+    options = frozenset({"device", "threads", "n_gpu_layers", "n_ubatch", "n_ctx", "kv_type", "flash_attn", "kv_unified",
+                         "prefix_cache", "prefix_block"})
 
     @classmethod
     def unusable_options(cls) -> dict[str, str]:
@@ -170,7 +107,8 @@ class GGUFBackend(Backend):
         return {}
 
     def __init__(self, model_ptr, path: Path, *, threads: int, n_gpu_layers: int, n_ubatch: int | None,
-                 n_ctx_limit: int | None, kv_type: str, flash_attn: str, kv_unified: bool, extra_buffers: str) -> None:
+                 n_ctx_limit: int | None, kv_type: str, flash_attn: str, kv_unified: bool, extra_buffers: str,
+                 prefix: PrefixSettings = PrefixSettings()) -> None:
         self.model = model_ptr
         self.path = path
         self.model_name = path.name.removesuffix(".gguf")
@@ -181,7 +119,13 @@ class GGUFBackend(Backend):
         self.kv_type = kv_type
         self.flash_attn = flash_attn
         self.extra_buffers = extra_buffers  # extra_buffers()'s reason, for the metadata
-        self.kv_unified = kv_unified
+        # A cached prefix's cells are shared by tagging them with another sequence, which only the unified cache can
+        # do without copying whole streams (gguf_prefix.py).
+        self.kv_unified = kv_unified or prefix.on
+        self.prefix = prefix
+        self.caches_prefixes = prefix.on
+        self.prefix_block = prefix.block if prefix.on else None
+        self.prefixes: LlamaPrefixes | None = None  # the current run's cache
         self.device = "CUDA" if n_gpu_layers > 0 else "CPU"
         vocab = llama.llama_model_get_vocab(model_ptr)
         self.vocab_size = int(llama.llama_vocab_n_tokens(vocab))
@@ -189,7 +133,7 @@ class GGUFBackend(Backend):
         buf = ctypes.create_string_buffer(256)
         llama.llama_model_desc(model_ptr, buf, len(buf))
         self.description = buf.value.decode("utf-8", "replace")
-        self.weights = _weights_label(self.description)
+        self.weights = weights_label(self.description)
 
         self.ctx = None
         self.mem = None
@@ -208,7 +152,8 @@ class GGUFBackend(Backend):
     @classmethod
     def load(cls, model: str, device: str = "auto", threads: int | None = None, n_gpu_layers: int | None = None,
              n_ubatch: int | None = None, n_ctx: int | None = None, kv_type: str = "f16",
-             flash_attn: str | bool | None = DEFAULT_FLASH_ATTN, kv_unified: bool = False) -> "GGUFBackend":
+             flash_attn: str | bool | None = DEFAULT_FLASH_ATTN, kv_unified: bool = False,
+             prefix_cache: str | None = None, prefix_block: int | None = None) -> "GGUFBackend":
         """Load a .gguf file. `n_ctx` caps the context size (default: as large as a run needs);
         `kv_type` is the KV cache type (f16, llama.cpp's default, f32 or q8_0); `flash_attn`
         is on, off or auto (llama.cpp decides; True/False/None mean the same); `kv_unified`
@@ -226,13 +171,21 @@ class GGUFBackend(Backend):
             raise BackendError(f"--n-gpu-layers must be 0 or more, got {n_gpu_layers}")
         if n_ctx is not None and n_ctx < 1:
             raise BackendError(f"n_ctx must be at least 1, got {n_ctx}")
-        if kv_type not in _KV_TYPES:
-            raise BackendError(f"unknown KV cache type {kv_type!r}; use {', '.join(_KV_TYPES)}")
+        if kv_type not in KV_TYPES:
+            raise BackendError(f"unknown KV cache type {kv_type!r}; use {', '.join(KV_TYPES)}")
         flash = {True: "on", False: "off", None: "auto"}.get(flash_attn, flash_attn) if not isinstance(flash_attn, str) else flash_attn
         if flash not in FLASH_ATTN_CHOICES:
             raise BackendError(f"unknown flash attention setting {flash_attn!r}; use {', '.join(FLASH_ATTN_CHOICES)}")
-        path = _check_gguf_file(model)
-        _install_log()
+        try:
+            prefix = PrefixSettings.from_options(prefix_cache, prefix_block)
+        except ValueError as e:
+            raise BackendError(str(e)) from None
+        if prefix.on and not kv_unified:
+            print("prefillbench: gguf: --prefix-cache on runs on llama.cpp's unified KV cache (a cached prefix's cells "
+                  "are shared, not copied), where a step mixing sequences attends over all their cells (see kv_unified)",
+                  file=sys.stderr)
+        path = check_gguf_file(model)
+        install_log()
         gpu = bool(llama.llama_supports_gpu_offload())
         if device == "cuda" and not gpu:
             raise BackendError("--device cuda was asked for, but this llama-cpp-python was built without GPU support "
@@ -247,14 +200,15 @@ class GGUFBackend(Backend):
         params.n_gpu_layers = ngl
         params.use_extra_bufts, extra_why = extra_buffers()
         say_extra_buffers(params.use_extra_bufts, extra_why)
-        _log_lines.clear()
+        gguf_lib.log_lines.clear()
         ptr = llama.llama_model_load_from_file(str(path).encode(), params)
         if not ptr:
-            raise BackendError(f"llama.cpp cannot load {model}: {_last_error()}")
+            raise BackendError(f"llama.cpp cannot load {model}: {last_error()}")
         if threads is None:
             threads = max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1), 1)
         backend = cls(ptr, path, threads=threads, n_gpu_layers=ngl, n_ubatch=n_ubatch, n_ctx_limit=n_ctx,
-                      kv_type=kv_type, flash_attn=flash, kv_unified=bool(kv_unified), extra_buffers=extra_why)
+                      kv_type=kv_type, flash_attn=flash, kv_unified=bool(kv_unified), extra_buffers=extra_why,
+                      prefix=prefix)
         has_encoder = getattr(llama, "llama_model_has_encoder", None)
         if has_encoder is not None and has_encoder(ptr):
             backend.close()
@@ -271,20 +225,53 @@ class GGUFBackend(Backend):
                 f"but n_ctx is limited to {self.n_ctx_limit}"
             )
         need_batch = max(max_step_tokens, 1)
-        if (self.ctx is None or max_seq_len > self.n_ctx_seq or max_sequences > self.n_seq_max
+        if self.prefix.on:
+            self._prepare_cached(max_sequences, max_seq_len, need_batch)
+        elif (self.ctx is None or max_seq_len > self.n_ctx_seq or max_sequences > self.n_seq_max
                 or need_batch > self.n_batch):
             # Grow monotonically, so runs of alternating sizes do not rebuild the context each time.
             n_seq_max = max(max_sequences, self.n_seq_max)
             self._create_context(n_seq_max * max(max_seq_len, self.n_ctx_seq), n_seq_max, max(need_batch, self.n_batch))
         else:
             llama.llama_memory_clear(self.mem, False)
-        self.slots = SlotTable(self.n_seq_max)
+        if not self.prefix.on:
+            self.slots = SlotTable(self.n_seq_max)
         self.max_seq_len = max_seq_len
         self.step_decode_seconds = []
 
+    def _prepare_cached(self, max_sequences: int, max_seq_len: int, need_batch: int) -> None:
+        """The context of a run with a prefix cache: the run's sequences, plus sequence ids for the cache's entries
+        and cells for what it holds (as many as the run's own sequences, at least PREFIX_CACHE_CELLS)."""
+        ids = min(self.sequence_limit - max_sequences, PREFIX_ENTRY_IDS)
+        if ids < 2:
+            raise BackendError(f"-c {max_sequences} leaves no llama.cpp sequence ids for the prefix cache's entries "
+                               f"(it has {self.sequence_limit}); lower -c or turn --prefix-cache off")
+        room = max_sequences * max_seq_len
+        cache_cells = self.prefix.capacity or max(room, PREFIX_CACHE_CELLS)
+        seqs = max_sequences + ids
+        cells = -(-(room + cache_cells) // seqs) * seqs  # a multiple of the ids: llama.cpp's cells per sequence
+        if self.n_ctx_limit is not None and cells > self.n_ctx_limit:
+            raise BackendError(f"context too small: {max_sequences} sequence(s) of {max_seq_len} positions and a prefix "
+                               f"cache of {cache_cells} tokens need n_ctx >= {cells}, but n_ctx is limited to {self.n_ctx_limit}")
+        need_batch = max(need_batch, seqs)  # llama.cpp reserves an output row per sequence id in the batch
+        if self.ctx is None or cells > self.n_ctx or seqs > self.n_seq_max or need_batch > self.n_batch:
+            self._create_context(max(cells, self.n_ctx), max(seqs, self.n_seq_max), max(need_batch, self.n_batch))
+        else:
+            llama.llama_memory_clear(self.mem, False)
+        self.slots = SlotTable(max_sequences)
+        capacity = max(cache_cells // self.prefix.block, 1)
+        self.prefixes = LlamaPrefixes(llama, self.mem, self.prefix, range(max_sequences, self.n_seq_max), capacity)
+        self.prefix_capacity = capacity
+
+    def reuse_prefix(self, seq_id: int, prompt: tuple[int, ...]) -> int:
+        return self.prefixes.reuse(seq_id, prompt) if self.prefixes is not None else 0
+
+    def refreshed_prefixes(self) -> dict[int, int]:
+        return self.prefixes.refreshed() if self.prefixes is not None else {}
+
     def _create_context(self, n_ctx: int, n_seq_max: int, n_batch: int) -> None:
         self._free_context()
-        _install_log()
+        install_log()
         p = llama.llama_context_default_params()
         p.n_ctx = n_ctx
         p.n_batch = n_batch
@@ -292,14 +279,14 @@ class GGUFBackend(Backend):
         p.n_seq_max = n_seq_max
         p.kv_unified = self.kv_unified
         p.n_threads = p.n_threads_batch = self.threads
-        p.type_k = p.type_v = _KV_TYPES[self.kv_type]
-        p.flash_attn_type = _FLASH_ATTN_TYPES[self.flash_attn]
+        p.type_k = p.type_v = KV_TYPES[self.kv_type]
+        p.flash_attn_type = FLASH_ATTN_TYPES[self.flash_attn]
         p.no_perf = True
-        _log_lines.clear()
+        gguf_lib.log_lines.clear()
         ctx = llama.llama_init_from_model(self.model, p)
         if not ctx:
             raise BackendError(
-                f"llama.cpp could not create a context with n_ctx={n_ctx}, n_seq_max={n_seq_max}, n_batch={n_batch}: {_last_error()}"
+                f"llama.cpp could not create a context with n_ctx={n_ctx}, n_seq_max={n_seq_max}, n_batch={n_batch}: {last_error()}"
             )
         self.ctx = ctx
         self.mem = llama.llama_get_memory(ctx)
@@ -390,6 +377,8 @@ class GGUFBackend(Backend):
                 seq_ids = ()
             out[:n] = 1
         self._batch.n_tokens = n
+        if self.prefixes is not None and step.prefills:
+            self.prefixes.before(step, self.slots.slot)
 
         t0 = perf_counter()
         rc = llama.llama_decode(self.ctx, self._batch)
@@ -406,6 +395,8 @@ class GGUFBackend(Backend):
         # Pads leave the cache: the sequence continues right after its real tokens.
         for slot, real_end in padded:
             llama.llama_memory_seq_rm(self.mem, slot, real_end, -1)
+        if self.prefixes is not None and step.prefills:
+            self.prefixes.after(step, self.slots.slot)
 
         n_out = len(seq_ids)
         if not n_out:
@@ -425,7 +416,7 @@ class GGUFBackend(Backend):
 
         The views are cached per buffer address and row count: the buffer moves only when llama.cpp grows it, and
         building a view through np.ctypeslib.as_array each step cost more than the argmax over it."""
-        addr = _get_logits_addr(self.ctx)
+        addr = logits_address(self.ctx)
         if not addr:
             raise BackendError("llama.cpp returned no logits")
         if addr != self._logits_addr:
@@ -443,12 +434,14 @@ class GGUFBackend(Backend):
                     f"(n_ctx={self.n_ctx}; used by {len(self.slots)} sequence(s))")
         if rc == 2:
             return "llama_decode was aborted"
-        return f"llama_decode failed with code {rc}: {_last_error()}"
+        return f"llama_decode failed with code {rc}: {last_error()}"
 
     def logit_tolerance(self) -> LogitTolerance:
         return QUANTIZED_TOLERANCE if "quantized" in self.weights else FLOAT_TOLERANCE
 
     def release(self, seq_id: int) -> None:
+        if self.prefixes is not None:
+            self.prefixes.release(seq_id)
         slot = self.slots.release(seq_id)
         if slot is not None and self.mem is not None:
             llama.llama_memory_seq_rm(self.mem, slot, -1, -1)
@@ -469,8 +462,8 @@ class GGUFBackend(Backend):
             "weights": self.weights,
             "model_desc": self.description,
             "llama_cpp_python": getattr(llama, "__version__", "unknown"),
-            "llama_cpp": _llama_version(),
-            "ggml": _ggml_version(),
+            "llama_cpp": llama_version(),
+            "ggml": ggml_version(),
             "threads": self.threads,
             "n_gpu_layers": self.n_gpu_layers,
             "n_ctx": self.n_ctx,
@@ -478,6 +471,8 @@ class GGUFBackend(Backend):
             "n_ubatch": self.n_ubatch,
             "n_seq_max": self.n_seq_max,
             "kv_unified": self.kv_unified,
+            "prefix_cache": "on" if self.prefix.on else "off",
+            **(self.prefixes.store.metadata() if self.prefixes is not None else {}),
             "n_ctx_seq": self.n_ctx_seq,
             "kv_type": self.kv_type,
             "flash_attn": self.flash_attn,
@@ -500,22 +495,3 @@ class GGUFBackend(Backend):
             self.close()
         except Exception:
             pass
-
-
-def _llama_version() -> str:
-    try:
-        return llama.llama_version().decode()
-    except Exception:
-        return "unknown"
-
-
-def _ggml_version() -> str:
-    try:
-        from llama_cpp import _ggml
-
-        lib = _ggml.libggml
-        version, commit = lib.ggml_version, lib.ggml_commit
-        version.restype = commit.restype = ctypes.c_char_p
-        return f"{version().decode()} ({commit().decode()})"
-    except Exception:
-        return "unknown"

@@ -50,7 +50,8 @@ class PrefixStore:
         self.limit: dict[int, int] = {}  # the most blocks a sequence may reuse (its last token is always computed)
         self.entry: dict[int, int | None] = {}  # the entry an unstarted sequence would copy its prefix from
         self.wanting: dict[int, set[int]] = {}  # a block's hash -> unstarted sequences whose next block it is
-        self.improved: set[int] = set()  # unstarted sequences whose next block has been cached since they looked
+        self.improved: set[int] = set()  # unstarted sequences to look again: their next block cached, or their entry gone
+        self.users: dict[int, set[int]] = {}  # an entry -> the unstarted sequences that would copy from it
         self.queried = 0  # prompt tokens of the sequences admitted
         self.hits = 0  # of those, tokens found cached when they started
 
@@ -66,7 +67,8 @@ class PrefixStore:
     def _look(self, seq_id: int) -> tuple[int, int | None]:
         chain, before = self.chains[seq_id], self.known[seq_id]
         blocks, entry = self.cache.match(chain, self.limit[seq_id])
-        self.known[seq_id], self.entry[seq_id] = blocks, entry
+        self._use(seq_id, entry)
+        self.known[seq_id] = blocks
         self.hits += (blocks - before) * self.block
         if before < len(chain):
             self.wanting.get(chain[before], set()).discard(seq_id)
@@ -74,13 +76,23 @@ class PrefixStore:
             self.wanting.setdefault(chain[blocks], set()).add(seq_id)
         return blocks * self.block, entry
 
+    def _use(self, seq_id: int, entry: int | None) -> None:
+        """Whose entry an unstarted sequence would copy from (None: none, or it has started)."""
+        old = self.entry.get(seq_id)
+        if old is not None:
+            self.users.get(old, set()).discard(seq_id)
+        if entry is not None:
+            self.users.setdefault(entry, set()).add(seq_id)
+        self.entry[seq_id] = entry
+
     def refreshed(self) -> dict[int, int]:
-        """The unstarted sequences that can now reuse more than they found: seq_id -> tokens cached."""
+        """The unstarted sequences whose cached prefix changed since they looked (a prompt sharing it computed
+        more, or the entry it was in was evicted): seq_id -> tokens cached now."""
         out = {}
         for seq_id in self.improved:
             before = self.known[seq_id]
             tokens, _ = self._look(seq_id)
-            if tokens > before * self.block:
+            if tokens != before * self.block:
                 out[seq_id] = tokens
         self.improved.clear()
         return out
@@ -89,6 +101,7 @@ class PrefixStore:
         """A sequence's prompt computed up to `end`: it has started (it stops waiting on blocks), and its full
         blocks are cached (None: no new full block)."""
         if seq_id in self.entry:  # its first chunk: what it found is fixed now
+            self._use(seq_id, None)
             del self.entry[seq_id]
             chain, known = self.chains[seq_id], self.known[seq_id]
             if known < len(chain):
@@ -104,6 +117,8 @@ class PrefixStore:
             waiting = self.wanting.pop(h, None)
             if waiting:
                 self.improved |= waiting
+        for gone in inserted.dropped:
+            self.improved |= self.users.pop(gone, set())
         return inserted
 
     def release(self, seq_id: int) -> None:
