@@ -11,6 +11,11 @@ class Request:
     arrival_s: float | None = None  # seconds after the run starts; None: closed loop (arrives when admitted)
     #: Teacher forcing (for --verify): feed these tokens back instead of the model's own choices.
     forced_tokens: tuple[int, ...] | None = None
+    #: A multi-turn session's id and this request's turn in it: turn t > 0 arrives `think_s` after turn t - 1's
+    #: last token (a closed loop per session); turn 0 arrives at `arrival_s`.
+    session: int | None = None
+    turn: int = 0
+    think_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -25,10 +30,13 @@ class Sequence:
     first_scheduled: float | None = None  # start of the first step that carried it
     forced_tokens: tuple[int, ...] | None = None
     n_cached: int = 0  # leading prompt tokens found in the backend's prefix cache: never computed (n_prefilled starts here)
+    session: int | None = None  # a multi-turn session's id, and the turn
+    turn: int = 0
 
     @classmethod
     def admit(cls, seq_id: int, request: "Request", arrival: float) -> "Sequence":
-        return cls(seq_id, request.prompt, request.n_gen, arrival, forced_tokens=request.forced_tokens)
+        return cls(seq_id, request.prompt, request.n_gen, arrival, forced_tokens=request.forced_tokens,
+                   session=request.session, turn=request.turn)
 
     def append_token(self, token: int, time: float) -> bool:
         """Record the next token, which is fed back on the next step; a forced token replaces the model's.

@@ -86,12 +86,15 @@ class BenchConfig:
         """A workload file's rows, --requests, or the default: the concurrency (closed) or a fixed count (open)."""
         if case.test.workload is not None:
             return len(case.test.workload)
+        if case.test.sessions is not None:
+            return case.test.sessions.n * case.test.sessions.turns
         default = DEFAULT_OPEN_LOOP_REQUESTS if self.open_loop else case.concurrency
         return max(self.requests or default, 1)
 
     def requests_for(self, case: Case, vocab_size: int) -> list[Request]:
         n = self.n_requests(case)
-        arrivals = self.arrival_spec(case.rate).times(n, self.seed, case.test)
+        timed = case.test.sessions.n if case.test.sessions is not None else n  # sessions: their first turns
+        arrivals = self.arrival_spec(case.rate).times(timed, self.seed, case.test)
         return make_requests(case.test, n, vocab_size, self.seed, arrivals)
 
     def cases(self) -> Iterator[Case]:
@@ -149,7 +152,9 @@ def warm_up(backend: Backend, strategy: Strategy, case: Case, config: BenchConfi
     if getattr(backend, "serves_requests", False):
         return
     c = case.concurrency or WARMUP_OPEN_LOOP_CONCURRENCY
-    warm = make_requests(case.test, c, backend.vocab_size, config.seed + 1)[:c]
+    sessions = case.test.sessions
+    warm = (sessions.requests(backend.vocab_size, config.seed + 1, [0.0] * sessions.n) if sessions is not None
+            else make_requests(case.test, c, backend.vocab_size, config.seed + 1))[:c]
     short = [Request(r.prompt[:WARMUP_PROMPT_TOKENS], min(r.n_gen, 2)) for r in warm]
     engine.run(backend, strategy, short, c)
 

@@ -153,6 +153,8 @@ class ResultRow:
     # prompt had, never evicted, at the cache's block size). NaN: no cache, or none reported.
     prefix_hit_rate: float = math.nan
     prefix_hit_implied: float = math.nan
+    # Multi-turn sessions: the TTFT p50 of turns after the first (their prompts resend the history); NaN without.
+    ttft_later_turns_p50_ms: float = math.nan
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -438,6 +440,7 @@ def summarize(
         **engine_columns(runs, reqs),
         prefix_hit_rate=prefix_hit_rate(reqs),
         prefix_hit_implied=prefix_implied,
+        ttft_later_turns_p50_ms=percentile([ttft_ms(r) for r in reqs if r.turn > 0], 50),
     )
 
 

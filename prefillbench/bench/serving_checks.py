@@ -62,7 +62,7 @@ def before_run(config: BenchConfig) -> list[str]:
     if config.arrival in ("poisson", "gamma"):
         shape = 1.0 if config.arrival == "poisson" else config.burstiness
         needed = requests_for_rate(shape)
-        counted = [t for t in config.tests if t.workload is None]
+        counted = [t for t in config.tests if t.workload is None and t.sessions is None]
         n = config.requests or DEFAULT_OPEN_LOOP_REQUESTS
         if counted and n < needed:
             warnings.append(

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prefillbench.bench.sessions import SessionSpec
 from prefillbench.bench.traces import TraceReading, WorkloadError, WorkloadFile, load_workload
 from prefillbench.sequence import Request
 
-__all__ = ["ARRIVALS", "ArrivalSpec", "TestSpec", "TraceReading", "WorkloadError", "WorkloadFile", "load_workload",
-           "make_requests", "make_tests", "request_lengths", "workload_test"]
+__all__ = ["ARRIVALS", "ArrivalSpec", "SessionSpec", "TestSpec", "TraceReading", "WorkloadError", "WorkloadFile",
+           "load_workload", "make_requests", "make_tests", "request_lengths", "sessions_test", "workload_test"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class TestSpec:
     n_gen: int
     spread: float = 0.0
     workload: WorkloadFile | None = None
+    sessions: SessionSpec | None = None  # multi-turn sessions (bench/sessions.py); n_prompt and n_gen their means
 
     __test__ = False  # not a pytest class
 
@@ -40,6 +42,8 @@ class TestSpec:
     def name(self) -> str:
         if self.workload is not None:
             return self.workload.name
+        if self.sessions is not None:
+            return self.sessions.name
         if self.n_prompt and self.n_gen:
             base = f"pp{self.n_prompt}+tg{self.n_gen}"
         else:
@@ -76,6 +80,8 @@ class TestSpec:
         """The longest request's positions, prompt plus generation."""
         if self.workload is not None:
             return max(p + g for p, g in zip(self.workload.prompt_lens, self.workload.gen_lens))
+        if self.sessions is not None:
+            return max(p + g for p, g in self.sessions.lengths(0))
         if not self.spread:
             return self.prompt_len + self.tokens_to_generate
         prompt = _spread_high(self.n_prompt, self.spread) if self.n_prompt else 1
@@ -118,6 +124,8 @@ def request_lengths(test: TestSpec, count: int, seed: int) -> list[tuple[int, in
     """(prompt length, tokens to generate) of each request; a workload file gives its own, all of them."""
     if test.workload is not None:
         return list(zip(test.workload.prompt_lens, test.workload.gen_lens))
+    if test.sessions is not None:
+        return test.sessions.lengths(seed)
     if not test.spread:
         return [(test.prompt_len, test.tokens_to_generate)] * count
     # A stream of its own, so the prompts' tokens do not depend on the spread.
@@ -165,7 +173,12 @@ def _block_prompts(workload: WorkloadFile, vocab_size: int, seed: int,
 
 def make_requests(test: TestSpec, count: int, vocab_size: int, seed: int,
                   arrivals: list[float] | None = None) -> list[Request]:
-    """`count` seeded requests of `test` (a workload file: all of its rows), arriving at `arrivals` if given."""
+    """`count` seeded requests of `test` (a workload file: all of its rows), arriving at `arrivals` if given
+    (sessions: every turn of every session, `arrivals` their first turns')."""
+    if test.sessions is not None:
+        if arrivals is None:
+            raise ValueError("multi-turn sessions arrive in an open loop: give --arrival poisson (or gamma) and --rate")
+        return test.sessions.requests(vocab_size, seed, arrivals)
     prompts = _seeded_prompts(test, count, vocab_size, seed)
     if arrivals is not None and len(arrivals) != len(prompts):
         raise ValueError(f"{len(arrivals)} arrival times for {len(prompts)} requests")
@@ -220,6 +233,12 @@ class ArrivalSpec:
         gaps = rng.gamma(self.shape, 1.0 / (self.rate * self.shape), size=max(count - 1, 0))
         # The first request arrives at once, as vLLM's benchmark sends it.
         return [0.0] + np.cumsum(gaps).tolist()
+
+
+def sessions_test(sessions: SessionSpec) -> TestSpec:
+    """Multi-turn sessions as a test: pp+tg, their mean prompt and the answer's length as n_prompt and n_gen."""
+    lengths = sessions.lengths(0)
+    return TestSpec(round(float(np.mean([p for p, _ in lengths]))), sessions.answer, sessions=sessions)
 
 
 def workload_test(workload: WorkloadFile) -> TestSpec:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from strategies import Strategy
 
@@ -49,11 +50,14 @@ class Admission:
     moves it on from there and takes it out of all three when it finishes.
     """
 
-    __slots__ = ("pending", "cap", "open_loop", "start", "reuse", "live", "waiting", "running", "next_id", "next_at")
+    __slots__ = ("pending", "held", "cap", "open_loop", "start", "reuse", "live", "waiting", "running", "next_id",
+                 "next_at")
 
     def __init__(self, requests: list[Request], open_loop: bool, cap: int, start: float,
                  reuse: Callable[[int, tuple[int, ...]], int] | None = None) -> None:
-        self.pending = deque(requests)
+        # A session's later turns wait for the turn before them to finish (`finished`); the rest queue by arrival.
+        self.held = {(r.session, r.turn): r for r in requests if r.session is not None and r.turn > 0}
+        self.pending = deque([r for r in requests if r.session is None or r.turn == 0])
         self.cap = cap  # most sequences in flight
         self.open_loop = open_loop
         self.start = start  # the clock when the run started: an open loop's arrivals count from it
@@ -89,6 +93,22 @@ class Admission:
                 seq.n_prefilled = seq.n_cached = self.reuse(seq.seq_id, seq.prompt)
             (self.running if seq.prefill_done else self.waiting).append(seq)
             self.next_id += 1
+        self.next_at = self._first_arrival()
+
+    def finished(self, seq: Sequence) -> None:
+        """A sequence finished: its session's next turn arrives its think time after the last token (an open
+        loop's arrival, in seconds from the run's start), queued in arrival order."""
+        if seq.session is None:
+            return
+        follow = self.held.pop((seq.session, seq.turn + 1), None)
+        if follow is None:
+            return
+        follow = replace(follow, arrival_s=seq.token_times[-1] - self.start + follow.think_s)
+        pending = self.pending
+        i = len(pending)
+        while i and pending[i - 1].arrival_s > follow.arrival_s:
+            i -= 1
+        pending.insert(i, follow)
         self.next_at = self._first_arrival()
 
     def next_arrival(self) -> float | None:

@@ -194,9 +194,11 @@ class Loop:
         running[:] = [s for s in running if not s.finished]
         backend, live, done, done_ids, logits = self.backend, self.live, self.done, self.done_ids, self.logits
         cached = self.admission.reuse is not None
+        finish = self.admission.finished
         for seq in finished:
             backend.release(seq.seq_id)
             del live[seq.seq_id]
+            finish(seq)
             done_ids.append(seq.seq_id)
             done.append(request_record(seq, logits.pop(seq.seq_id, []), cached))
 

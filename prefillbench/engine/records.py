@@ -39,6 +39,8 @@ class RequestRecord:
     server_token_times: list[float] | None = None
     #: Leading prompt tokens the backend's prefix cache held (a server: what the engine reported); None: not known.
     cached_tokens: int | None = None
+    session: int | None = None  # a multi-turn session's id, and the turn (0 first)
+    turn: int = 0
 
 
 @dataclass
@@ -80,4 +82,4 @@ def step_record(step: Step, start: float, end: float) -> StepRecord:
 def request_record(seq: Sequence, logits: list, cached: bool = False) -> RequestRecord:
     """A finished sequence's record; `cached`: the run had a prefix cache, so its count of cached tokens is known."""
     return RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated, logits, seq.first_scheduled,
-                         cached_tokens=seq.n_cached if cached else None)
+                         cached_tokens=seq.n_cached if cached else None, session=seq.session, turn=seq.turn)

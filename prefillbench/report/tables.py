@@ -119,6 +119,8 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
         if any(not math.isnan(r.engine_queue_mean_ms) for r in rows):
             columns = columns + [("engine queue+prefill mean ms", lambda r: f"{fmt_number(r.engine_queue_mean_ms, 1)}+"
                                   f"{fmt_number(r.engine_prefill_mean_ms, 1)}", True)]
+    if any(not math.isnan(r.ttft_later_turns_p50_ms) for r in rows):  # sessions: what resending the history costs
+        columns = columns + [("TTFT turns 2+ p50 ms", lambda r: fmt_number(r.ttft_later_turns_p50_ms, 1), True)]
     if any(not math.isnan(r.prefix_hit_rate) for r in rows):  # prefix caching: measured beside what the workload implies
         columns = columns + [("prefix hits % (implied)", prefix_cell, True)]
     if any(r.failed_requests for r in rows):  # a server's failed requests: counted, in no figure

@@ -49,6 +49,9 @@ class CapacityOptions(Measuring):
         self.settle_prefix_cache(tests)
         if len(tests) != 1:
             raise UsageError("capacity searches one test: give one --pg or a --workload")
+        if tests[0].sessions is not None:
+            raise UsageError("capacity searches a rate of independent requests; multi-turn sessions run with "
+                             "`prefillbench run --workload sessions:... --arrival poisson --rate R`")
         strategies = strategy_names(self.strategy, self.load)
         if self.load.url:
             if self.chunk_size:

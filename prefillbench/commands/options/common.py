@@ -11,7 +11,9 @@ from strategies import STRATEGIES
 
 from prefillbench.backends import backend_class, check_options, choose_backend
 from prefillbench.backends.distributed import is_rank_zero
-from prefillbench.bench.workloads import TestSpec, TraceReading, load_workload, make_tests, workload_test
+from prefillbench.bench.sessions import PREFIX as SESSIONS_PREFIX
+from prefillbench.bench.workloads import (SessionSpec, TestSpec, TraceReading, load_workload, make_tests, sessions_test,
+                                          workload_test)
 from prefillbench.errors import BackendError, UsageError
 from prefillbench.writers import format_for_path
 
@@ -214,6 +216,10 @@ def test_specs(n_prompt: list[int] | None, n_gen: list[int] | None, pg: list[tup
         if workload:
             if n_prompt or n_gen or pg or len_spread:
                 raise UsageError("--workload gives the lengths: drop -p, -n, --pg and --len-spread")
+            if workload.startswith(SESSIONS_PREFIX):
+                if reading != TraceReading():
+                    raise UsageError(f"--workload {workload} makes its own requests: the trace-reading flags do not apply")
+                return [sessions_test(SessionSpec.parse(workload))]
             loaded = load_workload(workload, reading)
             if loaded.dropped:
                 note(f"{workload}: {loaded.dropped} requests longer than --trace-max-len {reading.max_len} tokens "
@@ -263,7 +269,7 @@ class Measuring:
         and the backend has a cache, off elsewhere, so a workload of random prompts measures what it always did."""
         if self.load.prefix_cache is not None:
             return
-        shared = any(t.workload is not None and t.workload.blocks is not None for t in tests)
+        shared = any((t.workload is not None and t.workload.blocks is not None) or t.sessions is not None for t in tests)
         if not shared:
             return
         if "prefix_cache" in backend_class(self.load.name).options:

@@ -71,6 +71,13 @@ class RunOptions(Measuring):
         strategies = strategy_names(self.strategy, self.load)
         tests = test_specs(self.n_prompt, self.n_gen, self.pg, self.arrival, self.len_spread, self.workload, self.reading)
         self.settle_prefix_cache(tests)
+        if any(t.sessions is not None for t in tests):
+            if self.load.served_engine() is not None:
+                raise UsageError(f"multi-turn sessions run on the step backends (gguf, torch, sim) for now, not on "
+                                 f"--backend {self.load.name}")
+            if self.arrival not in ("poisson", "gamma"):
+                raise UsageError("multi-turn sessions arrive in an open loop: give --arrival poisson (or gamma) and "
+                                 "--rate, the sessions a second")
         arrival = self.arrival or ("trace" if tests and tests[0].workload and tests[0].workload.arrivals else "closed")
         if arrival not in ARRIVALS + ("trace",):
             raise UsageError(f"--arrival {arrival}: choose from {', '.join(ARRIVALS)}")

@@ -176,6 +176,9 @@ class TuneOptions(Measuring):
         self.settle_prefix_cache(tests)
         if len(tests) != 1:
             raise UsageError("tune searches one test: give one --pg or a --workload")
+        if tests[0].sessions is not None:
+            raise UsageError("tune searches a rate of independent requests; multi-turn sessions run with "
+                             "`prefillbench run --workload sessions:... --arrival poisson --rate R`")
         strategies = strategy_names(self.strategy, self.load)
         if self.output not in TUNE_OUTPUTS:
             raise UsageError(f"-o {self.output}: tune prints {', '.join(TUNE_OUTPUTS)}")
