@@ -483,3 +483,44 @@ def test_warm_up_probes_until_two_in_a_row_have_the_same_step_times(monkeypatch)
     assert backend_with([40, 40])._warm_up() == 2  # never fewer than two
     assert backend_with([20, 23.5])._warm_up() == 2  # 3.5 ms apart: within the 5 ms floor
     assert backend_with([100 * (i + 1) for i in range(8)])._warm_up() == 8  # never steady: capped
+
+
+def test_the_engines_prefix_cache_is_turned_on_by_its_flags_and_its_hits_are_read_per_request(run_cli, tmp_path):
+    # Three conversations of growing history, slowly enough that no two overlap: every turn resends the one
+    # before, so the stub (which reports llama-server's timings.cache_n for a cache_prompt request) finds it.
+    rows, t = [], 0
+    for conv in range(3):
+        ids = [100 * conv]
+        for turn in range(3):
+            rows.append({"timestamp": t, "input_length": 512 * len(ids), "output_length": 2, "hash_ids": list(ids)})
+            ids.append(100 * conv + turn + 1)
+            t += 300
+    trace = tmp_path / "conv.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["run", "--backend", "server", "--engine", "llama-server", "--workload", str(trace), "--token-scale",
+            "0.0625", "-r", "1", "-s", "sarathi-serve", "--chunk-size", "64", "--no-progress", "--no-results-file",
+            "--no-verdict", "-o", "json", *stub("--token-ms", "1", "--prompt-ms-per-token", "0.1")]
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    row = json.loads(out)["results"][0]
+    assert "prefix cache on" in err and row["failed_requests"] == 0
+    assert row["prefix_hit_implied"] > 0.3 and abs(row["prefix_hit_rate"] - row["prefix_hit_implied"]) <= 0.05
+    assert "--cache-ram" not in json.loads(out)["metadata"]["server_command"]
+    code, out, err = run_cli(*args, "--prefix-cache", "off")
+    doc = json.loads(out)
+    assert code == 0 and doc["results"][0]["prefix_hit_rate"] is None  # NaN: no cache, nothing reported
+    assert "--cache-ram 0 --slot-prompt-similarity 0" in doc["metadata"]["server_command"]
+
+
+def test_the_presets_turn_their_prefix_caches_on_and_off():
+    from prefillbench.backends.server.engines import ENGINES
+    values = {"bin": "b", "model": "m", "port": 1, "slots": 2, "budget": 64, "ctx": 512, "max_len": 256, "threads": 1}
+    vllm = ENGINES["vllm"]
+    assert "--no-enable-prefix-caching" in vllm.argv("vllm-v1", values)
+    on = vllm.argv("vllm-v1", values, cache=True)
+    assert "--enable-prefix-caching" in on and "--enable-prompt-tokens-details" in on
+    assert "--disable-radix-cache" in ENGINES["sglang"].argv("sarathi-serve", values)
+    assert "--disable-radix-cache" not in ENGINES["sglang"].argv("sarathi-serve", values, cache=True)
+    from prefillbench.errors import BackendError
+    with pytest.raises(BackendError, match="cannot be turned on"):
+        ENGINES["tgi"].argv("sarathi-serve", values, cache=True)

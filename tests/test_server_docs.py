@@ -126,8 +126,10 @@ def test_every_template_is_its_engines_preset_with_parallel_flags(words):
     engine = option(words, "--engine")
     assert engine in PARALLEL, "a template without --engine vllm|sglang would be taken for llama-server's API"
     template = parse_template(option(words, "--server-cmd"))
-    preset = ENGINES[engine].template
-    assert template[:len(preset)] == preset, "the preset's command first: its host, port, slots and no prefix cache"
+    preset, cache_off = ENGINES[engine].template, ENGINES[engine].cache_off
+    assert all(f in template for f in cache_off), "no prefix cache, as the preset launches by default"
+    template = tuple(w for w in template if w not in cache_off)
+    assert template[:len(preset)] == preset, "the preset's command first: its host, port and slots"
     added = {f for f, _ in flag_pairs(list(template[len(preset):]))}
     assert added <= PARALLEL[engine], f"flags beyond the parallelism: {added - PARALLEL[engine]}"
     argv = launched(words)

@@ -19,6 +19,7 @@ from typing import Any, Callable, ClassVar
 
 from prefillbench.backends.base import Backend
 from prefillbench.backends.server import client, engine_clock
+from prefillbench.prefix_cache import DEFAULT_BLOCK_SIZE
 from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, VLLM_LENGTH, Engine, parse_template
 from prefillbench.backends.server.process import START_TIMEOUT_S, ServerProcess, free_port
 from prefillbench.errors import BackendError
@@ -49,7 +50,7 @@ class ServerBackend(Backend):
     device = "CPU"
     serves_requests = True
     options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "server_cmd", "engine", "url", "context",
-                                                   "server_timeout"})
+                                                   "server_timeout", "prefix_cache"})
 
     def __init__(self, engine: Engine, model: str, *, binary: str | None = None, threads: int | None = None,
                  url: str | None = None, context: int | None = None, launch: bool = True,
@@ -84,7 +85,25 @@ class ServerBackend(Backend):
     @classmethod
     def load(cls, model: str | None = None, *, server_bin: str | None = None, server_cmd: str | None = None,
              engine: str | None = None, url: str | None = None, threads: int | None = None,
-             context: int | None = None, server_timeout: float | None = None) -> "ServerBackend":
+             context: int | None = None, server_timeout: float | None = None,
+             prefix_cache: str | None = None) -> "ServerBackend":
+        backend = cls._load(model, server_bin=server_bin, server_cmd=server_cmd, engine=engine, url=url,
+                            threads=threads, context=context, server_timeout=server_timeout)
+        # The engine's own prefix cache, on or off by its flags (a server at --url keeps its own; its requests still
+        # ask llama-server to reuse a slot's prompt or not); what it found cached per request is in every record.
+        backend.caches_prefixes = prefix_cache == "on"
+        # The hit rate a workload implies is counted at vLLM's block (an engine's own granularity may be finer:
+        # llama-server reuses a common prefix token by token); its capacity is the engine's, unknown here.
+        backend.prefix_block = DEFAULT_BLOCK_SIZE if backend.caches_prefixes else None
+        if backend.caches_prefixes and backend.launch and backend.engine.cache_on is None:
+            raise BackendError(f"{backend.engine.name}'s prefix cache cannot be turned on from its command line here: "
+                               "run with --prefix-cache off")
+        return backend
+
+    @classmethod
+    def _load(cls, model: str | None = None, *, server_bin: str | None = None, server_cmd: str | None = None,
+              engine: str | None = None, url: str | None = None, threads: int | None = None,
+              context: int | None = None, server_timeout: float | None = None) -> "ServerBackend":
         if url is None and server_cmd is None and engine is None:
             raise BackendError("--backend server needs --engine, --server-cmd or --url (--backend llama-server "
                                "launches llama.cpp's own server)")
@@ -96,8 +115,9 @@ class ServerBackend(Backend):
         if chosen is None:
             raise BackendError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
         if server_cmd:
-            chosen = Engine(chosen.name, parse_template(server_cmd), chosen.api, chosen.health_path, chosen.strategies,
-                            chosen.default_strategy, chosen.default_budget)
+            # the user's command, with the preset's strategies and its prefix-cache flags (Engine.argv leaves those
+            # out where the command says them already)
+            chosen = dataclasses.replace(chosen, template=parse_template(server_cmd), version_args=())
         if chosen is LLAMA_SERVER:
             binary = server_bin or _llama_server_binary()
             if not Path(binary).exists():
@@ -179,7 +199,8 @@ class ServerBackend(Backend):
         net_ms = engine_clock.net_round_trip_ms(url + self.engine.health_path, headers)
         before = engine_clock.scrape(url, headers)
         run = client.stream_requests(url, self.engine.api, requests, concurrency, model=self.served_model,
-                                     headers=headers, watch=watch, alive=alive, on_done=done)
+                                     headers=headers, watch=watch, alive=alive, on_done=done,
+                                     cache=self.caches_prefixes)
         after = engine_clock.scrape(url, headers) if before is not None else None
         if after is not None:  # the round trip again, after: the slower of the two is what the run had at worst
             net_ms = max(net_ms, engine_clock.net_round_trip_ms(url + self.engine.health_path, headers))
@@ -212,7 +233,7 @@ class ServerBackend(Backend):
         values = {"bin": self.binary, "model": self.model_path, "port": self.port,
                   "budget": budget if self.engine.strategies[strategy_name].uses_budget else None,
                   "slots": slots, "threads": self.threads, "ctx": slots * per_slot, "max_len": per_slot}
-        self.argv = self.engine.argv(strategy_name, values, self.launch_flags)
+        self.argv = self.engine.argv(strategy_name, values, self.launch_flags, cache=self.caches_prefixes)
         self.server = ServerProcess(self.argv, self.base_url + self.engine.health_path)
         self.server.start(self.start_timeout)
         self.launches += 1
@@ -305,14 +326,15 @@ class LlamaServerBackend(ServerBackend):
     """`--backend llama-server`: llama.cpp's server on the model (default: the shipped GGUF), built from the
     installed llama-cpp-python's own llama.cpp unless --server-bin names another."""
 
-    options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "url", "context", "server_timeout"})
+    options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "url", "context", "server_timeout",
+                                                   "prefix_cache"})
 
     @classmethod
     def load(cls, model: str | None = None, *, server_bin: str | None = None, url: str | None = None,
              threads: int | None = None, context: int | None = None,
-             server_timeout: float | None = None) -> "ServerBackend":
+             server_timeout: float | None = None, prefix_cache: str | None = None) -> "ServerBackend":
         return ServerBackend.load(model, engine="llama-server", server_bin=server_bin, url=url, threads=threads,
-                                  context=context, server_timeout=server_timeout)
+                                  context=context, server_timeout=server_timeout, prefix_cache=prefix_cache)
 
 
 def _vllm_binary_and_model(server_bin: str | None, server_cmd: str | None, model: str) -> tuple[str | None, str]:

@@ -34,6 +34,7 @@ class Streamed:
     server_token_times: list[float] = field(default_factory=list)  # the engine's clock, ms from the slot's start
     tokens: list[int] = field(default_factory=list)
     first_scheduled: float | None = None  # the prompt's start, from the engine's progress events
+    cached_tokens: int | None = None  # prompt tokens the engine found in its prefix cache, as it reported them
     error: str | None = None
     events: int = 0
     queued: bool = False  # it waited for a place in flight (the concurrency cap): its send time is not lag
@@ -56,9 +57,20 @@ class StreamRun:
 
 
 class Api:
-    """How to ask one engine for a stream and read its events."""
+    """How to ask one engine for a stream and read its events; `cache`: the engine's prefix cache is on (its
+    reported cached tokens are kept), or off (any it reports fails the request: the run meant every prompt whole)."""
 
     path = ""
+
+    def __init__(self, cache: bool = False) -> None:
+        self.cache = cache
+
+    def cached(self, n: int, s: Streamed) -> None:
+        """The engine said `n` of the request's prompt tokens came from its cache."""
+        if self.cache:
+            s.cached_tokens = n
+        elif n:
+            s.error = f"{n} prompt tokens came from the server's prompt cache"
 
     def body(self, request: Request, model: str) -> dict[str, Any]:
         raise NotImplementedError
@@ -75,7 +87,7 @@ class LlamaApi(Api):
 
     def body(self, request: Request, model: str) -> dict[str, Any]:
         return {"prompt": list(request.prompt), "n_predict": request.n_gen, "ignore_eos": True, "stream": True,
-                "cache_prompt": False, "timings_per_token": True, "return_progress": True, "temperature": 0.0,
+                "cache_prompt": self.cache, "timings_per_token": True, "return_progress": True, "temperature": 0.0,
                 "return_tokens": True}
 
     def read(self, event: dict[str, Any], arrived: float, s: Streamed) -> bool:
@@ -112,8 +124,7 @@ class LlamaApi(Api):
                         s.server_token_times.append(server_now)
             s.tokens.extend(int(t) for t in tokens)
         if event.get("stop"):
-            if timings.get("cache_n", 0):
-                s.error = f"{timings['cache_n']} prompt tokens came from the server's prompt cache"
+            self.cached(int(timings.get("cache_n", 0)), s)
             return True
         return False
 
@@ -151,6 +162,9 @@ class OpenAIApi(Api):
                 _stamp(s, tokens, arrived)
         usage = event.get("usage")
         if usage and not event.get("choices"):
+            details = usage.get("prompt_tokens_details") or {}
+            if details.get("cached_tokens") is not None:  # vLLM with --enable-prompt-tokens-details
+                self.cached(int(details["cached_tokens"]), s)
             told = int(usage.get("completion_tokens", len(s.tokens)))
             if told > len(s.tokens):
                 # chunks that carried several tokens without saying which: the rest are the last chunk's, spread
@@ -232,13 +246,13 @@ async def _post(session, url: str, api: Api, model: str, s: Streamed, headers: d
 def stream_requests(url: str, api_name: str, requests: list[Request], concurrency: int, *, model: str = "",
                     headers: dict[str, str] | None = None, watch: Callable[[StreamRun, list[Streamed], deque], bool] | None = None,
                     alive: Callable[[], Exception | None] | None = None, on_done: Callable[[Streamed], None] | None = None,
-                    poll_s: float = 0.05) -> StreamRun:
+                    poll_s: float = 0.05, cache: bool = False) -> StreamRun:
     """Send every request and stream its tokens. Closed loop (no arrival times): `concurrency` in flight, each
     finished one replaced by the next. Open loop: each sent at its arrival, at most `concurrency` in flight (0: no
     cap; later ones wait, and their wait counts). `watch(run, live, pending)` is asked every `poll_s`: True ends the
     run (`stopped`); `alive()` returns an exception that ends it (the server died)."""
     try:
-        return asyncio.run(_stream_all(url, APIS[api_name](), requests, concurrency, model, headers or {}, watch, alive,
+        return asyncio.run(_stream_all(url, APIS[api_name](cache), requests, concurrency, model, headers or {}, watch, alive,
                                        on_done, poll_s))
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None  # a Ctrl-C asyncio's runner passed on as the cancelled task

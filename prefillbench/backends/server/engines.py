@@ -39,6 +39,10 @@ class Engine:
     default_strategy: str = "sarathi-serve"
     default_budget: int | None = None
     version_args: tuple[str, ...] = ()
+    #: the flags that turn the engine's own prefix cache off (--prefix-cache off, the default on random prompts) and
+    #: on; None: it cannot be turned on from its command line
+    cache_off: tuple[str, ...] = ()
+    cache_on: tuple[str, ...] | None = ()
 
     def expresses(self, strategy: str) -> bool:
         return strategy in self.strategies
@@ -60,12 +64,18 @@ class Engine:
         return BackendError(f"{self.name} cannot run {strategy} (it expresses {can}); "
                             f"--backend gguf, torch or sim runs every strategy")
 
-    def argv(self, strategy: str, values: dict[str, object], extra: tuple[str, ...] = ()) -> list[str]:
-        """The command for `strategy` with the placeholders filled; a flag whose placeholder has no value is
-        dropped with its value."""
+    def argv(self, strategy: str, values: dict[str, object], extra: tuple[str, ...] = (), cache: bool = False) -> list[str]:
+        """The command for `strategy` with the placeholders filled, its prefix cache on or off; a flag whose
+        placeholder has no value is dropped with its value."""
         if strategy not in self.strategies:
             raise self.refuse(strategy)
-        return fill([*self.template, *self.strategies[strategy].flags, *extra], values)
+        if cache and self.cache_on is None:
+            raise BackendError(f"{self.name}'s prefix cache cannot be turned on from its command line here: "
+                               "run with --prefix-cache off")
+        caching = (self.cache_on or ()) if cache else self.cache_off
+        if any(flag.startswith("-") and flag in self.template for flag in caching):
+            caching = ()  # a --server-cmd that says it already
+        return fill([*self.template, *caching, *self.strategies[strategy].flags, *extra], values)
 
 
 def fill(template: list[str] | tuple[str, ...], values: dict[str, object]) -> list[str]:
@@ -107,8 +117,7 @@ def parse_template(text: str) -> tuple[str, ...]:
 LLAMA_SERVER = Engine(
     "llama-server",
     ("{bin}", "-m", "{model}", "--host", "127.0.0.1", "--port", "{port}", "-np", "{slots}", "-c", "{ctx}",
-     "-t", "{threads}", "--poll", "0", "--no-webui", "--cache-ram", "0", "--slot-prompt-similarity", "0",
-     "--no-warmup", "--metrics"),
+     "-t", "{threads}", "--poll", "0", "--no-webui", "--no-warmup", "--metrics"),
     "llama", "/health",
     {
         # update_slots: every generating slot's decode first, then prompt tokens in slot order while the batch holds
@@ -122,7 +131,11 @@ LLAMA_SERVER = Engine(
         # request-level batching: a batch runs until all of it has finished
         "static": Expression(("-b", "{ctx}", "--no-cont-batching"), uses_budget=False),
     },
-    default_strategy="llama-server", default_budget=2048, version_args=("--version",))
+    default_strategy="llama-server", default_budget=2048, version_args=("--version",),
+    # off: no host-memory prompt cache across slots, and a free slot taken least recently used rather than by its
+    # last prompt's likeness (requests also send cache_prompt false); on: llama.cpp's defaults (an 8 GiB host cache,
+    # the slot whose prompt shares the most), and cache_prompt true
+    cache_off=("--cache-ram", "0", "--slot-prompt-similarity", "0"), cache_on=())
 
 # No --disable-log-requests: vLLM 0.12 removed it (vllm#29402; an unknown flag stops `vllm serve`), request logging
 # being off by default since vllm#21739 (--enable-log-requests turns it on).
@@ -132,8 +145,7 @@ LLAMA_SERVER = Engine(
 # the installed vLLM's `serve --help=all` in tests/test_vllm_real.py.
 VLLM = Engine(
     "vllm",
-    ("vllm", "serve", "{model}", "--host", "127.0.0.1", "--port", "{port}", "--max-num-seqs", "{slots}",
-     "--no-enable-prefix-caching"),
+    ("vllm", "serve", "{model}", "--host", "127.0.0.1", "--port", "{port}", "--max-num-seqs", "{slots}"),
     "openai", "/health",
     {
         # V1's scheduler: strategies/vllm_v1.py is Scheduler.schedule itself, proven step for step on it
@@ -142,7 +154,9 @@ VLLM = Engine(
         # the same launch: at the preset's defaults (no long_prefill_token_threshold) its steps are Sarathi-Serve's
         "sarathi-serve": Expression(("--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}")),
     },
-    default_strategy="vllm-v1", default_budget=None, version_args=("--version",))
+    default_strategy="vllm-v1", default_budget=None, version_args=("--version",),
+    # on: automatic prefix caching, and each response's usage says how many prompt tokens it found cached
+    cache_off=("--no-enable-prefix-caching",), cache_on=("--enable-prefix-caching", "--enable-prompt-tokens-details"))
 
 #: The longest request of the case (as llama-server's -c per slot): one longer than the server was launched for is
 #: refused, not served from a context sized for the model's whole length.
@@ -151,13 +165,13 @@ VLLM_LENGTH = ("--max-model-len", "{max_len}")
 SGLANG = Engine(
     "sglang",
     ("python", "-m", "sglang.launch_server", "--model-path", "{model}", "--host", "127.0.0.1", "--port", "{port}",
-     "--max-running-requests", "{slots}", "--disable-radix-cache", "--skip-tokenizer-init"),
+     "--max-running-requests", "{slots}", "--skip-tokenizer-init"),
     "openai", "/health",
     {
         # prefill chunks of at most the budget, mixed into the decode batch
         "sarathi-serve": Expression(("--chunked-prefill-size", "{budget}", "--enable-mixed-chunk")),
     },
-    default_budget=None)
+    default_budget=None, cache_off=("--disable-radix-cache",), cache_on=())
 
 TGI = Engine(
     "tgi",
@@ -168,7 +182,7 @@ TGI = Engine(
         # prefill batches of at most the budget, merged into the running batch (the router's waiting-served ratio)
         "sarathi-serve": Expression(("--max-batch-prefill-tokens", "{budget}")),
     },
-    default_budget=None, version_args=("--version",))
+    default_budget=None, version_args=("--version",), cache_on=None)
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (LLAMA_SERVER, VLLM, SGLANG, TGI)}
 

@@ -107,13 +107,29 @@ async def _serve(args) -> None:
             await asyncio.sleep(0.3)
             os._exit(3)
 
+    served_prompts: list[list[int]] = []  # every prompt served, for cache_prompt (llama-server's prompt cache)
+
+    def cached_prefix(prompt: list[int]) -> int:
+        """The longest prefix `prompt` shares with a prompt served before, never its last token."""
+        best = 0
+        for old in served_prompts:
+            n = 0
+            for a, b in zip(old, prompt):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return min(best, max(len(prompt) - 1, 0))
+
     async def completion(request):
         body = await request.json()
         prompt = body.get("prompt") or []
+        cache_n = cached_prefix(prompt) if body.get("cache_prompt") else 0
+        served_prompts.append(list(prompt))
         return await serve_one(int(body.get("n_predict", 16)),
-                               lambda n_predict: stream_llama(request, prompt, n_predict))
+                               lambda n_predict: stream_llama(request, prompt, n_predict, cache_n))
 
-    async def stream_llama(request, prompt, n_predict):
+    async def stream_llama(request, prompt, n_predict, cache_n=0):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         slot_start = time.perf_counter()
@@ -121,7 +137,7 @@ async def _serve(args) -> None:
         async def send(event: dict) -> None:
             await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
 
-        prompt_s = len(prompt) * args.prompt_ms_per_token / 1e3
+        prompt_s = (len(prompt) - cache_n) * args.prompt_ms_per_token / 1e3
         # As llama-server sends them: a progress event carries a placeholder token and tokens_predicted 0.
         await send({"content": "", "tokens": [0], "stop": False, "tokens_predicted": 0,
                     "prompt_progress": {"total": len(prompt), "cache": 0, "processed": 0, "time_ms": 0.0}})
@@ -142,12 +158,13 @@ async def _serve(args) -> None:
             produced += k
             await send({"content": "x" * k, "tokens": list(range(produced - k, produced)), "stop": False,
                         "tokens_predicted": produced,
-                        "timings": {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": prompt_ms,
+                        "timings": {"cache_n": cache_n, "prompt_n": len(prompt) - cache_n, "prompt_ms": prompt_ms,
                                     "predicted_n": produced, "predicted_ms": predicted_ms}})
             await cut(request)
         clock.llama(len(prompt), prompt_ms / 1e3, produced, (last_at - first_at) if first_at is not None else 0.0)
         await send({"content": "", "tokens": [], "stop": True, "stop_type": "limit", "tokens_predicted": produced,
-                    "timings": {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": prompt_ms, "predicted_n": produced,
+                    "timings": {"cache_n": cache_n, "prompt_n": len(prompt) - cache_n, "prompt_ms": prompt_ms,
+                                "predicted_n": produced,
                                 "predicted_ms": 1e3 * (time.perf_counter() - slot_start) - prompt_ms}})
         await response.write_eof()
         return response
