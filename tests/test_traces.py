@@ -108,3 +108,14 @@ def test_trace_flags_are_checked_in_one_line(args, message, capsys):
     code = main(["run", "--backend", "sim", "-s", "sequential", "--no-results-file", *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and message in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_capacity_replays_a_traces_requests_at_each_probes_rate(run_cli):
+    # Every probe sends the trace's own requests (its lengths and shared prefixes) at the probe's Poisson rate.
+    result = run_cli("capacity", "--backend", "sim", "--sim-model", "mistral-7b", "--sim-gpu", "a100", "--workload",
+                     "mooncake-sample", "--trace-first", "40", "--trace-max-len", "32768", "--slo", "tbt=100",
+                     "-s", "sequential", "--requests", "500", "-o", "json")
+    assert result.code == 0, result.err
+    row = json.loads(result.out)["results"][0]
+    assert row["requests"] + row["failed_requests"] <= 40 and row["capacity_rps"] > 0
+    assert row["prefix_hit_rate"] > 0 and "--requests 500 is ignored" in result.err

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from prefillbench.bench import capacity
 from prefillbench.bench.metrics import SLO
 from prefillbench.bench.workloads import TraceReading
-from prefillbench.commands.options.common import (BackendOptions, Measuring, check_export, check_relative_to,
+from prefillbench.commands.options.common import (workload_requests, BackendOptions, Measuring, check_export, check_relative_to,
                                                  check_seed, check_precision, check_queue_growth, request_shape, strategy_names,
                                                  test_specs, unique)
 from prefillbench.errors import UsageError
@@ -66,7 +66,8 @@ class CapacityOptions(Measuring):
         self.config = capacity.CapacityConfig(
             tests[0], strategies, unique(self.chunk_size, "--chunk-size") or [256],
             capacity.Criteria(self.slo.tbt_ms, self.max_sched_delay, max_queue_growth=self.max_queue_growth / 100),
-            requests=self.requests or (capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS),
+            requests=workload_requests(tests[0], self.requests) or self.requests or (
+                capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS),
             concurrency=self.concurrency, arrival=self.arrival, burstiness=self.burstiness, seed=self.seed,
             start_rate=self.start_rate, precision=self.precision / 100, warmup=not self.no_warmup, slo=self.slo,
         )

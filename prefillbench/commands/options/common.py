@@ -238,6 +238,17 @@ def test_specs(n_prompt: list[int] | None, n_gen: list[int] | None, pg: list[tup
         raise UsageError(str(e)) from None
 
 
+def workload_requests(test: TestSpec, asked: int | None) -> int | None:
+    """A probe's requests where a trace gives them: all of its rows (its lengths, at the probe's arrival rate);
+    --requests then is not used, and said so. None: no trace."""
+    if test.workload is None:
+        return None
+    if asked is not None and asked != len(test.workload):
+        note(f"warning: --requests {asked} is ignored: each probe replays the trace's {len(test.workload)} requests "
+             "at its rate (--trace-first N keeps fewer)")
+    return len(test.workload)
+
+
 def request_shape(pg: list[tuple[int, int]] | None, workload: str | None) -> list[tuple[int, int]]:
     """capacity's and tune's --pg: 512,128 unless given, or none with a --workload, which gives the lengths."""
     return pg or ([] if workload else [(512, 128)])

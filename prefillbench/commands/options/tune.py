@@ -6,7 +6,7 @@ from typing import Any
 
 from prefillbench.bench import capacity, tune
 from prefillbench.bench.workloads import TraceReading
-from prefillbench.commands.options.common import (trace_reading, BackendOptions, Measuring, check_seed, check_precision, check_queue_growth,
+from prefillbench.commands.options.common import (trace_reading, workload_requests, BackendOptions, Measuring, check_seed, check_precision, check_queue_growth,
                                                  request_shape, strategy_names, test_specs, unique)
 from prefillbench.errors import UsageError
 from prefillbench.writers import RECORD_FORMATS, format_for_path
@@ -188,8 +188,8 @@ class TuneOptions(Measuring):
             except ValueError as e:
                 raise UsageError(str(e)) from None
         sim = self.on_sim
-        requests = self.requests if self.requests is not None else (
-            capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS)
+        requests = workload_requests(tests[0], self.requests) or (self.requests if self.requests is not None else (
+            capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS))
         repeats = self.repeats if self.repeats is not None else (3 if sim else 1)
         try:
             self.settings = tune.TuneSettings(tests[0], self.criteria, requests, self.concurrency, self.arrival,
