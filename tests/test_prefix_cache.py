@@ -10,7 +10,7 @@ from strategies import make_strategy
 
 from prefillbench import engine
 from prefillbench.backends.sim.backend import SimBackend
-from prefillbench.prefix_cache import PrefixCache, block_hashes, implied_hits
+from prefillbench.backends.prefix_cache import PrefixCache, block_hashes, implied_hits
 from prefillbench.sequence import Request
 
 

@@ -524,3 +524,12 @@ def test_the_presets_turn_their_prefix_caches_on_and_off():
     from prefillbench.errors import BackendError
     with pytest.raises(BackendError, match="cannot be turned on"):
         ENGINES["tgi"].argv("sarathi-serve", values, cache=True)
+
+
+def test_the_clients_send_lag_is_reported_as_percentiles():
+    from prefillbench.backends.server.backend import ServerBackend
+    from prefillbench.backends.server.engines import LLAMA_SERVER
+    backend = ServerBackend(LLAMA_SERVER, "m", url="http://127.0.0.1:1", launch=False)
+    backend.lags = [0.002, 0.001]
+    meta = backend.metadata()
+    assert meta["client_lag_p50_ms"] == pytest.approx(1.5) and meta["client_lag_p99_ms"] == pytest.approx(1.99)

@@ -9,7 +9,7 @@ from strategies import make_strategy
 from prefillbench import engine
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.bench.sessions import SessionSpec
-from prefillbench.prefix_cache import implied_hits
+from prefillbench.backends.prefix_cache import implied_hits
 
 
 def test_a_turns_prompt_is_the_history_then_its_message():

@@ -8,7 +8,7 @@ import pytest
 
 from prefillbench.bench.traces import MOONCAKE_BLOCK, TraceReading, WorkloadError, load_workload
 from prefillbench.bench.workloads import make_requests, workload_test
-from prefillbench.prefix_cache import implied_hits
+from prefillbench.backends.prefix_cache import implied_hits
 
 
 def _mooncake(tmp_path, rows, name="trace.jsonl"):
@@ -119,3 +119,19 @@ def test_capacity_replays_a_traces_requests_at_each_probes_rate(run_cli):
     row = json.loads(result.out)["results"][0]
     assert row["requests"] + row["failed_requests"] <= 40 and row["capacity_rps"] > 0
     assert row["prefix_hit_rate"] > 0 and "--requests 500 is ignored" in result.err
+
+
+def test_on_the_sim_every_request_arrives_at_its_traces_scaled_time():
+    from strategies import make_strategy
+
+    from prefillbench import engine
+    from prefillbench.backends.sim.backend import SimBackend
+    from prefillbench.bench.workloads import ArrivalSpec
+
+    w = load_workload("mooncake-sample", TraceReading(time_scale=0.5, max_len=32768, first=80))
+    test = workload_test(w)
+    reqs = make_requests(test, len(w), 32000, 0, ArrivalSpec("trace").times(len(w), 0, test))
+    run = engine.run(SimBackend.load("mistral-7b", "a100", prefix_cache="on"), make_strategy("chunked", 512), reqs, 0)
+    arrived = sorted(r.arrival - run.start for r in run.requests)
+    assert arrived == pytest.approx(sorted(w.arrivals), abs=1e-3)  # within 1 ms: exactly, in virtual time
+    assert w.arrivals[-1] == pytest.approx(0.5 * (load_workload("mooncake-sample", TraceReading(max_len=32768, first=80)).arrivals[-1]))

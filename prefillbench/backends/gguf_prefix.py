@@ -1,4 +1,4 @@
-"""gguf's prefix cache: the cache's entries (prefillbench.prefix_cache) as llama.cpp sequence ids tagging KV cells.
+"""gguf's prefix cache: the cache's entries (prefillbench.backends.prefix_cache) as llama.cpp sequence ids tagging KV cells.
 
 llama.cpp keeps a cell's sequences as a set: `llama_memory_seq_cp(src, dst, p0, p1)` on the unified KV cache adds
 `dst` to the cells `src` holds at positions [p0, p1), copying nothing (across per-sequence streams it can only copy

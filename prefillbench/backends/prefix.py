@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefillbench.prefix_cache import DEFAULT_BLOCK_SIZE, Inserted, PrefixCache, block_hashes
+from prefillbench.backends.prefix_cache import DEFAULT_BLOCK_SIZE, Inserted, PrefixCache, block_hashes
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "PrefixSettings", "PrefixStore"]
 

@@ -28,7 +28,7 @@ from prefillbench.errors import BackendError
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.stats import mean_std
 from prefillbench.bench.workloads import TestSpec
-from prefillbench.prefix_cache import implied_hits
+from prefillbench.backends.prefix_cache import implied_hits
 
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from prefillbench.backends.base import Backend
+from prefillbench.backends.prefix_cache import DEFAULT_BLOCK_SIZE
 from prefillbench.backends.server import client, engine_clock
-from prefillbench.prefix_cache import DEFAULT_BLOCK_SIZE
 from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, VLLM_LENGTH, Engine, parse_template
 from prefillbench.backends.server.process import START_TIMEOUT_S, ServerProcess, free_port
 from prefillbench.errors import BackendError
@@ -298,10 +298,11 @@ class ServerBackend(Backend):
             meta["server_api_key"] = "used" if self.key else "none"
         if self.extra_buffers is not None:
             meta["llama_extra_buffers"] = self.extra_buffers
-        if self.lags:
-            lags = sorted(self.lags)
-            meta["client_lag_p50_ms"] = 1e3 * lags[len(lags) // 2]
-            meta["client_lag_p99_ms"] = 1e3 * lags[min(len(lags) - 1, int(0.99 * (len(lags) - 1)))]
+        if self.lags:  # each request's send time behind its due time (its arrival), those that waited for no place
+            import numpy as np
+
+            meta["client_lag_p50_ms"], meta["client_lag_p99_ms"] = (1e3 * np.percentile(self.lags, [50, 99])).tolist()
+            meta["client_lag_requests"] = len(self.lags)
         if self.server is not None:
             meta["server_log"] = str(self.server.log_path)
         return meta
