@@ -533,3 +533,14 @@ def test_the_clients_send_lag_is_reported_as_percentiles():
     backend.lags = [0.002, 0.001]
     meta = backend.metadata()
     assert meta["client_lag_p50_ms"] == pytest.approx(1.5) and meta["client_lag_p99_ms"] == pytest.approx(1.99)
+
+
+@pytest.mark.parametrize("cache, cached, error", [(True, 2, None), (False, None, "2 prompt tokens came from")])
+def test_vllms_usage_says_how_many_prompt_tokens_it_found_cached(cache, cached, error):
+    # vLLM with --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens. With the cache meant
+    # off, a hit means the run did not compute what it asked for: the request fails.
+    usage = {"object": "text_completion", "choices": [],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2}}}
+    api, s = client.OpenAIApi(cache), client.Streamed(Request((1, 2, 3), 1), 0.0, sent=0.0)
+    assert not api.read(_chunk(ids=[5], finish="length"), 1.0, s) and api.read(usage, 1.01, s)
+    assert s.cached_tokens == cached and (s.error is None if error is None else error in s.error)
