@@ -68,6 +68,7 @@ def test_the_presets_flags_are_the_installed_vllms_own():
     ours = [f for f in VLLM.template if f.startswith("--")]
     ours += [f for e in VLLM.strategies.values() for f in e.flags if f.startswith("--")]
     ours += [f for f in VLLM_LENGTH if f.startswith("--")]
+    ours += [f for f in (*VLLM.cache_off, *VLLM.cache_on) if f.startswith("--")]  # --prefix-cache off and on
     ours += ["--custom-histogram-buckets"]  # the project's own vLLM's fine buckets (vllm_env.FINE_BUCKETS)
     assert ours and "--max-num-batched-tokens" in ours
     assert sorted(set(ours + [EAGER]) - known) == []
