@@ -44,8 +44,8 @@ def open_backend(options: BackendOptions) -> Backend:
         print(f"prefillbench: {backend.model_name} on {backend.label}, weights: {backend.weights}", file=sys.stderr)
         if getattr(backend, "reports_scheduling", True) is False:
             print(f"prefillbench: {backend.label} reports no prompt progress, so no request's scheduling delay is known: "
-                  "the median scheduling-delay bound of capacity and tune is dropped, and the queue's growth is judged on "
-                  "each request's TTFT", file=sys.stderr)
+                  "the median scheduling-delay bound of capacity and tune is dropped (the queue's growth, read on the "
+                  "first tokens, still bounds a rate)", file=sys.stderr)
         if backend.skip_idle and backend.name != "sim":
             print("prefillbench: --skip-idle: where no step runs until the next arrival, the clock jumps there "
                   "(--no-skip-idle sleeps through it)", file=sys.stderr)
