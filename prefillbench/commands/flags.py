@@ -102,8 +102,8 @@ Calibration = Annotated[Optional[str], option(
     "--calibration", panel=SIM_PANEL, help="sim: calibration file written by `prefillbench calibrate`")]
 PrefixCache = Annotated[Optional[str], option(
     "--prefix-cache", panel=MODEL_PANEL, callback=choice("on", "off"), metavar="on|off",
-    help="reuse cached prompt prefixes (vLLM's automatic prefix caching; gguf, sim): default on for a workload whose "
-    "prompts share prefixes, off elsewhere")]
+    help="reuse cached prompt prefixes (vLLM's design on gguf and the sim; a serving engine's own cache by its flags): "
+    "default on for a workload whose prompts share prefixes, off elsewhere")]
 PrefixBlock = Annotated[Optional[int], option(
     "--prefix-block", panel=MODEL_PANEL, metavar="TOKENS",
     help="the prefix cache's block: prompts share cached KV in whole blocks of this many tokens (default: 16, vLLM's)")]
