@@ -1,10 +1,11 @@
 """Tests (pp512, tg128, pp512+tg128), the seeded requests that make them up, and when those arrive.
 
 Lengths are fixed by default; `spread` R draws each request's prompt and
-generation lengths uniformly from [L(1-R), L(1+R)] (vLLM's --random-range-ratio),
-and a workload file (CSV or JSON lines: prompt_len, gen_len, optional arrival_s)
-replays a production trace. Arrivals are a closed loop (none), a Poisson process
-or a gamma process of a given rate and burstiness (vLLM's convention), seeded.
+generation lengths uniformly from [L(1-R), L(1+R)] (vLLM's --random-range-ratio);
+a workload file (traces.py: ours, Mooncake's, Azure's) replays a production trace,
+its shared prefix blocks as shared tokens; sessions.py makes multi-turn sessions.
+Arrivals are a closed loop (none), a Poisson process or a gamma process of a given
+rate and burstiness (vLLM's convention), seeded, or a trace's own times.
 """
 from __future__ import annotations
 
