@@ -430,8 +430,7 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
                     concurrency=case.concurrency, chunk_size=case.chunk_size,
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
                     slo=config.row_slo,
-                    prefix_implied=(implied_hit_rate([r.prompt for r in requests], backend.prefix_block,
-                                                     backend.prefix_capacity) if backend.caches_prefixes else math.nan))
+                    prefix_implied=implied_hit_rate(backend, [r.prompt for r in requests]))
     values = config.criteria.values(run)
     priced = {}
     if price is not None:

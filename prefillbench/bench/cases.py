@@ -169,9 +169,8 @@ def prepare_case(backend: Backend, case: Case, config: BenchConfig) -> tuple[Str
 
 
 def case_result(backend: Backend, case: Case, runs: list[RunRecord], config: BenchConfig) -> CaseResult:
-    prompts = [r.prompt for r in config.requests_for(case, backend.vocab_size)] if backend.caches_prefixes else []
-    implied = (implied_hit_rate(prompts, backend.prefix_block, backend.prefix_capacity)
-               if backend.caches_prefixes else math.nan)
+    implied = (implied_hit_rate(backend, [r.prompt for r in config.requests_for(case, backend.vocab_size)])
+               if backend.caches_prefixes else math.nan)  # not rebuilding the requests where there is no cache
     row = summarize(
         case.test,
         runs,

@@ -14,6 +14,7 @@ between tokens exceeds it.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
@@ -28,6 +29,7 @@ from prefillbench.errors import BackendError
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.stats import mean_std
 from prefillbench.bench.workloads import TestSpec
+from prefillbench.backends.base import Backend
 from prefillbench.backends.prefix_cache import implied_hits
 
 
@@ -451,11 +453,17 @@ def prefix_hit_rate(reqs: list[RequestRecord]) -> float:
     return sum(r.cached_tokens for r in known) / total if known and total else math.nan
 
 
-def implied_hit_rate(prompts: list[tuple[int, ...]], block: int | None, capacity: int | None = None) -> float:
-    """The share of prompt tokens cached if every prompt found the blocks earlier ones left in a cache of
-    `capacity` blocks (prefix_cache.implied_hits); NaN without a cache (`block` None)."""
-    if block is None:
+def implied_hit_rate(backend: Backend, prompts: list[tuple[int, ...]]) -> float:
+    """The share of prompt tokens cached if every prompt found the blocks earlier ones left in a cache of the
+    backend's block and capacity (prefix_cache.implied_hits); NaN where it runs no cache."""
+    if backend.prefix_block is None:
         return math.nan
+    return _implied_rate(tuple(prompts), backend.prefix_block, backend.prefix_capacity)
+
+
+@functools.lru_cache(maxsize=8)
+def _implied_rate(prompts: tuple[tuple[int, ...], ...], block: int, capacity: int | None) -> float:
+    # Kept: every probe of a capacity search replays the same prompts (the seed's), only at another rate.
     cached, total = implied_hits(prompts, block, capacity)
     return cached / total if total else math.nan
 

@@ -67,9 +67,22 @@ class SessionSpec:
         kind = "sessions" if self.history else "calls"
         return f"{kind} {self.n}x{self.turns} sys{self.system}+msg{self.message}+ans{self.answer} think{self.think:g}s"
 
+    def _message_sizes(self, seed: int) -> np.ndarray:
+        """Each turn's new message length, [session, turn]: a stream of its own, the same whatever the vocabulary
+        the tokens are drawn from."""
+        return np.random.default_rng([seed, 5]).integers(max(1, self.message // 2), self.message * 3 // 2 + 1,
+                                                         size=(self.n, self.turns))
+
     def lengths(self, seed: int) -> list[tuple[int, int]]:
-        """(prompt, generation) of every request, session by session, turn by turn."""
-        return [(len(r.prompt), r.n_gen) for r in self.requests(1000, seed, [0.0] * self.n)]
+        """(prompt, generation) of every request, session by session, turn by turn, as `requests` makes them."""
+        out = []
+        for sizes in self._message_sizes(seed).tolist():
+            history = 0
+            for size in sizes:
+                out.append((self.system + history + size, self.answer))
+                if self.history:
+                    history += size + self.answer
+        return out
 
     def requests(self, vocab_size: int, seed: int, arrivals: list[float]) -> list[Request]:
         """Every turn of every session; first turns at `arrivals` (one a session), the others after them."""
@@ -81,9 +94,7 @@ class SessionSpec:
         def tokens(n: int) -> tuple[int, ...]:
             return tuple(rng.integers(low, vocab_size, size=n).tolist())
 
-        # The lengths from a stream of their own: the same whatever the vocabulary the tokens are drawn from.
-        sizes = np.random.default_rng([seed, 5]).integers(max(1, self.message // 2), self.message * 3 // 2 + 1,
-                                                           size=(self.n, self.turns))
+        sizes = self._message_sizes(seed)
         system = tokens(self.system)
         out = []
         for s in range(self.n):

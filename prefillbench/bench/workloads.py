@@ -146,10 +146,9 @@ def _seeded_prompts(test: TestSpec, count: int, vocab_size: int, seed: int) -> t
     """(prompt, tokens to generate) of each seeded request. Kept: a capacity search replays one seed's requests at
     every rate it probes, and drawing 1.7M prompt tokens took a tenth of a 1000-request probe on the sim."""
     rng = np.random.default_rng(seed)
-    lengths = request_lengths(test, count, seed)
     if test.workload is not None and test.workload.blocks is not None:
         return _block_prompts(test.workload, vocab_size, seed, rng)
-    return tuple((random_prompt(rng, p, vocab_size), g) for p, g in lengths)
+    return tuple((random_prompt(rng, p, vocab_size), g) for p, g in request_lengths(test, count, seed))
 
 
 def _block_prompts(workload: WorkloadFile, vocab_size: int, seed: int,
