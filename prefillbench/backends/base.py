@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from prefillbench.backends.prefix import PrefixSettings
 from prefillbench.errors import BackendError
 from prefillbench.step import Step, StepResult
 
@@ -91,10 +92,19 @@ class Backend(ABC):
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence and free its KV cache."""
 
-    #: Whether this run reuses cached prompt prefixes (`reuse_prefix`); set by a backend with a prefix cache.
-    caches_prefixes: bool = False
-    #: Its cache's block in tokens (prompts share cached KV in whole blocks); None without a cache.
-    prefix_block: int | None = None
+    #: --prefix-cache and --prefix-block as this backend runs them; a backend with a prefix cache sets it at load.
+    prefix: PrefixSettings = PrefixSettings()
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether runs reuse cached prompt prefixes (`reuse_prefix`)."""
+        return self.prefix.on
+
+    @property
+    def prefix_block(self) -> int | None:
+        """The cache's block in tokens (prompts share cached KV in whole blocks); None without a cache."""
+        return self.prefix.block if self.prefix.on else None
+
     #: The most blocks it caches (None: no bound), for the hit rate a workload implies beside the measured one.
     prefix_capacity: int | None = None
 

@@ -123,8 +123,6 @@ class GGUFBackend(Backend):
         # do without copying whole streams (gguf_prefix.py).
         self.kv_unified = kv_unified or prefix.on
         self.prefix = prefix
-        self.caches_prefixes = prefix.on
-        self.prefix_block = prefix.block if prefix.on else None
         self.prefixes: LlamaPrefixes | None = None  # the current run's cache
         self.device = "CUDA" if n_gpu_layers > 0 else "CPU"
         vocab = llama.llama_model_get_vocab(model_ptr)

@@ -27,7 +27,7 @@ class LlamaPrefixes:
         self.slot_of: dict[int, int] = {}  # entry -> its sequence id in llama.cpp
 
     def reuse(self, seq_id: int, prompt: tuple[int, ...]) -> int:
-        return self.store.reuse(seq_id, prompt)[0]
+        return self.store.reuse(seq_id, prompt)
 
     def refreshed(self) -> dict[int, int]:
         return self.store.refreshed()

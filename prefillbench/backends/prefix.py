@@ -45,7 +45,7 @@ class PrefixStore:
     def __init__(self, block: int, capacity: int | None = None, max_entries: int | None = None) -> None:
         self.cache = PrefixCache(block, capacity, max_entries)
         self.block = block
-        self.chains: dict[int, list[int]] = {}
+        self.chains: dict[int, tuple[int, ...]] = {}
         self.known: dict[int, int] = {}  # blocks of each live sequence's chain the cache holds, as last seen
         self.limit: dict[int, int] = {}  # the most blocks a sequence may reuse (its last token is always computed)
         self.entry: dict[int, int | None] = {}  # the entry an unstarted sequence would copy its prefix from
@@ -55,16 +55,16 @@ class PrefixStore:
         self.queried = 0  # prompt tokens of the sequences admitted
         self.hits = 0  # of those, tokens found cached when they started
 
-    def reuse(self, seq_id: int, prompt: tuple[int, ...]) -> tuple[int, int | None]:
-        """A sequence admitted: the tokens of its prompt found cached (whole blocks, never its last token) and the
-        entry holding them (None: none)."""
+    def reuse(self, seq_id: int, prompt: tuple[int, ...]) -> int:
+        """A sequence admitted: the tokens of its prompt found cached (whole blocks, never its last token); the
+        entry holding them is `entry[seq_id]` until it starts."""
         chain = self.chains[seq_id] = block_hashes(prompt, self.block)
         self.limit[seq_id] = (len(prompt) - 1) // self.block
         self.known[seq_id] = 0
         self.queried += len(prompt)
         return self._look(seq_id)
 
-    def _look(self, seq_id: int) -> tuple[int, int | None]:
+    def _look(self, seq_id: int) -> int:
         chain, before = self.chains[seq_id], self.known[seq_id]
         blocks, entry = self.cache.match(chain, self.limit[seq_id])
         self._use(seq_id, entry)
@@ -74,7 +74,7 @@ class PrefixStore:
             self.wanting.get(chain[before], set()).discard(seq_id)
         if blocks < self.limit[seq_id]:
             self.wanting.setdefault(chain[blocks], set()).add(seq_id)
-        return blocks * self.block, entry
+        return blocks * self.block
 
     def _use(self, seq_id: int, entry: int | None) -> None:
         """Whose entry an unstarted sequence would copy from (None: none, or it has started)."""
@@ -91,7 +91,7 @@ class PrefixStore:
         out = {}
         for seq_id in self.improved:
             before = self.known[seq_id]
-            tokens, _ = self._look(seq_id)
+            tokens = self._look(seq_id)
             if tokens != before * self.block:
                 out[seq_id] = tokens
         self.improved.clear()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from prefillbench.backends.base import Backend
-from prefillbench.backends.prefix_cache import DEFAULT_BLOCK_SIZE
+from prefillbench.backends.prefix import DEFAULT_BLOCK_SIZE, PrefixSettings
 from prefillbench.backends.server import client, engine_clock
 from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, VLLM_LENGTH, Engine, parse_template
 from prefillbench.backends.server.process import START_TIMEOUT_S, ServerProcess, free_port
@@ -91,13 +91,11 @@ class ServerBackend(Backend):
                             threads=threads, context=context, server_timeout=server_timeout)
         # The engine's own prefix cache, on or off by its flags (a server at --url keeps its own; its requests still
         # ask llama-server to reuse a slot's prompt or not); what it found cached per request is in every record.
-        backend.caches_prefixes = prefix_cache == "on"
         # The hit rate a workload implies is counted at vLLM's block (an engine's own granularity may be finer:
         # llama-server reuses a common prefix token by token); its capacity is the engine's, unknown here.
-        backend.prefix_block = DEFAULT_BLOCK_SIZE if backend.caches_prefixes else None
-        if backend.caches_prefixes and backend.launch and backend.engine.cache_on is None:
-            raise BackendError(f"{backend.engine.name}'s prefix cache cannot be turned on from its command line here: "
-                               "run with --prefix-cache off")
+        backend.prefix = PrefixSettings(prefix_cache == "on", DEFAULT_BLOCK_SIZE)
+        if backend.launch:
+            backend.engine.cache_flags(backend.caches_prefixes)  # refused before any launch
         return backend
 
     @classmethod

@@ -69,13 +69,19 @@ class Engine:
         placeholder has no value is dropped with its value."""
         if strategy not in self.strategies:
             raise self.refuse(strategy)
-        if cache and self.cache_on is None:
-            raise BackendError(f"{self.name}'s prefix cache cannot be turned on from its command line here: "
-                               "run with --prefix-cache off")
-        caching = (self.cache_on or ()) if cache else self.cache_off
+        caching = self.cache_flags(cache)
         if any(flag.startswith("-") and flag in self.template for flag in caching):
             caching = ()  # a --server-cmd that says it already
         return fill([*self.template, *caching, *self.strategies[strategy].flags, *extra], values)
+
+    def cache_flags(self, on: bool) -> tuple[str, ...]:
+        """The flags that turn the engine's prefix cache on or off; refused where it cannot be turned on."""
+        if not on:
+            return self.cache_off
+        if self.cache_on is None:
+            raise BackendError(f"{self.name}'s prefix cache cannot be turned on from its command line here: "
+                               "run with --prefix-cache off")
+        return self.cache_on
 
 
 def fill(template: list[str] | tuple[str, ...], values: dict[str, object]) -> list[str]:

@@ -118,8 +118,6 @@ class SimBackend(Backend):
         self._trace_path = Path(trace) if trace else None
         self._trace: TextIO | None = None
         self.prefix = prefix
-        self.caches_prefixes = prefix.on
-        self.prefix_block = prefix.block if prefix.on else None
         self.prefix_capacity = prefix.blocks(self._kv_capacity) if prefix.on else None
         self.prefixes: PrefixStore | None = None  # the current run's cache, with --prefix-cache on
         for line in self.approximations():
@@ -404,7 +402,7 @@ class SimBackend(Backend):
     def reuse_prefix(self, seq_id: int, prompt: tuple[int, ...]) -> int:
         """The cached prefix costs nothing to compute; its KV is held as the sequence's own (execute counts the
         sequence's whole length) and read by its attention (a chunk's context starts there)."""
-        return self.prefixes.reuse(seq_id, prompt)[0] if self.prefixes is not None else 0
+        return self.prefixes.reuse(seq_id, prompt) if self.prefixes is not None else 0
 
     def refreshed_prefixes(self) -> dict[int, int]:
         return self.prefixes.refreshed() if self.prefixes is not None else {}
