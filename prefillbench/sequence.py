@@ -17,6 +17,11 @@ class Request:
     turn: int = 0
     think_s: float = 0.0
 
+    @property
+    def follows(self) -> bool:
+        """A session's later turn: it arrives after the turn before it, not at a time of its own."""
+        return self.session is not None and self.turn > 0
+
 
 @dataclass(slots=True)
 class Sequence:

@@ -3,8 +3,6 @@ forced, within the backend's own tolerance), prompts resuming after their cached
 losing a shared prefix, and the hit rate of a Mooncake trace against what its block ids imply."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -14,6 +12,8 @@ from prefillbench import engine
 from prefillbench.backends.gguf import GGUFBackend
 from prefillbench.backends.prefix import PrefixSettings
 from prefillbench.sequence import Request
+
+from mooncake_traces import write_conversations
 
 
 def _requests(n=5, shared=96, own=24, gen=4, seed=0):
@@ -66,15 +66,7 @@ def test_the_cache_evicts_under_its_capacity_and_keeps_what_another_entry_shares
 def test_a_mooncake_trace_hits_what_its_block_ids_imply(tiny_gguf_path, tmp_path, run_cli):
     # Three conversations of growing history (each turn's prompt is the last one's blocks plus one), replayed
     # slowly enough that no two prompts overlap: the measured hit rate is the implied one.
-    rows, t = [], 0
-    for conv in range(3):
-        ids = [1000 * conv]
-        for turn in range(3):
-            rows.append({"timestamp": t, "input_length": 512 * len(ids), "output_length": 2, "hash_ids": list(ids)})
-            ids.append(1000 * conv + turn + 1)
-            t += 4000
-    trace = tmp_path / "conv.jsonl"
-    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trace = write_conversations(tmp_path / "conv.jsonl", 3, 3, gap_ms=4000)
     result = run_cli("run", "-m", tiny_gguf_path, "--workload", str(trace), "--token-scale", "0.0625",
                      "--time-scale", "0.1", "-s", "sequential", "-o", "csv", "--no-results-file", "--no-verdict", "-t", "1")
     assert result.code == 0, result.err

@@ -488,15 +488,8 @@ def test_warm_up_probes_until_two_in_a_row_have_the_same_step_times(monkeypatch)
 def test_the_engines_prefix_cache_is_turned_on_by_its_flags_and_its_hits_are_read_per_request(run_cli, tmp_path):
     # Three conversations of growing history, slowly enough that no two overlap: every turn resends the one
     # before, so the stub (which reports llama-server's timings.cache_n for a cache_prompt request) finds it.
-    rows, t = [], 0
-    for conv in range(3):
-        ids = [100 * conv]
-        for turn in range(3):
-            rows.append({"timestamp": t, "input_length": 512 * len(ids), "output_length": 2, "hash_ids": list(ids)})
-            ids.append(100 * conv + turn + 1)
-            t += 300
-    trace = tmp_path / "conv.jsonl"
-    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from mooncake_traces import write_conversations
+    trace = write_conversations(tmp_path / "conv.jsonl", 3, 3, gap_ms=300)
     args = ["run", "--backend", "server", "--engine", "llama-server", "--workload", str(trace), "--token-scale",
             "0.0625", "-r", "1", "-s", "sarathi-serve", "--chunk-size", "64", "--no-progress", "--no-results-file",
             "--no-verdict", "-o", "json", *stub("--token-ms", "1", "--prompt-ms-per-token", "0.1")]

@@ -10,11 +10,11 @@ from prefillbench.bench.traces import MOONCAKE_BLOCK, TraceReading, WorkloadErro
 from prefillbench.bench.workloads import make_requests, workload_test
 from prefillbench.backends.prefix_cache import implied_hits
 
+from mooncake_traces import write_trace
+
 
 def _mooncake(tmp_path, rows, name="trace.jsonl"):
-    path = tmp_path / name
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return write_trace(tmp_path / name, rows)
 
 
 def test_the_shipped_mooncake_sample_is_read_by_its_own_columns():

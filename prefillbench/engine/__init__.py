@@ -25,7 +25,6 @@ Its parts, as nano-vllm's engine splits its own (LLMEngine, Scheduler, BlockMana
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Iterable
 
 from strategies import Strategy
@@ -84,7 +83,7 @@ def _checked(requests: Iterable[Request], concurrency: int,
     if concurrency < (0 if open_loop else 1):
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     if open_loop:  # stable: ties keep their order; a session's later turns have no time yet
-        reqs.sort(key=lambda r: r.arrival_s if r.session is None or r.turn == 0 else math.inf)
+        reqs.sort(key=lambda r: math.inf if r.follows else r.arrival_s)
     longest_prompt = max(len(r.prompt) for r in reqs)
     max_seq_len = max(len(r.prompt) + r.n_gen for r in reqs)
     if max_seq_len > backend.context_length:
@@ -98,8 +97,8 @@ def _checked(requests: Iterable[Request], concurrency: int,
 def _check_arrivals(requests: list[Request]) -> bool:
     """Whether the run is an open loop; the requests must agree. A session's later turns arrive after the turn
     before them (Admission.finished), so only first turns have a time, and sessions run open loop only."""
-    followers = [r for r in requests if r.session is not None and r.turn > 0]
-    requests = [r for r in requests if r.session is None or r.turn == 0]
+    followers = [r for r in requests if r.follows]
+    requests = [r for r in requests if not r.follows]
     timed = [r.arrival_s is not None for r in requests]
     if followers and not all(timed):
         raise ValueError("multi-turn sessions arrive in an open loop: every first turn needs an arrival time")

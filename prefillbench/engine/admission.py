@@ -56,8 +56,8 @@ class Admission:
     def __init__(self, requests: list[Request], open_loop: bool, cap: int, start: float,
                  reuse: Callable[[int, tuple[int, ...]], int] | None = None) -> None:
         # A session's later turns wait for the turn before them to finish (`finished`); the rest queue by arrival.
-        self.held = {(r.session, r.turn): r for r in requests if r.session is not None and r.turn > 0}
-        self.pending = deque([r for r in requests if r.session is None or r.turn == 0])
+        self.held = {(r.session, r.turn): r for r in requests if r.follows}
+        self.pending = deque([r for r in requests if not r.follows])
         self.cap = cap  # most sequences in flight
         self.open_loop = open_loop
         self.start = start  # the clock when the run started: an open loop's arrivals count from it

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from prefillbench.bench import capacity
 from prefillbench.bench.metrics import SLO
 from prefillbench.bench.workloads import TraceReading
-from prefillbench.commands.options.common import (workload_requests, BackendOptions, Measuring, check_export, check_relative_to,
-                                                 check_seed, check_precision, check_queue_growth, request_shape, strategy_names,
-                                                 test_specs, unique)
+from prefillbench.commands.options.common import (BackendOptions, Measuring, check_export, check_precision,
+                                                 check_queue_growth, check_relative_to, check_seed, strategy_names,
+                                                 unique, workload_requests)
 from prefillbench.errors import UsageError
 
 
@@ -44,14 +44,7 @@ class CapacityOptions(Measuring):
         check_seed(self.seed)
         if self.slo is None or self.slo.tbt_ms is None:
             raise UsageError("capacity needs --slo tbt=MS: the highest rate whose P99 time between tokens stays within it")
-        tests = test_specs(None, None, request_shape(self.pg, self.workload), self.arrival, self.len_spread, self.workload,
-                           self.reading)
-        self.settle_prefix_cache(tests)
-        if len(tests) != 1:
-            raise UsageError("capacity searches one test: give one --pg or a --workload")
-        if tests[0].sessions is not None:
-            raise UsageError("capacity searches a rate of independent requests; multi-turn sessions run with "
-                             "`prefillbench run --workload sessions:... --arrival poisson --rate R`")
+        test = self.searched_test(self.pg, self.arrival, "capacity")
         strategies = strategy_names(self.strategy, self.load)
         if self.load.url:
             if self.chunk_size:
@@ -64,9 +57,9 @@ class CapacityOptions(Measuring):
         check_export(self.export)
         sim = self.load.name == "sim"
         self.config = capacity.CapacityConfig(
-            tests[0], strategies, unique(self.chunk_size, "--chunk-size") or [256],
+            test, strategies, unique(self.chunk_size, "--chunk-size") or [256],
             capacity.Criteria(self.slo.tbt_ms, self.max_sched_delay, max_queue_growth=self.max_queue_growth / 100),
-            requests=workload_requests(tests[0], self.requests) or self.requests or (
+            requests=workload_requests(test, self.requests) or self.requests or (
                 capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS),
             concurrency=self.concurrency, arrival=self.arrival, burstiness=self.burstiness, seed=self.seed,
             start_rate=self.start_rate, precision=self.precision / 100, warmup=not self.no_warmup, slo=self.slo,

@@ -275,6 +275,19 @@ class Measuring:
     def validate(self) -> None:
         raise NotImplementedError
 
+    def searched_test(self, pg: list[tuple[int, int]] | None, arrival: str, command: str) -> TestSpec:
+        """capacity's and tune's one test: --pg (512,128 unless given) or a --workload trace, its prefix cache
+        settled; sessions refused (a rate is searched for independent requests)."""
+        tests = test_specs(None, None, request_shape(pg, self.workload), arrival, self.len_spread, self.workload,
+                           self.reading)
+        self.settle_prefix_cache(tests)
+        if len(tests) != 1:
+            raise UsageError(f"{command} searches one test: give one --pg or a --workload")
+        if tests[0].sessions is not None:
+            raise UsageError(f"{command} searches a rate of independent requests; multi-turn sessions run with "
+                             "`prefillbench run --workload sessions:... --arrival poisson --rate R`")
+        return tests[0]
+
     def settle_prefix_cache(self, tests: list[TestSpec]) -> None:
         """--prefix-cache unless given: on where the workload's prompts share prefixes (a trace with block ids)
         and the backend has a cache, off elsewhere, so a workload of random prompts measures what it always did."""

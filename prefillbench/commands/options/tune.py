@@ -6,8 +6,8 @@ from typing import Any
 
 from prefillbench.bench import capacity, tune
 from prefillbench.bench.workloads import TraceReading
-from prefillbench.commands.options.common import (trace_reading, workload_requests, BackendOptions, Measuring, check_seed, check_precision, check_queue_growth,
-                                                 request_shape, strategy_names, test_specs, unique)
+from prefillbench.commands.options.common import (BackendOptions, Measuring, check_precision, check_queue_growth,
+                                                 check_seed, strategy_names, trace_reading, unique, workload_requests)
 from prefillbench.errors import UsageError
 from prefillbench.writers import RECORD_FORMATS, format_for_path
 
@@ -171,14 +171,7 @@ class TuneOptions(Measuring):
         except ValueError as e:
             raise UsageError(f"--slo: {e}") from None
         check_precision(self.precision)
-        tests = test_specs(None, None, request_shape(self.pg, self.workload), self.arrival, self.len_spread, self.workload,
-                           self.reading)
-        self.settle_prefix_cache(tests)
-        if len(tests) != 1:
-            raise UsageError("tune searches one test: give one --pg or a --workload")
-        if tests[0].sessions is not None:
-            raise UsageError("tune searches a rate of independent requests; multi-turn sessions run with "
-                             "`prefillbench run --workload sessions:... --arrival poisson --rate R`")
+        test = self.searched_test(self.pg, self.arrival, "tune")
         strategies = strategy_names(self.strategy, self.load)
         if self.output not in TUNE_OUTPUTS:
             raise UsageError(f"-o {self.output}: tune prints {', '.join(TUNE_OUTPUTS)}")
@@ -188,11 +181,11 @@ class TuneOptions(Measuring):
             except ValueError as e:
                 raise UsageError(str(e)) from None
         sim = self.on_sim
-        requests = workload_requests(tests[0], self.requests) or (self.requests if self.requests is not None else (
+        requests = workload_requests(test, self.requests) or (self.requests if self.requests is not None else (
             capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS))
         repeats = self.repeats if self.repeats is not None else (3 if sim else 1)
         try:
-            self.settings = tune.TuneSettings(tests[0], self.criteria, requests, self.concurrency, self.arrival,
+            self.settings = tune.TuneSettings(test, self.criteria, requests, self.concurrency, self.arrival,
                                               self.burstiness, self.seed, repeats,
                                               self.start_rate or (None if sim else capacity.DEFAULT_START_RATE),
                                               self.precision / 100,
