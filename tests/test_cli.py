@@ -28,7 +28,7 @@ def test_markdown_table_has_a_row_per_case(tiny_folder, run_cli, tmp_path):
     lines = table.strip().splitlines()
     header = [h.strip() for h in lines[0].strip("|").split("|")]
     assert header == ["model", "backend", "strategy", "test", "t/s", "ms/t", "concurrency", "throughput/s",
-                      "TTFT p50/p99 ms", "TBT p50/p99 ms", "CV"]
+                      "TTFT p50/p99 ms", "TBT p50/p99 ms", "TBT p99 behind prefill ms (prompt t)", "CV"]
     rows = lines[2:]
     assert len(rows) == 3 * 3 * 2  # tests × strategies × concurrency
     assert {r.split("|")[4].strip() for r in rows} == {"pp16", "tg4", "pp12+tg3"}

@@ -229,7 +229,8 @@ def test_trace_records_from_real_runs(tmp_path):
     assert len(records) == 3 * 2 * 2  # cases x repetitions x requests
     assert all(len(r["token_times"]) == 4 and r["token_times"][0] > r["arrival"] >= 0 for r in records)
     charts = by_name(plots.plot_files([str(export)], tmp_path / "o"))
-    assert set(charts) == {"throughput_vs_concurrency_pp32+tg4", "chunk_sweep_pp32+tg4_c2", "ttft_cdf_pp32+tg4_c2", "tbt_cdf_pp32+tg4_c2"}
+    assert set(charts) == {"throughput_vs_concurrency_pp32+tg4", "chunk_sweep_pp32+tg4_c2", "ttft_cdf_pp32+tg4_c2", "tbt_cdf_pp32+tg4_c2",
+                           "tbt_stalls_pp32+tg4_c2"}
     ttft = charts["ttft_cdf_pp32+tg4_c2"].panels[0]
     assert ttft.labels == ["sequential", "chunked (8)", "chunked (16)"]
     assert all(len(s.x) == 2 * 2 for s in ttft.series)

@@ -28,6 +28,7 @@ from prefillbench.bench import stats
 from prefillbench.errors import BackendError
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.stats import mean_std
+from prefillbench.bench.stalls import stall_columns
 from prefillbench.bench.workloads import TestSpec
 from prefillbench.backends.base import Backend
 from prefillbench.backends.prefix_cache import implied_hits
@@ -157,6 +158,17 @@ class ResultRow:
     prefix_hit_implied: float = math.nan
     # Multi-turn sessions: the TTFT p50 of turns after the first (their prompts resend the history); NaN without.
     ttft_later_turns_p50_ms: float = math.nan
+    # Decode stalls (bench/stalls.py): TBT p99 split into its time in steps that computed prompt tokens, in
+    # decode-only steps and in no step (the three add up to it), the prompt tokens computed during it, the share of
+    # the gaps at or above it that waited behind a prefill, and the p99s of the gaps without and with prompt tokens
+    # in them. NaN where the steps are not known (a served run).
+    tbt_p99_behind_prefill_ms: float = math.nan
+    tbt_p99_decode_ms: float = math.nan
+    tbt_p99_between_steps_ms: float = math.nan
+    tbt_p99_prefill_tokens: float = math.nan
+    tbt_tail_behind_prefill: float = math.nan
+    tbt_p99_decode_only_ms: float = math.nan
+    tbt_p99_with_prefill_ms: float = math.nan
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -443,6 +455,7 @@ def summarize(
         prefix_hit_rate=prefix_hit_rate(reqs),
         prefix_hit_implied=prefix_implied,
         ttft_later_turns_p50_ms=percentile([ttft_ms(r) for r in reqs if r.turn > 0], 50),
+        **stall_columns(runs),
     )
 
 

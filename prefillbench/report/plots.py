@@ -49,7 +49,7 @@ class Series:
     x: list[float]
     y: list[float]
     err: list[float] | None = None  # half-width of the 95% CI, where known
-    style: str = "line"  # line | reference (flat) | step (CDF) | bar
+    style: str = "line"  # line | reference (flat) | step (CDF) | bar | scatter (one point a gap)
     n: list[int] | None = None  # repetitions behind each point's interval
     hue: tuple[str, int | None] | None = None  # (strategy, chunk size): its colour family and shade
 
@@ -62,6 +62,7 @@ class Panel:
     series: list[Series] = field(default_factory=list)
     xlog2: bool = False
     xlog: bool = False  # latencies: a log axis
+    ylog: bool = False
     ymin0: bool = False  # amounts (throughput, capacity): the axis starts at zero
 
     def get(self, label: str) -> Series:
@@ -309,6 +310,33 @@ def cdf_charts(trace_sets: list[tuple[str, list[Trace]]]) -> list[Chart]:
     return charts
 
 
+def stall_charts(trace_sets: list[tuple[str, list[Trace]]]) -> list[Chart]:
+    """Per test, concurrency and rate, where the steps were known: every gap between two tokens against the
+    prompt tokens computed while it lasted (bench/stalls.py), a colour per strategy. Decode-only gaps sit at 0;
+    a chunked budget caps the x of every point, sequential's reach whole prompts."""
+    traces = [t for _, ts in trace_sets for t in ts if t.gap_prompt_tokens is not None]
+    charts = []
+    for test, conc, rate in sorted({(t.test, t.concurrency, t.rate) for t in traces},
+                                   key=lambda k: (_test_order(k[0]), k[1], k[2] or 0.0)):
+        panel = Panel("stalls", "prompt tokens computed during the gap", "time between tokens (ms)")
+        members = [t for t in traces if (t.test, t.concurrency, t.rate) == (test, conc, rate)]
+        for hue in dict.fromkeys((t.strategy, t.chunk_size) for t in members):
+            ts = [t for t in members if (t.strategy, t.chunk_size) == hue]
+            x = [n for t in ts for n in t.gap_prompt_tokens]
+            if x:
+                panel.series.append(Series(strategy_label(*hue), x, [g for t in ts for g in t.tbts_ms],
+                                           style="scatter", hue=hue))
+        if not panel.series:
+            continue
+        panel.ylog = all(y > 0 for s in panel.series for y in s.y)
+        name, where = f"{_slug(test)}_c{conc}", f"{test}, concurrency {conc}"
+        if rate is not None:
+            name, where = f"{name}_r{rate:g}", f"{where if conc else test}, {rate:g} req/s"
+        charts.append(Chart(f"tbt_stalls_{name}", f"Which prefill each decode waited behind, {where}"
+                            f"{_subject({(t.model, t.backend) for t in members})}", [panel]))
+    return charts
+
+
 def draw(chart: Chart):
     """A matplotlib Figure for the chart (no pyplot, no display needed)."""
     from matplotlib.figure import Figure
@@ -338,6 +366,8 @@ def draw(chart: Chart):
             c = colour(s, i)
             if s.style == "step":
                 ax.step(s.x, s.y, where="post", label=s.label, color=c)
+            elif s.style == "scatter":
+                ax.scatter(s.x, s.y, s=6, alpha=0.4, label=s.label, color=c, linewidths=0)
             elif s.style == "reference":
                 ax.plot(s.x, s.y, linestyle="--", linewidth=1, label=s.label, color=c)
             else:
@@ -356,11 +386,14 @@ def draw(chart: Chart):
             ax.minorticks_off()
         elif panel.xlog:
             ax.set_xscale("log")
-        elif all(float(x).is_integer() for s in panel.series for x in s.x) and panel.series and panel.series[0].style != "step":
+        elif (all(float(x).is_integer() for s in panel.series for x in s.x) and panel.series
+              and panel.series[0].style not in ("step", "scatter")):
             ticks = sorted({x for s in panel.series for x in s.x})
             ax.set_xticks(ticks, [str(int(t)) for t in ticks])
         if panel.series and panel.series[0].style == "step":
             ax.set_ylim(0, 1.02)
+        if panel.ylog:
+            ax.set_yscale("log")
         if panel.ymin0:
             ax.set_ylim(bottom=0)
         ax.set_title(panel.title if len(chart.panels) > 1 else "")
@@ -430,6 +463,7 @@ def make_charts(results: list[Results], traces: list[tuple[str, list[Trace]]]) -
         charts += ttft_charts(results)
     if traces:
         charts += cdf_charts(traces)
+        charts += stall_charts(traces)
     return charts
 
 

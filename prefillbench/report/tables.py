@@ -123,9 +123,18 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
         columns = columns + [("TTFT turns 2+ p50 ms", lambda r: fmt_number(r.ttft_later_turns_p50_ms, 1), True)]
     if any(not math.isnan(r.prefix_hit_rate) for r in rows):  # prefix caching: measured beside what the workload implies
         columns = columns + [("prefix hits % (implied)", prefix_cell, True)]
+    if any(r.tbt_p99_behind_prefill_ms > 0 for r in rows):  # which prefill made the decodes wait (NaN: unknown)
+        columns = columns + [("TBT p99 behind prefill ms (prompt t)", stall_cell, True)]
     if any(r.failed_requests for r in rows):  # a server's failed requests: counted, in no figure
         columns = columns + [("failed", lambda r: f"{r.failed_requests}/{r.requests * r.repetitions}", True)]
     return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
+
+
+def stall_cell(row: ResultRow) -> str:
+    """'61.2 (256)': of the TBT p99, the ms spent in steps that computed prompt tokens, and how many they computed."""
+    if math.isnan(row.tbt_p99_behind_prefill_ms):
+        return "-"
+    return f"{row.tbt_p99_behind_prefill_ms:.1f} ({row.tbt_p99_prefill_tokens:.0f})"
 
 
 def prefix_cell(row: ResultRow) -> str:

@@ -9,7 +9,10 @@ Each line: the case (model, backend, strategy, test, n_prompt, n_gen,
 concurrency, chunk_size, rate: the open loop's requests/s or null), `repetition`
 and `request` (0-based), `prompt_len`, and `arrival`, `token_times` and
 `first_scheduled` (the start of the first step that carried it) in seconds from
-the start of that repetition.
+the start of that repetition. Where the run's steps are known (not a served
+run), each gap between two tokens is traced to the steps it spanned
+(bench/stalls.py): `gap_prompt_tokens`, the prompt tokens computed while it
+lasted, and `gap_behind_prefill_ms`, its time in steps that computed them.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefillbench.bench.stalls import request_gaps
 from prefillbench.report.exports import InputError, json_lines, read_text
 from prefillbench.writers import SUFFIX_FORMATS, jsonl_text, write_atomic
 
@@ -48,6 +52,7 @@ def trace_records(results) -> list[dict[str, Any]]:
             "rate": row.rate,
         }
         for rep, run in enumerate(result.runs):
+            stalls = request_gaps(run)
             for i, req in enumerate(run.requests):
                 records.append(
                     {
@@ -60,6 +65,9 @@ def trace_records(results) -> list[dict[str, Any]]:
                         "first_scheduled": None if req.first_scheduled is None else round(req.first_scheduled - run.start, 7),
                     }
                 )
+                if stalls is not None:
+                    records[-1]["gap_prompt_tokens"] = [int(n) for n in stalls[i].prompt_tokens]
+                    records[-1]["gap_behind_prefill_ms"] = [round(float(v), 4) for v in stalls[i].behind_ms]
     return records
 
 
@@ -84,6 +92,7 @@ class Trace:
     arrival: float
     token_times: list[float]
     rate: float | None = None  # the open loop's requests/s; None: closed loop
+    gap_prompt_tokens: list[float] | None = None  # per gap, the prompt tokens computed while it lasted; None: unknown
 
     @property
     def ttft_ms(self) -> float:
@@ -113,12 +122,19 @@ def _trace(record: Any, where: str) -> Trace:
             str(record["model"]), str(record["backend"]), str(record["strategy"]), str(record["test"]),
             int(record["concurrency"]), None if chunk in (None, "") else int(chunk), float(record["arrival"]), times,
             None if rate in (None, "") else float(rate),
+            _numbers(record.get("gap_prompt_tokens")),
         )
     except (TypeError, ValueError):
         raise InputError(f"{where}: malformed per-request record") from None
     if not times:
         raise InputError(f"{where}: a request without tokens")
+    if trace.gap_prompt_tokens is not None and len(trace.gap_prompt_tokens) != len(times) - 1:
+        raise InputError(f"{where}: {len(trace.gap_prompt_tokens)} gap_prompt_tokens for {len(times) - 1} gaps")
     return trace
+
+
+def _numbers(values: Any) -> list[float] | None:
+    return None if values is None else [float(v) for v in values]
 
 
 def parse_traces(path: str, text: str) -> list[Trace]:

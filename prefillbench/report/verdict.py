@@ -75,6 +75,8 @@ class CaseRatios:
     test: str
     load: str  # 'c=4', 'poisson 2/s', 'poisson 2/s c<=4'
     ratios: dict[str, Ratio]
+    #: Where the row's TBT p99 went (bench/stalls.py): '96% of it in steps computing 512 prompt tokens'; '' unknown.
+    stall: str = ""
 
     @property
     def where(self) -> str:
@@ -117,8 +119,19 @@ def case_ratios(rows: list[ResultRow], reference: str) -> list[CaseRatios]:
             h = float(half[idx]) if replicated[idx] else 0.0
             ratios[m] = Ratio(m, value, value * math.exp(-h), value * math.exp(h), bool(replicated[idx]))
         if ratios:
-            out.append(CaseRatios(strategy_label(row.strategy, row.chunk_size), row.test, load_label(row), ratios))
+            out.append(CaseRatios(strategy_label(row.strategy, row.chunk_size), row.test, load_label(row), ratios,
+                                  stall_phrase(row)))
     return out
+
+
+def stall_phrase(row: ResultRow) -> str:
+    """Where a row's TBT p99 went: the share of it in steps that computed prompt tokens, and how many."""
+    p99, behind = row.tbt_p99_ms, row.tbt_p99_behind_prefill_ms
+    if math.isnan(behind) or not p99 > 0:
+        return ""
+    if behind < 0.005 * p99:
+        return "none of it behind a prefill"
+    return f"{100 * behind / p99:.0f}% of it in steps computing {row.tbt_p99_prefill_tokens:.0f} prompt tokens"
 
 
 def _x(value: float) -> str:
@@ -171,13 +184,15 @@ def metric_clause(metric: str, cases: list[CaseRatios], everywhere: str, places:
         pick = max if (group is better) == higher else min
         top = pick(group, key=lambda c: c.ratios[metric].value)
         extreme = top.ratios[metric].value
+        # a TBT p99 says what it waited behind (stall_phrase): the figure a user argues interference with
+        why = f", {top.stall}" if metric == "tbt_p99_ms" and top.stall else ""
         if not places:
-            parts.append(f"{name} {word} ({_x(extreme)})")
+            parts.append(f"{name} {word} ({_x(extreme)}{why})")
         elif len(group) == 1:
-            parts.append(f"{name} {word} at {top.where} ({_x(extreme)})")
+            parts.append(f"{name} {word} at {top.where} ({_x(extreme)}{why})")
         else:
             direction = "up to" if extreme > 1 else "down to"
-            parts.append(f"{name} {word} at {_places(group)} ({direction} {_x(extreme)} at {top.where})")
+            parts.append(f"{name} {word} at {_places(group)} ({direction} {_x(extreme)} at {top.where}{why})")
     rest = [c.ratios[metric].value for c in have if c.ratios[metric].tie]
     if rest and metric == "throughput":
         parts.append(f"a tie elsewhere ({_span(rest)})")
