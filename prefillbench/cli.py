@@ -31,7 +31,7 @@ from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PAN
                                          MaxQueueGrowth, MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
                                          NoTuneLinear, NoVerdict, NoWarmup, NPrompt, Output, PipelineStages, ProbeArrival,
                                          PromptGen, Rate, RelativeTo, Repetitions, Requests, RequestShape, ResultsDir, Seed,
-                                         SimGpu, SkipIdle, SimModel, SLOOption, Strategy, TensorParallel, Threads, Trace, UBatch,
+                                         SimGpu, SkipIdle, Disaggregate, PrefillTp, DecodeTp, KvLink, KvTransfer, SimModel, SLOOption, Strategy, TensorParallel, Threads, Trace, UBatch,
                                          Verify, Workload, PrefixBlock, PrefixCache, TimeScale, TokenScale, TraceFirst,
                                          TraceFormat, TraceMaxLen, TraceSpan, flag, option)
 from prefillbench.bench.traces import TraceReading
@@ -160,6 +160,11 @@ def _model_and_backend(
     url: Url = None,
     server_timeout: ServerTimeout = None,
     skip_idle: SkipIdle = None,
+    disaggregate: Disaggregate = None,
+    prefill_tp: PrefillTp = None,
+    decode_tp: DecodeTp = None,
+    kv_link: KvLink = None,
+    kv_transfer: KvTransfer = None,
 ) -> None:
     """The model-and-backend flags of run, capacity and tune, declared once (see model_flags)."""
 

@@ -5,6 +5,20 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Handoff:
+    """A prompt prefilled elsewhere (a disaggregated deployment's prefill instance) whose KV was moved here: the
+    first token it produced and when (seconds after the run starts, as `arrival_s`), when the request itself
+    arrived and first ran there, and the KV itself where a backend moves real state (gguf's sequence state)."""
+
+    first_token: int
+    first_token_s: float
+    arrival_s: float
+    first_scheduled_s: float
+    instance: int = 0  # the prefill instance that computed it
+    state: bytes | None = None
+
+
+@dataclass(frozen=True)
 class Request:
     prompt: tuple[int, ...]
     n_gen: int
@@ -16,6 +30,8 @@ class Request:
     session: int | None = None
     turn: int = 0
     think_s: float = 0.0
+    #: Its prompt's KV came from a prefill instance: `arrival_s` is when the KV arrived here (decode only).
+    handoff: Handoff | None = None
 
     @property
     def follows(self) -> bool:
@@ -37,11 +53,19 @@ class Sequence:
     n_cached: int = 0  # leading prompt tokens found in the backend's prefix cache: never computed (n_prefilled starts here)
     session: int | None = None  # a multi-turn session's id, and the turn
     turn: int = 0
+    kv_arrival: float | None = None  # a handed-off prompt: when its KV arrived (the clock's); None: prefilled here
 
     @classmethod
-    def admit(cls, seq_id: int, request: "Request", arrival: float) -> "Sequence":
-        return cls(seq_id, request.prompt, request.n_gen, arrival, forced_tokens=request.forced_tokens,
-                   session=request.session, turn=request.turn)
+    def admit(cls, seq_id: int, request: "Request", arrival: float, start: float = 0.0) -> "Sequence":
+        """`arrival`: when the request may enter (the clock's); `start`: the run's start, which a handoff's times
+        count from. A handed-off prompt enters prefilled, with its first token, decoding."""
+        h = request.handoff
+        if h is None:
+            return cls(seq_id, request.prompt, request.n_gen, arrival, forced_tokens=request.forced_tokens,
+                       session=request.session, turn=request.turn)
+        return cls(seq_id, request.prompt, request.n_gen, start + h.arrival_s, len(request.prompt),
+                   [h.first_token], [start + h.first_token_s], start + h.first_scheduled_s,
+                   request.forced_tokens, session=request.session, turn=request.turn, kv_arrival=arrival)
 
     def append_token(self, token: int, time: float) -> bool:
         """Record the next token, which is fed back on the next step; a forced token replaces the model's.

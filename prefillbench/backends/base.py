@@ -114,6 +114,11 @@ class Backend(ABC):
         len(prompt) - 1: a prompt's last token is always computed, for its logits (vLLM's rule too)."""
         return 0
 
+    def accept_handoff(self, seq_id: int, request) -> None:
+        """A prompt prefilled elsewhere enters (a disaggregated deployment's decode instance, deploy/): its KV, in
+        `request.handoff`, becomes sequence `seq_id`'s. A backend that holds no real KV (the sim) has nothing to do:
+        its cost model reads the context from the decode's position."""
+
     def refreshed_prefixes(self) -> dict[int, int]:
         """Asked before every step, where `caches_prefixes`: the sequences admitted but not started whose prompt
         now finds more of itself cached than when it looked (a prompt sharing its prefix has computed it since):

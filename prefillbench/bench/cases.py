@@ -14,6 +14,7 @@ from prefillbench import engine
 from prefillbench.backends.base import Backend, LogitTolerance
 from prefillbench.engine import RunRecord
 from prefillbench.bench.metrics import SLO, Load, ResultRow, implied_hit_rate, row_strategy, summarize
+from prefillbench.deploy import Disaggregation, run_requests
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
 from prefillbench.sequence import Request
 
@@ -44,6 +45,7 @@ class BenchConfig:
     rates: list[float] = field(default_factory=list)  # poisson and gamma: one case per rate
     burstiness: float = 1.0
     slo: SLO | None = None
+    deployment: Disaggregation | None = None  # prefill apart from decode (deploy/); None: one engine
 
     @property
     def open_loop(self) -> bool:
@@ -182,11 +184,17 @@ def case_result(backend: Backend, case: Case, runs: list[RunRecord], config: Ben
         load=config.load(case),
         slo=config.slo,
         prefix_implied=implied,
+        deployment=config.deployment.label if config.deployment else "",
     )
     return CaseResult(case, row, runs)
 
 
 def run_case(backend: Backend, case: Case, config: BenchConfig, on_tokens: Callable[[int], None] | None = None) -> CaseResult:
+    if config.deployment is not None:
+        requests = config.requests_for(case, backend.vocab_size)  # the sim's instances: nothing to warm
+        runs = [run_requests(backend, case.strategy, case.chunk_size, requests, case.concurrency, config.deployment,
+                             on_tokens) for _ in range(config.repetitions)]
+        return case_result(backend, case, runs, config)
     strategy, requests = prepare_case(backend, case, config)
     runs = [engine.run(backend, strategy, requests, case.concurrency, on_tokens=on_tokens) for _ in range(config.repetitions)]
     return case_result(backend, case, runs, config)

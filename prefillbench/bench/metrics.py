@@ -29,6 +29,7 @@ from prefillbench.errors import BackendError
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.stats import mean_std
 from prefillbench.bench.stalls import stall_columns
+from prefillbench.deploy.disaggregated import deployment_columns
 from prefillbench.bench.workloads import TestSpec
 from prefillbench.backends.base import Backend
 from prefillbench.backends.prefix_cache import implied_hits
@@ -169,6 +170,13 @@ class ResultRow:
     tbt_tail_behind_prefill: float = math.nan
     tbt_p99_decode_only_ms: float = math.nan
     tbt_p99_with_prefill_ms: float = math.nan
+    # A disaggregated deployment (deploy/): its layout ("P:D 1:1"; "" one engine), the KV transfer per request, and
+    # the share of the run each pool's instances spent in steps (their mean).
+    deployment: str = ""
+    kv_transfer_p50_ms: float = math.nan
+    kv_transfer_p99_ms: float = math.nan
+    prefill_busy: float = math.nan
+    decode_busy: float = math.nan
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -382,6 +390,7 @@ def summarize(
     load: Load = Load(),
     slo: SLO | None = None,
     prefix_implied: float = math.nan,
+    deployment: str = "",
 ) -> ResultRow:
     reqs = [r for run in runs for r in run.requests]
     failed = sum(len(run.failed) for run in runs)
@@ -456,6 +465,8 @@ def summarize(
         prefix_hit_implied=prefix_implied,
         ttft_later_turns_p50_ms=percentile([ttft_ms(r) for r in reqs if r.turn > 0], 50),
         **stall_columns(runs),
+        deployment=deployment,
+        **deployment_columns(runs),
     )
 
 

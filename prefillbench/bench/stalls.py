@@ -57,22 +57,48 @@ def request_gaps(run: RunRecord) -> list[Gaps] | None:
 
 
 def run_gaps(run: RunRecord) -> Gaps | None:
-    """The run's gaps, attributed; None where the run has no steps (a served run)."""
+    """The run's gaps, attributed; None where the run has no steps (a served run). In a deployment (deploy/) a
+    request's gaps are read on the steps of the instance that decoded it: a prefill instance's steps hold up no
+    decode (the first gap, from the prefill instance's token to the decode instance's, spans the KV's transfer:
+    time in no step of the decode instance, or in its steps for others)."""
     if not run.steps:
         return None
-    steps = run.steps
+    instances = sorted({s.instance for s in run.steps} | {r.instance for r in run.requests})
+    if len(instances) == 1:
+        return _gaps(run.steps, run.requests)
+    parts = {k: _gaps([s for s in run.steps if s.instance == k], [r for r in run.requests if r.instance == k])
+             for k in instances}
+    # back in the run's request order, which the row's TBT array has (metrics.tbts_ms)
+    cuts = {k: iter(np.cumsum([0] + [max(len(r.token_times) - 1, 0) for r in run.requests if r.instance == k]))
+            for k in instances}
+    pieces = []
+    for r in run.requests:
+        n = max(len(r.token_times) - 1, 0)
+        lo = next(cuts[r.instance])
+        g = parts[r.instance]
+        pieces.append(Gaps(g.ms[lo:lo + n], g.behind_ms[lo:lo + n], g.decode_ms[lo:lo + n],
+                           g.prompt_tokens[lo:lo + n]))
+    return Gaps.concat(pieces)
+
+
+def _gaps(steps: list, requests: list) -> Gaps:
+    """The gaps of `requests` between the `steps` of one instance."""
+    if not steps:
+        n = sum(max(len(r.token_times) - 1, 0) for r in requests)
+        ms = np.concatenate([1e3 * np.diff(r.token_times) for r in requests]) if n else np.zeros(0)
+        return Gaps(ms, np.zeros(n), np.zeros(n), np.zeros(n))
     starts = np.fromiter((s.start for s in steps), float, len(steps))
     ends = np.fromiter((s.end for s in steps), float, len(steps))
     tokens = np.fromiter((sum(n for _, n in s.prefill_chunks) + s.n_pad for s in steps), float, len(steps))
     order = np.argsort(starts, kind="stable")
     starts, ends, tokens = starts[order], ends[order], tokens[order]
     timeline = _Timeline(starts, ends, tokens > 0)
-    # token tokens: the prompt tokens of the steps overlapping a window, by prefix sums over the steps by start
-    # (their ends, made monotone, for the first step ending after the window opens)
+    # the prompt tokens of the steps overlapping a window, by prefix sums over the steps by start (their ends,
+    # made monotone, for the first step ending after the window opens)
     reach = np.maximum.accumulate(ends)
     prompt_sums = np.concatenate([[0.0], np.cumsum(tokens)])
     lo, hi = [], []
-    for req in run.requests:
+    for req in requests:
         if len(req.token_times) > 1:
             t = np.asarray(req.token_times, dtype=float)
             lo.append(t[:-1])

@@ -17,6 +17,7 @@ from prefillbench.backends.sim.pricing import OVERHEADS, PRICINGS
 from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS
 from prefillbench.bench.traces import FORMATS as TRACE_FORMATS
 from prefillbench.bench.workloads import ARRIVALS
+from prefillbench.deploy.links import LINKS, TRANSFERS
 from prefillbench.commands.parsers import choice, float_list, int_list, lengths, percent, pp_tg_pairs, slo_spec, str_list
 from prefillbench.report.tables import OUTPUT_FORMATS
 
@@ -109,6 +110,22 @@ PrefixBlock = Annotated[Optional[int], option(
     help="the prefix cache's block: prompts share cached KV in whole blocks of this many tokens (default: 16, vLLM's)")]
 Trace = Annotated[Optional[str], option(
     "--trace", panel=SIM_PANEL, metavar="FILE", help="sim: write every step's per-operator cost breakdown here (JSONL)")]
+# prefill apart from decode
+DEPLOY_PANEL = "prefill apart from decode (--disaggregate)"
+Disaggregate = Annotated[Optional[str], option(
+    "--disaggregate", panel=DEPLOY_PANEL, metavar="P:D",
+    help="P prefill and D decode instances, each prompt's KV moved from one to the other (docs/disaggregation.md); "
+    "open loop only")]
+PrefillTp = Annotated[Optional[int], option(
+    "--prefill-tp", panel=DEPLOY_PANEL, metavar="N", help="sim: each prefill instance's tensor parallelism (default: --tp)")]
+DecodeTp = Annotated[Optional[int], option(
+    "--decode-tp", panel=DEPLOY_PANEL, metavar="N", help="sim: each decode instance's tensor parallelism (default: --tp)")]
+KvLink = Annotated[Optional[str], option(
+    "--kv-link", panel=DEPLOY_PANEL, callback=choice(*LINKS), metavar="|".join(LINKS),
+    help="sim: the link a prompt's KV crosses (default: nvlink; measured NCCL curves for nvlink and infiniband)")]
+KvTransfer = Annotated[Optional[str], option(
+    "--kv-transfer", panel=DEPLOY_PANEL, callback=choice(*TRANSFERS), metavar="|".join(TRANSFERS),
+    help="sim: the KV sent after the prompt's last step (whole, default) or each layer's as it is computed (layerwise)")]
 # servers
 SERVER_PANEL = "Serving engines (--backend llama-server, --backend server)"
 ServerBin = Annotated[Optional[str], option(

@@ -194,6 +194,10 @@ def open_session(load: BackendOptions, outputs: list[Output], **settings: Any) -
     meta = run_metadata(backend.metadata())
     meta.update(model_path=load.model or "default", backend_name=backend.name, device=backend.device,
                 skip_idle=backend.skip_idle, **settings)
+    if (spec := load.deployment()) is not None:  # the pools, their link and its source
+        from prefillbench.deploy import deployment_for
+
+        meta.update(deployment_for(backend, spec).metadata())
     session = Session(backend, meta, outputs)
     _open.append(session)
     return session

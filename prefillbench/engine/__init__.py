@@ -68,7 +68,8 @@ def run(
     steady = (strategy.steady_decodes and backend.runs_decodes and depth == 1 and not keep_logits
               and all(r.forced_tokens is None for r in reqs))
     admission = Admission(reqs, open_loop, cap, start=backend.now(),
-                          reuse=backend.reuse_prefix if backend.caches_prefixes else None)
+                          reuse=backend.reuse_prefix if backend.caches_prefixes else None,
+                          accept=backend.accept_handoff)
     return Loop(backend, strategy, admission, depth, steady, keep_logits, on_tokens, stop).run()
 
 

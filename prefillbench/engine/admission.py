@@ -50,11 +50,12 @@ class Admission:
     moves it on from there and takes it out of all three when it finishes.
     """
 
-    __slots__ = ("pending", "held", "cap", "open_loop", "start", "reuse", "live", "waiting", "running", "next_id",
+    __slots__ = ("pending", "held", "cap", "open_loop", "start", "reuse", "accept", "live", "waiting", "running", "next_id",
                  "next_at")
 
     def __init__(self, requests: list[Request], open_loop: bool, cap: int, start: float,
-                 reuse: Callable[[int, tuple[int, ...]], int] | None = None) -> None:
+                 reuse: Callable[[int, tuple[int, ...]], int] | None = None,
+                 accept: Callable[[int, Request], None] | None = None) -> None:
         # A session's later turns wait for the turn before them to finish (`finished`); the rest queue by arrival.
         self.held = {(r.session, r.turn): r for r in requests if r.follows}
         self.pending = deque([r for r in requests if not r.follows])
@@ -63,6 +64,8 @@ class Admission:
         self.start = start  # the clock when the run started: an open loop's arrivals count from it
         #: The backend's prefix cache (Backend.reuse_prefix), asked once per admitted prompt; None: no cache this run.
         self.reuse = reuse
+        #: The backend's taker of a handed-off prompt's KV (Backend.accept_handoff), asked once per such request.
+        self.accept = accept
         self.live: dict[int, Sequence] = {}
         # The strategy's two lists, kept by the loop as sequences move between them rather than rebuilt from `live`
         # every step (a pass over every sequence in flight per step: a tenth of the sim's time). Both in admission order.
@@ -88,8 +91,10 @@ class Admission:
                 break
             req = pending.popleft()
             arrival = start + req.arrival_s if open_loop else now
-            seq = live[self.next_id] = Sequence.admit(self.next_id, req, arrival)
-            if self.reuse is not None:
+            seq = live[self.next_id] = Sequence.admit(self.next_id, req, arrival, start)
+            if req.handoff is not None and self.accept is not None:
+                self.accept(seq.seq_id, req)
+            elif self.reuse is not None:
                 seq.n_prefilled = seq.n_cached = self.reuse(seq.seq_id, seq.prompt)
             (self.running if seq.prefill_done else self.waiting).append(seq)
             self.next_id += 1

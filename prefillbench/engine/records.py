@@ -18,6 +18,7 @@ class StepRecord:
     decode_contexts: list[int]  # context length each decode token attends to
     chunk_emits: int = 0  # prompt chunks that were their prompt's last, so emitted a token (the decodes all do)
     cached: int = 0  # prompt tokens of this step's first chunks that the prefix cache held (so were not computed)
+    instance: int = 0  # the deployment's instance that ran it (deploy/: prefill instances first); 0 colocated
 
     @property
     def seconds(self) -> float:
@@ -41,6 +42,9 @@ class RequestRecord:
     cached_tokens: int | None = None
     session: int | None = None  # a multi-turn session's id, and the turn (0 first)
     turn: int = 0
+    #: A disaggregated deployment (deploy/): the instance that decoded it, and when its KV arrived there.
+    instance: int = 0
+    kv_arrival: float | None = None
 
 
 @dataclass
@@ -82,4 +86,5 @@ def step_record(step: Step, start: float, end: float) -> StepRecord:
 def request_record(seq: Sequence, logits: list, cached: bool = False) -> RequestRecord:
     """A finished sequence's record; `cached`: the run had a prefix cache, so its count of cached tokens is known."""
     return RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated, logits, seq.first_scheduled,
-                         cached_tokens=seq.n_cached if cached else None, session=seq.session, turn=seq.turn)
+                         cached_tokens=seq.n_cached if cached else None, session=seq.session, turn=seq.turn,
+                         kv_arrival=seq.kv_arrival)

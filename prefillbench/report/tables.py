@@ -125,6 +125,11 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
         columns = columns + [("prefix hits % (implied)", prefix_cell, True)]
     if any(r.tbt_p99_behind_prefill_ms > 0 for r in rows):  # which prefill made the decodes wait (NaN: unknown)
         columns = columns + [("TBT p99 behind prefill ms (prompt t)", stall_cell, True)]
+    if any(r.deployment for r in rows):  # prefill apart from decode: the layout, the KV's transfer, the pools' use
+        at = next(i for i, c in enumerate(columns) if c[0] == "strategy") + 1
+        columns = columns[:at] + [("deployment", lambda r: r.deployment or "colocated", False)] + columns[at:]
+        columns = columns + [("KV transfer p50 ms", lambda r: fmt_number(r.kv_transfer_p50_ms, 2), True),
+                             ("busy P/D", busy_cell, True)]
     if any(r.failed_requests for r in rows):  # a server's failed requests: counted, in no figure
         columns = columns + [("failed", lambda r: f"{r.failed_requests}/{r.requests * r.repetitions}", True)]
     return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
@@ -135,6 +140,13 @@ def stall_cell(row: ResultRow) -> str:
     if math.isnan(row.tbt_p99_behind_prefill_ms):
         return "-"
     return f"{row.tbt_p99_behind_prefill_ms:.1f} ({row.tbt_p99_prefill_tokens:.0f})"
+
+
+def busy_cell(row: ResultRow) -> str:
+    """'22%/97%': the share of the run the prefill and the decode instances spent in steps."""
+    if math.isnan(row.prefill_busy):
+        return "-"
+    return f"{100 * row.prefill_busy:.0f}%/{100 * row.decode_busy:.0f}%"
 
 
 def prefix_cell(row: ResultRow) -> str:

@@ -72,6 +72,9 @@ class SimBackend(Backend):
                  trace: str | Path | None = None, pricing: str = "spec", overheads: str | None = None,
                  prefix: PrefixSettings = PrefixSettings()) -> None:
         self.spec_gpu = gpu
+        # what another instance of this deployment needs (instance): all but the parallelism and the trace file
+        self._settings = dict(calibration=calibration, calibration_path=calibration_path, pricing=pricing,
+                              overheads=overheads, prefix=prefix)
         if calibration:
             if pricing != "spec":
                 raise SimConfigError(f"--calibration and --sim-pricing {pricing}: a calibration fits the spec "
@@ -175,6 +178,11 @@ class SimBackend(Backend):
             raise SimConfigError(str(e)) from None
         return cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration, trace=trace,
                    pricing=sim_pricing or "spec", overheads=sim_overheads, prefix=prefix)
+
+    def instance(self, tp: int) -> "SimBackend":
+        """Another GPU instance of the same model, device, pricing and cache at tensor parallelism `tp` (a
+        deployment's pool, deploy/), with a clock of its own."""
+        return SimBackend(self.model, self.spec_gpu, tp=tp, ep=min(self.ep, tp), **self._settings)
 
     # ---- capacity ---------------------------------------------------------------
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int = 0) -> int:

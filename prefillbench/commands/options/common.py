@@ -94,6 +94,10 @@ def _backend_option(default: Any, flag: str, option: str, negated: bool = False)
     return field(default=default, metadata={"flag": flag, "option": option, "negated": negated})
 
 
+#: The backends a disaggregated deployment runs on.
+DEPLOYABLE = ("sim",)
+
+
 @dataclass
 class BackendOptions:
     """What loads the backend: shared by run, capacity and calibrate."""
@@ -130,6 +134,12 @@ class BackendOptions:
     url: str | None = _backend_option(None, "--url", "url")
     server_timeout: float | None = _backend_option(None, "--server-timeout", "server_timeout")
     skip_idle: bool | None = None  # the engine's clock, not a load option: None leaves it to the command (tune --quick)
+    # prefill apart from decode (deploy/): the layout, each pool's TP (None: --tp), the KV's link and transfer
+    disaggregate: str | None = None
+    prefill_tp: int | None = None
+    decode_tp: int | None = None
+    kv_link: str | None = None
+    kv_transfer: str | None = None
 
     @classmethod
     def pick(cls, flags: dict[str, Any]) -> BackendOptions:
@@ -181,6 +191,25 @@ class BackendOptions:
         if self.skip_idle and self.served_engine() is not None:
             note(f"warning: --skip-idle is ignored by the {name} backend (a server's requests arrive in real time)")
             self.skip_idle = False
+
+    def deployment(self):
+        """--disaggregate and its flags as one validated value (deploy.Disaggregation); None without it."""
+        from prefillbench.deploy import Disaggregation
+
+        given = [f for f in ("prefill_tp", "decode_tp", "kv_link", "kv_transfer") if getattr(self, f) is not None]
+        if self.disaggregate is None:
+            if given:
+                raise UsageError(f"--{given[0].replace('_', '-')} sets up a disaggregated deployment: give --disaggregate P:D")
+            return None
+        if self.name not in DEPLOYABLE:
+            raise UsageError(f"--disaggregate runs on {' and '.join(DEPLOYABLE)}, not on the {self.name} backend")
+        if self.pp > 1:
+            raise UsageError("--disaggregate with --pp: a pool's instances are tensor parallel only")
+        try:
+            return Disaggregation.parse(self.disaggregate, self.prefill_tp or self.tp, self.decode_tp or self.tp,
+                                        self.kv_link or "nvlink", self.kv_transfer or "whole")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
 
     def check_concurrency(self, most: int) -> None:
         """Refuse a -c the backend cannot hold, before loading a model to find out."""

@@ -95,7 +95,13 @@ class RunOptions(Measuring):
             rates=unique(self.rate, "--rate") or [],
             burstiness=self.burstiness,
             slo=self.slo,
+            deployment=self.load.deployment(),
         )
+        if config.deployment is not None and not open_loop:
+            raise UsageError("--disaggregate runs an open loop: give --arrival poisson (or gamma) and --rate, or a "
+                             "workload with arrival times")
+        if config.deployment is not None and any(t.sessions is not None for t in tests):
+            raise UsageError("--disaggregate runs no multi-turn sessions (a turn's next waits on its decode)")
         if self.load.url and self.chunk_size:
             raise UsageError("--url measures a server already running, whose budget is its own: drop --chunk-size")
         try:

@@ -1,0 +1,132 @@
+"""Prefill apart from decode (deploy/): the KV's links, the sim deployment's record, its rows and its flags."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from prefillbench import engine
+from prefillbench.backends.sim.backend import SimBackend
+from prefillbench.bench.metrics import Load, summarize
+from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests
+from prefillbench.deploy import Disaggregation, run_requests
+from prefillbench.deploy.disaggregated import SimDeployment
+from prefillbench.deploy.links import Link, link, transfer_seconds
+from strategies import make_strategy
+
+
+def flat(bw=10e9, latency=1e-5):
+    return Link("test", latency, bw, "test")
+
+
+def test_a_whole_transfer_is_latency_and_bytes_over_the_links_in_parallel():
+    assert transfer_seconds(4e9, flat(), 2, 40, "whole", 0.1) == pytest.approx(1e-5 + 2e9 / 10e9)
+
+
+def test_layer_by_layer_leaves_one_layer_after_the_step_when_the_link_keeps_up():
+    # 40 layers of a 1 s step; each layer's 25 MB takes 2.5 ms + 10 us on a 10 GB/s link: only the last is left
+    exposed = transfer_seconds(1e9, flat(), 1, 40, "layerwise", 1.0)
+    assert exposed == pytest.approx(1e-5 + 1e9 / 40 / 10e9)
+
+
+def test_layer_by_layer_on_a_slow_link_leaves_what_the_link_could_not_send():
+    # 1 GB over 1 GB/s: 1 s of sending against a 0.1 s step, from its first layer's end, back to back
+    exposed = transfer_seconds(1e9, flat(bw=1e9), 1, 40, "layerwise", 0.1)
+    assert exposed == pytest.approx(0.1 / 40 + 40 * (0.025 + 1e-5) - 0.1, rel=1e-9)
+    # the earlier chunks went during their steps, but no faster than the link: 1 s from the first step's start
+    assert transfer_seconds(1e9, flat(bw=1e9), 1, 40, "layerwise", 0.1, 0.25, 0.5) == pytest.approx(0.5 + 1e-5, rel=1e-3)
+
+
+def test_the_measured_links_are_named_with_their_source_and_order_by_speed():
+    gb = 1e9
+    times = {name: link(name, "A100-SXM").seconds(gb) for name in ("nvlink", "infiniband", "pcie", "ethernet")}
+    assert times["nvlink"] < times["pcie"] < times["ethernet"] and times["nvlink"] < times["infiniband"]
+    assert "vidur" in link("nvlink", "H100-SXM").source.lower()
+    assert "no profile" in link("infiniband", "H200").source
+
+
+def sim() -> SimBackend:
+    return SimBackend.load("llama-13b", "a100")
+
+
+def poisson(test: TestSpec, n: int, rate: float, vocab: int):
+    return make_requests(test, n, vocab, 0, ArrivalSpec("poisson", rate).times(n, 0, test))
+
+
+def test_every_request_is_prefilled_on_one_instance_and_decoded_on_another_after_its_kv_arrives():
+    backend = sim()
+    spec = Disaggregation(2, 3)
+    test = TestSpec(1024, 32)
+    reqs = poisson(test, 60, 4.0, backend.vocab_size)
+    run = run_requests(backend, "sequential", None, reqs, 0, spec)
+    dep = SimDeployment(backend, spec)
+    assert [r.prompt_len for r in run.requests] == [len(q.prompt) for q in reqs]
+    for r in run.requests:
+        assert len(r.tokens) == 32 and r.instance in (2, 3, 4)
+        # the first token on the prefill instance, the KV's transfer, then the decodes on the decode instance
+        assert r.token_times[0] < r.kv_arrival <= r.token_times[1]
+        assert r.kv_arrival - r.token_times[0] == pytest.approx(dep.link.seconds(backend.model.kv_bytes_per_token * 1024))
+    decode_steps = [s for s in run.steps if s.instance >= 2]
+    assert decode_steps and not any(s.prefill_chunks for s in decode_steps)
+    assert all(s.prefill_chunks for s in run.steps if s.instance < 2)
+    row = summarize(test, [run], model="m", backend="sim", strategy="sequential", concurrency=0, chunk_size=None,
+                    load=Load("poisson", 4.0), deployment=spec.label)
+    # a decode instance runs no prompt: no gap waits behind one (the first gap is the transfer, in no step)
+    assert row.tbt_p99_behind_prefill_ms == 0.0
+    assert row.kv_transfer_p50_ms > 0 and 0 < row.prefill_busy < 1 and 0 < row.decode_busy <= 1
+    assert row.deployment == "P:D 2:3"
+
+
+def test_a_prefill_instance_runs_what_one_engine_would_run_of_the_prompts_alone():
+    # P:D 1:1: the prefill instance's first tokens are those of the same strategy running the prompts alone
+    backend = sim()
+    test = TestSpec(512, 16)
+    reqs = poisson(test, 40, 8.0, backend.vocab_size)
+    run = run_requests(backend, "chunked", 256, reqs, 0, Disaggregation(1, 1))
+    from dataclasses import replace
+
+    alone = engine.run(backend.instance(1), make_strategy("chunked", 256), [replace(r, n_gen=1) for r in reqs], 0)
+    ttft = [r.token_times[0] - r.arrival for r in run.requests]
+    assert ttft == pytest.approx([r.token_times[0] - r.arrival for r in alone.requests])
+
+
+def test_colocated_decodes_wait_behind_prompts_that_disaggregated_ones_never_meet():
+    backend = sim()
+    test = TestSpec(1536, 64)
+    reqs = poisson(test, 80, 3.0, backend.vocab_size)
+    rows = {}
+    for spec in (None, Disaggregation(1, 1)):
+        run = run_requests(backend, "sequential", None, reqs, 0, spec)
+        rows[spec] = summarize(test, [run], model="m", backend="sim", strategy="sequential", concurrency=0,
+                               chunk_size=None, load=Load("poisson", 3.0))
+    colocated, apart = rows[None], rows[Disaggregation(1, 1)]
+    assert colocated.tbt_p99_prefill_tokens >= 1536 and colocated.tbt_p99_behind_prefill_ms > 0
+    assert apart.tbt_p99_ms < colocated.tbt_p99_ms / 3
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pg", "512,32", "-c", "2"], "open loop"),
+    (["--pg", "512,32", "--arrival", "poisson", "--rate", "1", "--kv-link", "pcie", "--disaggregate", "1"], "P:D"),
+    (["--pg", "512,32", "--arrival", "poisson", "--rate", "1", "--disaggregate", "0:1"], "at least one instance"),
+])
+def test_bad_deployments_get_one_line(run_cli, argv, message):
+    extra = [] if "--disaggregate" in argv else ["--disaggregate", "1:1"]
+    result = run_cli("run", "--backend", "sim", *argv, *extra)
+    assert result.code == 2 and message in result.err and len(result.err.strip().splitlines()) == 1
+
+
+def test_deployment_flags_without_a_deployment_are_refused(run_cli):
+    result = run_cli("run", "--backend", "sim", "--pg", "512,32", "--kv-link", "pcie")
+    assert result.code == 2 and "--disaggregate" in result.err
+
+
+def test_the_table_names_the_deployment_and_the_transfer(run_cli):
+    result = run_cli("run", "--backend", "sim", "--sim-gpu", "a100", "--pg", "1024,32", "--arrival", "poisson",
+                     "--rate", "2", "--requests", "40", "-s", "chunked", "--disaggregate", "1:2", "--kv-link",
+                     "infiniband", "--no-results-file")
+    assert result.code == 0, result.err
+    header, _, row = result.out.splitlines()[:3]
+    cells = dict(zip([h.strip() for h in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["deployment"] == "P:D 1:2"
+    assert float(cells["KV transfer p50 ms"]) > 0
+    assert math.isfinite(float(cells["busy P/D"].split("/")[0].rstrip("%")))
