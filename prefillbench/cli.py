@@ -23,8 +23,8 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 from prefillbench import __version__
 from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
-from prefillbench.commands import ab, calibrate, capacity, compare, plot, run, tune
-from prefillbench.commands.flags import (CAPACITY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
+from prefillbench.commands import ab, calibrate, capacity, compare, designs, plot, run, tune
+from prefillbench.commands.flags import (CAPACITY_PANEL, DEPLOY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
                                          EngineName, ExpertParallel, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimOverheads, SimPricing, Url,
                                          Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
@@ -38,7 +38,7 @@ from prefillbench.bench.traces import TraceReading
 from prefillbench.commands.options import (DEFAULT_PRESET, DEFAULT_TOP_K, QUICK, TUNE_OUTPUTS, ABOptions, BackendOptions,
                                            CalibrateOptions, CapacityOptions, CompareOptions, PlotOptions, RunOptions,
                                            TuneOptions)
-from prefillbench.commands.parsers import budgets, choice, five_ints, metric_list, metrics_if_given, percent, slo_spec
+from prefillbench.commands.parsers import budgets, choice, five_ints, float_list, str_list, metric_list, metrics_if_given, percent, slo_spec
 from prefillbench.commands.session import close_sessions, error_prefix
 from prefillbench.errors import UsageError
 from prefillbench.report.ab import AB_METRICS, DEFAULT_GATED
@@ -374,9 +374,24 @@ def tune_command(
         "--verbose", "-v", rich_help_panel=OUTPUT_PANEL, metavar="", show_default=False, help="the table's every column (intervals, the sim's errors, the slowed sim, probes) and "
         "the diagnostic lines (steps by kind, drift, the edge of the SLO); the export has them all")] = False,
     no_progress: NoProgress = False,
+    gpus: Annotated[Optional[int], option(
+        "--gpus", panel=DEPLOY_PANEL, metavar="N",
+        help="sim: search both designs on N GPUs, colocated replicas (strategy x budget x TP) beside every "
+        "prefill:decode split, by goodput per GPU under --slo at --attainment, and where one overtakes the other "
+        "as the SLO tightens (docs/disaggregation.md)")] = None,
+    attainment: Annotated[float, option(
+        "--attainment", panel=DEPLOY_PANEL, parser=percent, metavar="PCT",
+        help="--gpus: the share of requests that must meet every limit of --slo (DistServe's 90%)")] = 90.0,
+    slo_scales: Annotated[Optional[list[str]], option(
+        "--slo-scales", panel=DEPLOY_PANEL, callback=float_list, metavar="X[,X]",
+        help="--gpus: the SLO's limits times each of these, for the crossover (default: 0.5,0.75,1,1.5,2,3)")] = None,
+    prefill_strategy: Annotated[Optional[list[str]], option(
+        "--prefill-strategy", panel=DEPLOY_PANEL, callback=str_list, metavar="NAME[,NAME]",
+        help="--gpus: what the prefill instances run (default: sequential, whole prompts as DistServe's)")] = None,
     **shared: Any,
 ) -> int:
-    return tune.run_tune(TuneOptions.from_flags(**flags(locals())))
+    options = TuneOptions.from_flags(**flags(locals()))
+    return designs.run_designs(options) if options.gpus else tune.run_tune(options)
 
 
 @command("ab", help="the working tree against a base commit, both measured here in one job; exit 1 on a regression")

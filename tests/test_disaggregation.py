@@ -130,3 +130,61 @@ def test_the_table_names_the_deployment_and_the_transfer(run_cli):
     assert cells["deployment"] == "P:D 1:2"
     assert float(cells["KV transfer p50 ms"]) > 0
     assert math.isfinite(float(cells["busy P/D"].split("/")[0].rstrip("%")))
+
+
+# ---- tune --gpus: both designs on the same GPUs ------------------------------------------------------------------
+from prefillbench.bench.designs import Design, DesignSearch, design_grid, scaled  # noqa: E402
+from prefillbench.bench.metrics import SLO  # noqa: E402
+
+
+def test_the_grids_use_every_gpu_and_each_pool_at_least_once():
+    grid = design_grid(4, ["sequential", "chunked"], [512], [1, 2], ["sequential"], [512])
+    assert all(d.gpus == 4 for d in grid)
+    colocated = [d for d in grid if d.split is None]
+    assert {(d.replicas, d.tp) for d in colocated} == {(4, 1), (2, 2)}
+    splits = {(d.split.prefill, d.split.prefill_tp, d.split.decode, d.split.decode_tp) for d in grid if d.split}
+    assert splits == {(1, 1, 3, 1), (2, 1, 2, 1), (3, 1, 1, 1), (2, 1, 1, 2), (1, 2, 2, 1), (1, 2, 1, 2)}
+
+
+def test_scaling_an_slo_scales_every_limit_it_names():
+    assert scaled(SLO(ttft_ms=200, tpot_ms=50), 0.5) == SLO(ttft_ms=100, tpot_ms=25)
+
+
+def test_goodput_is_the_highest_rate_whose_attainment_holds_and_a_looser_slo_never_lowers_it():
+    search = DesignSearch(sim(), TestSpec(512, 32), SLO(ttft_ms=200, tpot_ms=60), 0.9, (0.5, 1.0, 2.0), 60)
+    for design in (Design("sequential", None, 1, 2), Design("sequential", None, split=Disaggregation(1, 1))):
+        result = search.search(design)
+        goodput = [result.goodput[s] for s in (0.5, 1.0, 2.0)]
+        assert goodput == sorted(goodput) and goodput[-1] > 0
+        # at the goodput the attainment holds, at twice the precision above it it does not
+        slo = SLO(ttft_ms=200, tpot_ms=60)
+        rate = result.goodput[1.0]
+        met = lambda run: sum(slo.met(r) for r in run.requests) / len(run.requests)  # noqa: E731
+        assert met(search.run(design, rate)) >= 0.9
+        assert met(search.run(design, rate * (1 + 2 * search.precision))) < 0.9
+
+
+def test_tune_gpus_prints_both_designs_and_the_crossover(run_cli, tmp_path):
+    result = run_cli("tune", "--backend", "sim", "--sim-gpu", "a100", "--pg", "512,64", "--slo", "ttft=300,tpot=60",
+                     "--gpus", "2", "-s", "sequential,chunked", "--chunk-size", "512", "--requests", "40",
+                     "--slo-scales", "0.5,1", "--jobs", "1", "--no-progress", "--export", str(tmp_path / "d.csv"),
+                     "--plot", str(tmp_path / "p"))
+    assert result.code == 0, result.err
+    assert "| colocated " in result.out and "| disaggregated " in result.out and "P:D 1:1 sequential" in result.out
+    assert "Crossover: " in result.out
+    import pandas as pd
+
+    frame = pd.read_csv(tmp_path / "d.csv")
+    assert set(frame["design"]) == {"colocated", "disaggregated"} and set(frame["slo_scale"]) == {0.5, 1.0}
+    assert (tmp_path / "p" / "designs_crossover.png").is_file()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--slo", "ttft=300", "--attainment", "80"], "--gpus"),
+    (["--slo", "tbt=50,100", "--gpus", "4"], "one SLO"),
+    (["--slo", "ttft=300", "--gpus", "1"], "at least 2 GPUs"),
+    (["--slo", "ttft=300", "--gpus", "4", "--disaggregate", "1:1"], "drop --disaggregate"),
+])
+def test_bad_design_searches_get_one_line(run_cli, argv, message):
+    result = run_cli("tune", "--backend", "sim", *argv)
+    assert result.code == 2 and message in result.err and len(result.err.strip().splitlines()) == 1

@@ -72,11 +72,16 @@ class TuneOptions(Measuring):
     sim_gpu: str | None = None  # a real backend's sim: the nominal spec
     calibration: str | None = None  # a real backend's sim: a calibration file instead of a quick sweep
     calibrate_on: str | None = None  # a server's sim: probed on the server itself (None, "server") or the gguf backend
+    gpus: int | None = None  # both designs on this many GPUs (bench/designs.py); None: the strategy x budget grid
+    attainment: float = 90.0  # percent
+    slo_scales: list[float] | None = None
+    prefill_strategy: list[str] | None = None
     out: Any = field(default=None, repr=False)  # stdout, replaceable in tests
     err: Any = field(default=None, repr=False)
     settings: tune.TuneSettings = field(init=False, repr=False)
     criteria: list[capacity.Criteria] = field(init=False, repr=False)
     configs: list[tune.Config] = field(init=False, repr=False)
+    design_slo: Any = field(default=None, init=False, repr=False)  # --gpus: the one SLO (metrics.SLO)
 
     @classmethod
     def from_flags(cls, **flags: Any) -> TuneOptions:
@@ -145,7 +150,28 @@ class TuneOptions(Measuring):
         if self.load.skip_idle is None and self.load.name != "sim" and self.load.served_engine() is None:
             self.load.skip_idle = QUICK["skip_idle"]  # the baseline's probes at its low capacity are two-thirds idle
 
+    def _check_designs(self) -> None:
+        """--gpus: both designs on the sim, under one SLO at an attainment; its flags refused elsewhere."""
+        given = [f"--{f.replace('_', '-')}" for f in ("slo_scales", "prefill_strategy") if getattr(self, f)]
+        if self.attainment != 90.0:
+            given.append("--attainment")
+        if self.gpus is None:
+            if given:
+                raise UsageError(f"{given[0]} is for the search of both designs: give --gpus N")
+            return
+        if not self.on_sim:
+            raise UsageError(f"--gpus searches deployments on the sim, not on the {self.load.name} backend")
+        if self.gpus < 2:
+            raise UsageError(f"--gpus {self.gpus}: a disaggregated design needs at least 2 GPUs")
+        if self.load.disaggregate is not None:
+            raise UsageError("--gpus searches every prefill:decode split: drop --disaggregate")
+        if not 0 < self.attainment <= 100:
+            raise UsageError(f"--attainment {self.attainment:g}: a percentage in (0, 100]")
+        if any(not x > 0 for x in self.slo_scales or []):
+            raise UsageError("--slo-scales: every scale must be positive")
+
     def validate(self) -> None:
+        self._check_designs()
         if self.quick:
             self.apply_quick()
         # Unset until here, so that --quick can tell a value given from the default (--quick --top-k 3 is 3).
@@ -170,6 +196,10 @@ class TuneOptions(Measuring):
             self.criteria = [capacity.Criteria.from_slo(s, self.max_sched_delay, self.percentile, self.max_queue_growth / 100) for s in slos]
         except ValueError as e:
             raise UsageError(f"--slo: {e}") from None
+        if self.gpus is not None:
+            if len(slos) > 1:
+                raise UsageError("--gpus takes one SLO, e.g. --slo ttft=250,tpot=100 (--slo-scales tightens it)")
+            self.design_slo = slos[0]
         check_precision(self.precision)
         test = self.searched_test(self.pg, self.arrival, "tune")
         strategies = strategy_names(self.strategy, self.load)
