@@ -74,6 +74,7 @@ from prefillbench.backends import gguf_lib
 from prefillbench.backends.gguf_lib import (FLASH_ATTN_TYPES, KV_TYPES, DEFAULT_FLASH_ATTN, FLASH_ATTN_CHOICES,
                                             check_gguf_file, ggml_version, install_log, last_error, llama,
                                             llama_version, logits_address, weights_label)
+from prefillbench.backends.gguf_state import export_sequence, import_sequence
 from prefillbench.backends.gguf_prefix import LlamaPrefixes
 from prefillbench.backends.prefix import PrefixSettings
 from prefillbench.backends.llama_kernels import extra_buffers, say_extra_buffers
@@ -144,6 +145,11 @@ class GGUFBackend(Backend):
         self.n_decode_calls = 0
         self.n_split_steps = 0  # steps larger than n_ubatch, which llama.cpp split itself
         self.contexts_created = 0
+        #: A disaggregated deployment's prefill instance (deploy/gguf_split.py): told (seq_id, first token, state) as
+        #: each prompt's last chunk is computed, its KV exported inside that step, which pays for the copy.
+        self.handoff_sink = None
+        self.handoff_seconds = 0.0  # exporting (prefill instance) or importing (decode instance) sequence state
+        self.handoffs = 0
 
     # -- loading -----------------------------------------------------------
 
@@ -407,7 +413,27 @@ class GGUFBackend(Backend):
             result = StepResult(dict(zip(seq_ids, logits.argmax(axis=1).tolist())))
         if return_logits:
             result.logits = dict(zip(seq_ids, logits.copy()))
+        if self.handoff_sink is not None:
+            for c in step.prefills:
+                if c.is_last:
+                    t0 = perf_counter()
+                    state = export_sequence(llama, self.ctx, self.slots.slot(c.seq_id))
+                    self._count_handoff(perf_counter() - t0)
+                    self.handoff_sink(c.seq_id, result.next_tokens[c.seq_id], state)
         return result
+
+    def accept_handoff(self, seq_id: int, request) -> None:
+        """A prompt prefilled in another context: its state into this sequence's slot (the time is the decode
+        instance's, between its steps)."""
+        if request.handoff.state is None:
+            raise BackendError("a handed-off prompt without its KV state reached the gguf backend")
+        t0 = perf_counter()
+        import_sequence(llama, self.ctx, self.slots.slot(seq_id), request.handoff.state)
+        self._count_handoff(perf_counter() - t0)
+
+    def _count_handoff(self, seconds: float) -> None:
+        self.handoff_seconds += seconds
+        self.handoffs += 1
 
     def _logits(self, n_out: int) -> np.ndarray:
         """The step's logits, [n_out, vocab], as a view of llama.cpp's output buffer (valid until the next decode).
@@ -480,6 +506,8 @@ class GGUFBackend(Backend):
                             f"{self.n_split_steps} of {self.n_decode_calls} steps were split",
             "split_steps": self.n_split_steps,
             "decode_calls": self.n_decode_calls,
+            **({"handoffs": self.handoffs, "handoff_ms_mean": 1e3 * self.handoff_seconds / self.handoffs}
+               if self.handoffs else {}),
         }
 
     def close(self) -> None:

@@ -191,7 +191,11 @@ def case_result(backend: Backend, case: Case, runs: list[RunRecord], config: Ben
 
 def run_case(backend: Backend, case: Case, config: BenchConfig, on_tokens: Callable[[int], None] | None = None) -> CaseResult:
     if config.deployment is not None:
-        requests = config.requests_for(case, backend.vocab_size)  # the sim's instances: nothing to warm
+        requests = config.requests_for(case, backend.vocab_size)
+        if config.warmup and backend.name != "sim":  # both instances' first passes, untimed (warm_up's reason)
+            short = [replace(r, prompt=r.prompt[:WARMUP_PROMPT_TOKENS], n_gen=min(r.n_gen, 2), arrival_s=0.0)
+                     for r in requests[:WARMUP_OPEN_LOOP_CONCURRENCY]]
+            run_requests(backend, case.strategy, case.chunk_size, short, case.concurrency, config.deployment)
         runs = [run_requests(backend, case.strategy, case.chunk_size, requests, case.concurrency, config.deployment,
                              on_tokens) for _ in range(config.repetitions)]
         return case_result(backend, case, runs, config)

@@ -180,6 +180,9 @@ _open: list[Session] = []
 
 def close_sessions() -> None:
     """Close the backends the command's sessions opened (a server process stops here)."""
+    from prefillbench.deploy import close_deployments
+
+    close_deployments()  # the prefill process of a gguf deployment, first: it holds the pipe to this one
     while _open:
         _open.pop().backend.close()
 

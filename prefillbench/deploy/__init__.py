@@ -8,7 +8,6 @@ run; `run_requests` is where bench asks for one or the other.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
 
 from strategies import make_strategy
 
@@ -18,13 +17,32 @@ from prefillbench.deploy.disaggregated import Disaggregation, SimDeployment
 from prefillbench.engine import Progress, RunRecord
 from prefillbench.sequence import Request
 
-__all__ = ["Disaggregation", "deployment_for", "run_requests"]
+__all__ = ["Disaggregation", "close_deployments", "deployment_for", "run_requests"]
 
 
-@lru_cache(maxsize=8)
-def deployment_for(backend: Backend, spec: Disaggregation) -> SimDeployment:
-    """The deployment's instances, built once per backend and layout (every case and probe reuses them)."""
-    return SimDeployment(backend, spec)
+_built: dict[tuple[int, Disaggregation], object] = {}
+
+
+def deployment_for(backend: Backend, spec: Disaggregation):
+    """The deployment's instances, built once per backend and layout (every case and probe reuses them): sim
+    instances (disaggregated.py), or llama.cpp in two processes (gguf_split.py)."""
+    key = (id(backend), spec)
+    if key not in _built:
+        if backend.name == "gguf":
+            from prefillbench.deploy.gguf_split import GGUFDeployment
+
+            _built[key] = GGUFDeployment(backend, spec)
+        else:
+            _built[key] = SimDeployment(backend, spec)
+    return _built[key]
+
+
+def close_deployments() -> None:
+    """Stop what the deployments started (the gguf prefill process): the command's end, or a test's."""
+    while _built:
+        _, deployment = _built.popitem()
+        if hasattr(deployment, "close"):
+            deployment.close()
 
 
 def run_requests(backend: Backend, strategy: str, chunk_size: int | None, requests: list[Request], concurrency: int,

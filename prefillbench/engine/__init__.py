@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from strategies import Strategy
 
 from prefillbench.backends.base import Backend, BackendError
-from prefillbench.engine.admission import Admission, fit
+from prefillbench.engine.admission import Admission, Feed, fit
 from prefillbench.engine.loop import STOP_CHECK_STEPS, Loop, StepFailed
 from prefillbench.engine.records import Progress, RequestRecord, RunRecord, StepRecord
 from prefillbench.engine.served import serve
@@ -48,6 +48,7 @@ def run(
     keep_logits: bool = False,
     on_tokens: Callable[[int], None] | None = None,
     stop: Callable[[Progress], bool] | None = None,
+    feed: Feed | None = None,
 ) -> RunRecord:
     """Run every request to completion and return what happened, with timestamps.
 
@@ -55,6 +56,8 @@ def run(
     loop, where 0 means no cap). `on_tokens`: called after each step with the tokens it processed (prompt
     tokens of its chunks, pads left out, plus its decodes), for a progress bar that counts work. `stop`: asked
     every STOP_CHECK_STEPS steps whether the run's outcome is already known; True ends it there (`stopped`).
+    `feed`: the requests come from it as the run goes (admission.Feed); `requests` are the same ones beforehand,
+    for the run's size (their lengths and count), never admitted from the list.
     """
     reqs, open_loop, longest_prompt, max_seq_len = _checked(requests, concurrency, backend)
     if getattr(backend, "serves_requests", False):  # a serving engine schedules its own steps
@@ -67,9 +70,9 @@ def run(
     # them; a forced token or kept logits need every step's own.
     steady = (strategy.steady_decodes and backend.runs_decodes and depth == 1 and not keep_logits
               and all(r.forced_tokens is None for r in reqs))
-    admission = Admission(reqs, open_loop, cap, start=backend.now(),
+    admission = Admission(reqs if feed is None else [], open_loop, cap, start=backend.now(),
                           reuse=backend.reuse_prefix if backend.caches_prefixes else None,
-                          accept=backend.accept_handoff)
+                          accept=backend.accept_handoff, feed=feed)
     return Loop(backend, strategy, admission, depth, steady, keep_logits, on_tokens, stop).run()
 
 

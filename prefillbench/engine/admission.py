@@ -15,6 +15,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 from strategies import Strategy
 
@@ -42,6 +43,21 @@ def fit(backend: Backend, strategy: Strategy, asked: int, longest_prompt: int, m
     return lo
 
 
+class Feed(Protocol):
+    """Requests that arrive during a run from outside it (deploy/gguf_split.py: prompts whose KV another process
+    computed), each with its arrival time, in seconds from the run's start, set when it came."""
+
+    left: int  # requests still to come
+
+    def poll(self, start: float) -> list[Request]:
+        """The requests that have come since the last poll (never blocks)."""
+        ...
+
+    def wait(self, timeout: float | None) -> None:
+        """Block until a request comes or `timeout` seconds pass (None: until one comes)."""
+        ...
+
+
 class Admission:
     """The requests not admitted yet (`pending`, by arrival), and the sequences admitted and not finished (`live`,
     by seq_id, which counts admissions from 0).
@@ -50,12 +66,12 @@ class Admission:
     moves it on from there and takes it out of all three when it finishes.
     """
 
-    __slots__ = ("pending", "held", "cap", "open_loop", "start", "reuse", "accept", "live", "waiting", "running", "next_id",
+    __slots__ = ("pending", "held", "cap", "open_loop", "start", "reuse", "accept", "feed", "live", "waiting", "running", "next_id",
                  "next_at")
 
     def __init__(self, requests: list[Request], open_loop: bool, cap: int, start: float,
                  reuse: Callable[[int, tuple[int, ...]], int] | None = None,
-                 accept: Callable[[int, Request], None] | None = None) -> None:
+                 accept: Callable[[int, Request], None] | None = None, feed: Feed | None = None) -> None:
         # A session's later turns wait for the turn before them to finish (`finished`); the rest queue by arrival.
         self.held = {(r.session, r.turn): r for r in requests if r.follows}
         self.pending = deque([r for r in requests if not r.follows])
@@ -66,6 +82,8 @@ class Admission:
         self.reuse = reuse
         #: The backend's taker of a handed-off prompt's KV (Backend.accept_handoff), asked once per such request.
         self.accept = accept
+        #: Requests that arrive from elsewhere as the run goes (a decode instance's handed-off prompts, Feed).
+        self.feed = feed
         self.live: dict[int, Sequence] = {}
         # The strategy's two lists, kept by the loop as sequences move between them rather than rebuilt from `live`
         # every step (a pass over every sequence in flight per step: a tenth of the sim's time). Both in admission order.
@@ -108,13 +126,26 @@ class Admission:
         follow = self.held.pop((seq.session, seq.turn + 1), None)
         if follow is None:
             return
-        follow = replace(follow, arrival_s=seq.token_times[-1] - self.start + follow.think_s)
+        self.queue(replace(follow, arrival_s=seq.token_times[-1] - self.start + follow.think_s))
+
+    def queue(self, request: Request) -> None:
+        """A request whose arrival (an open loop's, from the run's start) is known only now, queued by it."""
         pending = self.pending
         i = len(pending)
-        while i and pending[i - 1].arrival_s > follow.arrival_s:
+        while i and pending[i - 1].arrival_s > request.arrival_s:
             i -= 1
-        pending.insert(i, follow)
+        pending.insert(i, request)
         self.next_at = self._first_arrival()
+
+    def take_fed(self) -> None:
+        """What the feed has brought since the last look, queued."""
+        for request in self.feed.poll(self.start):
+            self.queue(request)
+
+    @property
+    def awaiting(self) -> bool:
+        """Requests are still to come from the feed."""
+        return self.feed is not None and self.feed.left > 0
 
     def next_arrival(self) -> float | None:
         """When the next queued request may be admitted; None if it may be now or never before a finish."""

@@ -72,7 +72,10 @@ class Loop:
         launch, retire, decode_run = self.launch, self.retire, self.decode_run
         refreshed = backend.refreshed_prefixes if admission.reuse is not None else None
         stopped = False
-        while live or pending:
+        feed = admission.feed
+        while live or pending or admission.awaiting:
+            if feed is not None:
+                admission.take_fed()
             now = backend.now()
             if in_flight:
                 for item in [f for f in in_flight if f[1].end <= now]:
@@ -80,7 +83,7 @@ class Loop:
                     retire(*item)
             if now >= admission.next_at:  # one may have arrived (always so in a closed loop): not a call every pass
                 admit(now)
-            if not live and not pending:
+            if not live and not pending and not admission.awaiting:
                 break
             if refreshed is not None:  # a prompt not started yet may find more of itself cached now
                 for seq_id, cached in refreshed().items():
@@ -111,6 +114,9 @@ class Loop:
             events = [launched.end for _, launched in in_flight]
             if (t := next_arrival()) is not None:
                 events.append(t)
+            if admission.awaiting:  # the feed may bring work before the next event: wait on it, up to that event
+                feed.wait(max(min(events) - backend.now(), 0.0) if events else None)
+                continue
             if not events:
                 raise RuntimeError(f"strategy {strategy.name} produced an empty step with work left")
             backend.wait_until(min(events), stalled=ready and len(in_flight) >= depth, idle=not in_flight)

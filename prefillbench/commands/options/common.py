@@ -95,7 +95,7 @@ def _backend_option(default: Any, flag: str, option: str, negated: bool = False)
 
 
 #: The backends a disaggregated deployment runs on.
-DEPLOYABLE = ("sim",)
+DEPLOYABLE = ("sim", "gguf")
 
 
 @dataclass
