@@ -118,6 +118,7 @@ class Session:
     interrupted: bool = False
     failure: BackendError | None = None
     progress: Progress | None = None
+    deployment: Any = None  # a disaggregated deployment of the backend's instances (deploy/), for its metadata
 
     def keep(self, *results: Any) -> None:
         """Finished cases, searches or configurations: added, and every output rewritten with them."""
@@ -126,8 +127,11 @@ class Session:
         self.save()
 
     def refresh(self) -> None:
-        """The backend's metadata again: some of it is what the runs found (clamps, the sim's stage use)."""
+        """The backend's metadata again: some of it is what the runs found (clamps, the sim's stage use, a
+        deployment's handoffs)."""
         self.meta.update(self.backend.metadata())
+        if self.deployment is not None:
+            self.meta.update(self.deployment.metadata())
 
     def save(self, pending: list[Any] | None = None) -> None:
         """Rewrite every output from the results (and `pending`: what is known of one under way)."""
@@ -197,10 +201,11 @@ def open_session(load: BackendOptions, outputs: list[Output], **settings: Any) -
     meta = run_metadata(backend.metadata())
     meta.update(model_path=load.model or "default", backend_name=backend.name, device=backend.device,
                 skip_idle=backend.skip_idle, **settings)
+    session = Session(backend, meta, outputs)
     if (spec := load.deployment()) is not None:  # the pools, their link and its source
         from prefillbench.deploy import deployment_for
 
-        meta.update(deployment_for(backend, spec).metadata())
-    session = Session(backend, meta, outputs)
+        session.deployment = deployment_for(backend, spec)
+        meta.update(session.deployment.metadata())
     _open.append(session)
     return session

@@ -162,7 +162,7 @@ class GGUFDeployment:
         self.prefill_meta: dict = {}
 
     def metadata(self) -> dict:
-        return {"deployment": self.spec.label, "deployment_gpus": None, "kv_link": "pipe between two processes",
+        return {"deployment": self.spec.label, "kv_link": "pipe between two processes",
                 "kv_transfer": "whole (llama.cpp sequence state)", "deployment_threads": "1 prefill + 1 decode",
                 **{f"prefill_{k}": v for k, v in self.prefill_meta.items() if k.startswith("handoff")},
                 **{f"decode_{k}": v for k, v in self.decode.metadata().items() if k.startswith("handoff")}}
