@@ -188,3 +188,12 @@ def test_tune_gpus_prints_both_designs_and_the_crossover(run_cli, tmp_path):
 def test_bad_design_searches_get_one_line(run_cli, argv, message):
     result = run_cli("tune", "--backend", "sim", *argv)
     assert result.code == 2 and message in result.err and len(result.err.strip().splitlines()) == 1
+
+
+def test_the_crossover_names_who_leads_where_and_a_design_alone_in_meeting_the_slo():
+    from prefillbench.report.designs import crossover_line
+
+    rows = [{"scale": 0.5, "ratio": math.inf}, {"scale": 1.0, "ratio": 1.3}, {"scale": 2.0, "ratio": 0.8}]
+    line = crossover_line(rows)
+    assert line == ("Crossover: disaggregated leads at SLO x0.5-1 (the only design to meet it somewhere); "
+                    "colocated leads at SLO x2 (up to 1.25x per GPU)\n")

@@ -116,6 +116,8 @@ class DesignSearch:
             n, at = self.requests, rate / design.replicas
         else:
             n, at = self.requests * max(design.split.prefill, design.split.decode), rate
+        if self.test.workload is not None:  # a trace: its rows, at the probe's rate
+            n = len(self.test.workload)
         reqs = make_requests(self.test, n, self.lead.vocab_size, self.seed,
                              ArrivalSpec("poisson", at).times(n, self.seed, self.test))
         if design.split is None:

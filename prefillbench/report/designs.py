@@ -55,7 +55,9 @@ def crossover_rows(results: list[DesignResult], slo: SLO) -> list[dict[str, Any]
         b = dis.per_gpu(scale) if dis else math.nan
         rows.append({"scale": scale, "slo": str(scaled(slo, scale)), "colocated": co.design.label if co else "-",
                      "colocated_per_gpu": a, "disaggregated": dis.design.label if dis else "-",
-                     "disaggregated_per_gpu": b, "ratio": b / a if a > 0 else math.nan})
+                     "disaggregated_per_gpu": b,
+                     # only the split meets the SLO at any rate tried: it wins without a ratio
+                     "ratio": b / a if a > 0 else (math.inf if b > 0 else math.nan)})
     return rows
 
 
@@ -85,7 +87,8 @@ def crossover_line(rows: list[dict[str, Any]]) -> str:
             extreme = max(group, key=lambda r: r["ratio"] if wins(r) == "disaggregated" else 1 / r["ratio"])
             by = extreme["ratio"] if wins(extreme) == "disaggregated" else 1 / extreme["ratio"]
             where = f"x{lo:g}" if lo == hi else f"x{lo:g}-{hi:g}"
-            spans.append(f"{wins(group[0])} leads at SLO {where} (up to {by:.2f}x per GPU)")
+            how = "the only design to meet it somewhere" if math.isinf(by) else f"up to {by:.2f}x per GPU"
+            spans.append(f"{wins(group[0])} leads at SLO {where} ({how})")
             start = i
     return "Crossover: " + "; ".join(spans) + "\n"
 
