@@ -69,3 +69,11 @@ def test_the_cli_runs_it_and_leaves_no_prefill_process(run_cli, tiny_gguf_path):
     assert row["deployment"] == "P:D 1:1" and row["kv_transfer_p50_ms"] >= 0
     assert row["tbt_p99_behind_prefill_ms"] == 0  # the decode instance computes no prompt token
     assert not prefill_processes()
+
+
+def test_verify_compares_the_deployments_tokens_with_one_engines(run_cli, tiny_gguf_path):
+    result = run_cli("run", "--backend", "gguf", "-m", tiny_gguf_path, "--pg", "48,8",
+                     "--arrival", "poisson", "--rate", "10", "--requests", "5", "-s", "chunked", "--chunk-size", "16",
+                     "--disaggregate", "1:1", "--no-results-file", "--verify")
+    assert result.code == 0, result.err
+    assert "verify: pp48+tg8 chunked (16): 5/5 requests' tokens identical to one engine's" in result.err

@@ -273,3 +273,39 @@ def verify_logits(backend: Backend, config: BenchConfig, on_case: Callable[[str]
             run = engine.run(backend, strategy, forced, case.concurrency, keep_logits=True)
             results.append(logit_agreement(case, ref_case, reference, run, tol))
     return results
+
+
+@dataclass(frozen=True)
+class HandoffAgreement:
+    """A disaggregated deployment's greedy tokens against one engine's running the same strategy on the same
+    requests: the KV moved between instances must continue every prompt exactly."""
+
+    test: str
+    strategy: str
+    requests: int
+    identical: int  # requests whose every token is the same
+    first_difference: str  # '' or 'request 3, token 5'
+
+    @property
+    def passed(self) -> bool:
+        return self.identical == self.requests
+
+
+def verify_handoff(backend: Backend, config: BenchConfig) -> list[HandoffAgreement]:
+    """--verify with --disaggregate: per case, the deployment's tokens against one engine's (the handoff carries no
+    logits: the first token is the prefill instance's, the rest the decode instance's, and greedy tokens equal
+    exactly where the moved KV is exact)."""
+    out = []
+    for case in config.cases():
+        requests = config.requests_for(case, backend.vocab_size)
+        alone = engine.run(backend, make_strategy(case.strategy, case.chunk_size), requests, case.concurrency)
+        apart = run_requests(backend, case.strategy, case.chunk_size, requests, case.concurrency, config.deployment)
+        same = [a.tokens == b.tokens for a, b in zip(alone.requests, apart.requests)]
+        first = ""
+        if not all(same):
+            i = same.index(False)
+            a, b = alone.requests[i].tokens, apart.requests[i].tokens
+            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            first = f"request {i}, token {k}"
+        out.append(HandoffAgreement(case.test.name, _label(case), len(requests), sum(same), first))
+    return out

@@ -8,7 +8,7 @@ from pathlib import Path
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.bench import interleave, serving_checks
-from prefillbench.bench.cases import BenchConfig, CaseResult, run_case, verify_logits
+from prefillbench.bench.cases import BenchConfig, CaseResult, run_case, verify_handoff, verify_logits
 from prefillbench.commands.options import RunOptions
 from prefillbench.commands.session import Output, error_prefix, open_session, progress_bar
 from prefillbench.errors import UsageError
@@ -70,6 +70,20 @@ def cmd_run(options: RunOptions) -> int:
     return run_verify(backend, config, not options.no_progress and is_rank_zero())
 
 
+def verify_deployment(backend: Backend, config: BenchConfig) -> int:
+    """--verify with --disaggregate: the deployment's tokens against one engine's, on stderr: 0 if all agree, else 1."""
+    try:
+        agreements = verify_handoff(backend, config)
+    except BackendError as e:
+        print(f"{error_prefix()}: verify: {e}", file=sys.stderr)
+        return 2
+    for a in agreements:
+        where = f" (first difference: {a.first_difference})" if a.first_difference else ""
+        print(f"verify: {a.test} {a.strategy}: {a.identical}/{a.requests} requests' tokens identical to one "
+              f"engine's{where}", file=sys.stderr)
+    return 0 if all(a.passed for a in agreements) else 1
+
+
 def rows_of(results: list[CaseResult]) -> list:
     return [r.row for r in results]
 
@@ -79,6 +93,8 @@ def run_verify(backend: Backend, config: BenchConfig, show_progress: bool) -> in
 
     Under torchrun every rank computes it (the steps need all ranks); rank 0 alone reports it.
     """
+    if config.deployment is not None:
+        return verify_deployment(backend, config)
     progress = progress_bar(show_progress)
     with progress:
         task = progress.add_task("verify")
