@@ -71,9 +71,11 @@ def test_the_cli_runs_it_and_leaves_no_prefill_process(run_cli, tiny_gguf_path):
     assert not prefill_processes()
 
 
-def test_verify_compares_the_deployments_tokens_with_one_engines(run_cli, tiny_gguf_path):
+def test_verify_holds_the_deployments_teacher_forced_logits_to_one_engines(run_cli, tiny_gguf_path):
     result = run_cli("run", "--backend", "gguf", "-m", tiny_gguf_path, "--pg", "48,8",
                      "--arrival", "poisson", "--rate", "10", "--requests", "5", "-s", "chunked", "--chunk-size", "16",
                      "--disaggregate", "1:1", "--no-results-file", "--verify")
     assert result.code == 0, result.err
-    assert "verify: pp48+tg8 chunked (16): 5/5 requests' tokens identical to one engine's" in result.err
+    assert "| chunked (16) P:D 1:1 | chunked (16), one engine |" in " ".join(result.err.split("  "))
+    # 5 requests x 8 positions, the first from the prefill process, the rest from the decode instance
+    assert "|          40 |" in result.err and "verify: all 1 comparisons agree within tolerance" in result.err

@@ -275,37 +275,29 @@ def verify_logits(backend: Backend, config: BenchConfig, on_case: Callable[[str]
     return results
 
 
-@dataclass(frozen=True)
-class HandoffAgreement:
-    """A disaggregated deployment's greedy tokens against one engine's running the same strategy on the same
-    requests: the KV moved between instances must continue every prompt exactly."""
+def verify_handoff(backend: Backend, config: BenchConfig,
+                   on_case: Callable[[str], None] | None = None) -> list[LogitAgreement]:
+    """--verify with --disaggregate: per case, one engine like the deployment's instances (gguf: one thread; another
+    thread count sums in another order) runs free, and the deployment is fed its tokens: the first position's
+    logits come from the prefill instance, the rest from the decode instance continuing the moved KV, each held to
+    the backend's tolerance against the engine's."""
+    from prefillbench.deploy import deployment_for
 
-    test: str
-    strategy: str
-    requests: int
-    identical: int  # requests whose every token is the same
-    first_difference: str  # '' or 'request 3, token 5'
-
-    @property
-    def passed(self) -> bool:
-        return self.identical == self.requests
-
-
-def verify_handoff(backend: Backend, config: BenchConfig) -> list[HandoffAgreement]:
-    """--verify with --disaggregate: per case, the deployment's tokens against one engine's (the handoff carries no
-    logits: the first token is the prefill instance's, the rest the decode instance's, and greedy tokens equal
-    exactly where the moved KV is exact)."""
+    tol = backend.logit_tolerance()
+    if tol is None:
+        raise ValueError(f"--verify compares logits, and the {backend.name} backend computes none")
+    reference = getattr(deployment_for(backend, config.deployment), "reference", backend)
     out = []
     for case in config.cases():
+        if on_case is not None:
+            on_case(f"verify {case.test.name} {_label(case)}")
         requests = config.requests_for(case, backend.vocab_size)
-        alone = engine.run(backend, make_strategy(case.strategy, case.chunk_size), requests, case.concurrency)
-        apart = run_requests(backend, case.strategy, case.chunk_size, requests, case.concurrency, config.deployment)
-        same = [a.tokens == b.tokens for a, b in zip(alone.requests, apart.requests)]
-        first = ""
-        if not all(same):
-            i = same.index(False)
-            a, b = alone.requests[i].tokens, apart.requests[i].tokens
-            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            first = f"request {i}, token {k}"
-        out.append(HandoffAgreement(case.test.name, _label(case), len(requests), sum(same), first))
+        alone = engine.run(reference, make_strategy(case.strategy, case.chunk_size), requests, case.concurrency,
+                           keep_logits=True)
+        forced = [replace(req, forced_tokens=tuple(rec.tokens)) for req, rec in zip(requests, alone.requests)]
+        apart = deployment_for(backend, config.deployment).run(case.strategy, case.chunk_size, forced,
+                                                               case.concurrency, keep_logits=True)
+        agreement = logit_agreement(case, case, alone, apart, tol)
+        out.append(replace(agreement, strategy=f"{agreement.strategy} {config.deployment.label}",
+                           reference=f"{agreement.reference}, one engine"))
     return out

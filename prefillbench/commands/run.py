@@ -70,20 +70,6 @@ def cmd_run(options: RunOptions) -> int:
     return run_verify(backend, config, not options.no_progress and is_rank_zero())
 
 
-def verify_deployment(backend: Backend, config: BenchConfig) -> int:
-    """--verify with --disaggregate: the deployment's tokens against one engine's, on stderr: 0 if all agree, else 1."""
-    try:
-        agreements = verify_handoff(backend, config)
-    except BackendError as e:
-        print(f"{error_prefix()}: verify: {e}", file=sys.stderr)
-        return 2
-    for a in agreements:
-        where = f" (first difference: {a.first_difference})" if a.first_difference else ""
-        print(f"verify: {a.test} {a.strategy}: {a.identical}/{a.requests} requests' tokens identical to one "
-              f"engine's{where}", file=sys.stderr)
-    return 0 if all(a.passed for a in agreements) else 1
-
-
 def rows_of(results: list[CaseResult]) -> list:
     return [r.row for r in results]
 
@@ -93,13 +79,12 @@ def run_verify(backend: Backend, config: BenchConfig, show_progress: bool) -> in
 
     Under torchrun every rank computes it (the steps need all ranks); rank 0 alone reports it.
     """
-    if config.deployment is not None:
-        return verify_deployment(backend, config)
+    check = verify_logits if config.deployment is None else verify_handoff  # a deployment: against one engine
     progress = progress_bar(show_progress)
     with progress:
         task = progress.add_task("verify")
         try:
-            agreements = verify_logits(backend, config, on_case=lambda label: progress.update(task, description=label))
+            agreements = check(backend, config, on_case=lambda label: progress.update(task, description=label))
         except BackendError as e:
             print(f"{error_prefix()}: verify: {e}", file=sys.stderr)
             return 2

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from strategies import make_strategy
 
 from prefillbench import engine
-from prefillbench.backends.base import Backend
+from prefillbench.backends.base import Backend, BackendError
 from prefillbench.deploy.links import LINKS, TRANSFERS, link, transfer_seconds
 from prefillbench.engine import RequestRecord, RunRecord, StepRecord
 from prefillbench.sequence import Handoff, Request
@@ -109,8 +109,11 @@ class SimDeployment:
                                 self.layers, s.transfer, last.seconds, chunk / prompt_len, last.end - first_scheduled)
 
     def run(self, strategy: str, chunk_size: int | None, requests: list[Request], concurrency: int,
-            on_tokens: Callable[[int], None] | None = None) -> RunRecord:
-        """Every request through a prefill instance, its KV's transfer and a decode instance; one record."""
+            on_tokens: Callable[[int], None] | None = None, keep_logits: bool = False) -> RunRecord:
+        """Every request through a prefill instance, its KV's transfer and a decode instance; one record (the sim
+        computes no logits: `keep_logits` is refused by its instances)."""
+        if keep_logits:
+            raise BackendError("the sim backend has no logits: it never runs the model")
         if any(r.arrival_s is None for r in requests):
             raise ValueError("--disaggregate runs an open loop: give --arrival poisson (or gamma) and --rate, "
                              "or a workload with arrival times")

@@ -70,11 +70,11 @@ def _prefill_process(conn, options: dict) -> None:
         if message[0] == "close":
             backend.close()
             return
-        _, requests, strategy, chunk, concurrency, start = message
+        _, requests, strategy, chunk, concurrency, start, keep_logits = message
         try:
             while perf_counter() < start:
                 time.sleep(min(start - perf_counter(), 0.01))
-            run = engine.run(backend, make_strategy(strategy, chunk), requests, concurrency)
+            run = engine.run(backend, make_strategy(strategy, chunk), requests, concurrency, keep_logits=keep_logits)
             conn.send(("done", run, backend.metadata()))
         except Exception as e:  # noqa: BLE001
             conn.send(("error", f"the prefill instance failed: {e}"))
@@ -100,6 +100,8 @@ class PipeFeed:
                 if req.n_gen <= 1:
                     continue
                 now = perf_counter()
+                if req.forced_tokens is not None:  # teacher forcing (--verify): the prefill run fed its forced token
+                    token = req.forced_tokens[0]
                 came.append(replace(req, arrival_s=now - start, handoff=Handoff(
                     token, sent - start, req.arrival_s, sent - start, 0, state)))
                 self.order.append(seq_id)
@@ -146,6 +148,7 @@ class GGUFDeployment:
         self.options = dict(model=str(lead.path), threads=1, n_ubatch=lead.n_ubatch_request, kv_type=lead.kv_type,
                             flash_attn=lead.flash_attn, n_gpu_layers=lead.n_gpu_layers)
         self.decode = _load(self.options)
+        self.reference = self.decode  # one engine like the instances (one thread), for --verify
         context = mp.get_context("spawn")  # a fresh interpreter: no llama.cpp threads forked mid-use
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_prefill_process, args=(child, self.options), daemon=True,
@@ -168,7 +171,9 @@ class GGUFDeployment:
                 **{f"decode_{k}": v for k, v in self.decode.metadata().items() if k.startswith("handoff")}}
 
     def run(self, strategy: str, chunk_size: int | None, requests: list[Request], concurrency: int,
-            on_tokens: Callable[[int], None] | None = None) -> RunRecord:
+            on_tokens: Callable[[int], None] | None = None, keep_logits: bool = False) -> RunRecord:
+        """The requests through both instances; `keep_logits`: every emitted position's, the first token's from the
+        prefill instance and the rest from the decode instance (--verify)."""
         if any(r.arrival_s is None for r in requests):
             raise ValueError("--disaggregate runs an open loop: give --arrival poisson (or gamma) and --rate")
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
@@ -176,13 +181,13 @@ class GGUFDeployment:
         first = [replace(r, n_gen=1, forced_tokens=None if r.forced_tokens is None else r.forced_tokens[:1])
                  for r in ordered]
         start = perf_counter() + START_LEAD_S
-        self.conn.send(("run", first, strategy, chunk_size, concurrency, start))
+        self.conn.send(("run", first, strategy, chunk_size, concurrency, start, keep_logits))
         feed = PipeFeed(self.conn, ordered, self.process)
         while perf_counter() < start:
             time.sleep(min(start - perf_counter(), 0.01))
         decoding = [r for r in ordered if r.n_gen > 1]
         decoded = (engine.run(self.decode, make_strategy(strategy, chunk_size), decoding, concurrency,
-                              on_tokens=on_tokens, feed=feed) if decoding else None)
+                              keep_logits=keep_logits, on_tokens=on_tokens, feed=feed) if decoding else None)
         prefilled = feed.finish()
         self.prefill_meta = feed.prefill_meta
         return _merged(prefilled, decoded, feed.order, order)
@@ -212,7 +217,8 @@ def _merged(prefilled: RunRecord, decoded: RunRecord | None, fed: list[int], ord
         for k, rec in zip(fed, decoded.requests):
             head = by_position[k]
             records[k] = replace(rec, arrival=head.arrival, first_scheduled=head.first_scheduled,
-                                 token_times=[head.token_times[0], *rec.token_times[1:]], instance=1)
+                                 token_times=[head.token_times[0], *rec.token_times[1:]], instance=1,
+                                 logits=[*head.logits, *rec.logits])
     steps = prefilled.steps + [replace(s, instance=1) for s in (decoded.steps if decoded else [])]
     steps.sort(key=lambda s: s.start)
     start = min(prefilled.start, decoded.start if decoded else math.inf)
