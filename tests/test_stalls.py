@@ -62,9 +62,20 @@ def test_the_p99s_parts_add_up_to_the_p99_numpy_gives_the_gaps():
     assert 0 < parts.behind_ms < parts.p99_ms
 
 
-def test_a_run_without_steps_has_no_stall_columns():
+def test_a_run_without_steps_or_dated_prompts_has_no_stall_columns():
     served = RunRecord(0.0, 1.0, [RequestRecord(5, 0.0, [0.1, 0.2, 0.3], [1, 2, 3])], [])
     assert run_gaps(served) is None and stall_columns([served]) == {}
+
+
+def test_a_served_run_reads_its_stalls_on_the_prompts_spans_the_engine_dated():
+    # llama-server: A decodes 1.0 -> 1.1 -> 1.6; B's 400-token prompt (100 cached) ran 1.2-1.5, dated by its progress
+    a = RequestRecord(10, 0.0, [1.0, 1.1, 1.6], [1, 2, 3], first_scheduled=0.5)
+    b = RequestRecord(400, 1.2, [1.5, 1.55], [4, 5], first_scheduled=1.2, cached_tokens=100)
+    gaps = run_gaps(RunRecord(0.0, 2.0, [a, b], []))
+    # A's second gap spans all of B's prompt: 300 ms behind it, the rest decodes (or nothing); 300 tokens computed
+    assert gaps.ms == pytest.approx([100.0, 500.0, 50.0])
+    assert gaps.behind_ms == pytest.approx([0.0, 300.0, 0.0])
+    assert gaps.prompt_tokens == pytest.approx([0.0, 300.0, 0.0])
 
 
 def sim_runs(strategy: str, chunk: int | None, c: int = 8) -> tuple[TestSpec, list]:

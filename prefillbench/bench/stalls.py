@@ -9,7 +9,12 @@ or a wait). The prompt tokens computed in the window (pads included: they cost w
 large the prefill was.
 
 Where steps overlap (the sim's pipeline stages), a moment is behind prefill when any step running then computed
-prompt tokens. A served run (a server schedules its own steps) has no step records, so no attribution.
+prompt tokens. A served run (a server schedules its own steps) has no step records; where the engine dates each
+prompt's start (llama-server's prompt progress events: `first_scheduled`), its prompt's span, from that start to its
+first token, stands in for its steps: llama-server puts a chunk of a prompt in every batch until the prompt is done,
+so a moment inside a span is in a step computing prompt tokens. Outside every span the engine ran decodes or
+nothing, which the client cannot tell apart (both count as `decode`), and a span's prompt tokens (less what the
+engine found cached) are spread evenly over it. vLLM dates no prompt's start: its rows have no attribution.
 
 TBT p99 is split the same way: the p99 sits between two order statistics of the gaps (numpy's linear rule), and
 its parts are those two gaps' parts with the same weights, so they add up to the p99 exactly. The parts are
@@ -62,7 +67,7 @@ def run_gaps(run: RunRecord) -> Gaps | None:
     decode (the first gap, from the prefill instance's token to the decode instance's, spans the KV's transfer:
     time in no step of the decode instance, or in its steps for others)."""
     if not run.steps:
-        return None
+        return _served_gaps(run)
     instances = sorted({s.instance for s in run.steps} | {r.instance for r in run.requests})
     if len(instances) == 1:
         return _gaps(run.steps, run.requests)
@@ -97,21 +102,43 @@ def _gaps(steps: list, requests: list) -> Gaps:
     # made monotone, for the first step ending after the window opens)
     reach = np.maximum.accumulate(ends)
     prompt_sums = np.concatenate([[0.0], np.cumsum(tokens)])
-    lo, hi = [], []
-    for req in requests:
-        if len(req.token_times) > 1:
-            t = np.asarray(req.token_times, dtype=float)
-            lo.append(t[:-1])
-            hi.append(t[1:])
-    if not lo:
+    a, b = _windows(requests)
+    if a.size == 0:
         return Gaps.concat([])
-    a, b = np.concatenate(lo), np.concatenate(hi)
     behind = timeline.behind(b) - timeline.behind(a)
     busy = timeline.busy(b) - timeline.busy(a)
     first = np.searchsorted(reach, a, side="right")
     last = np.searchsorted(starts, b, side="left")
     prompt = prompt_sums[np.maximum(last, first)] - prompt_sums[first]
     return Gaps(1e3 * (b - a), 1e3 * behind, 1e3 * (busy - behind), prompt)
+
+
+def _served_gaps(run: RunRecord) -> Gaps | None:
+    """A served run's gaps against its prompts' spans (the module's docstring); None where no prompt is dated."""
+    spans = [(r.first_scheduled, r.token_times[0], r.prompt_len - (r.cached_tokens or 0)) for r in run.requests
+             if r.first_scheduled is not None and r.token_times and r.token_times[0] > r.first_scheduled]
+    if not spans:
+        return None
+    starts, ends, tokens = (np.array(v, dtype=float) for v in zip(*spans))
+    order = np.argsort(starts, kind="stable")
+    starts, ends, tokens = starts[order], ends[order], tokens[order]
+    timeline = _Timeline(starts, ends, np.ones(len(starts), dtype=bool))
+    a, b = _windows(run.requests)
+    if a.size == 0:
+        return Gaps.concat([])
+    behind = timeline.behind(b) - timeline.behind(a)
+    # the prompt tokens computed in a window: each span's tokens at an even rate over it
+    rate = tokens / (ends - starts)
+    computed = lambda t: (np.clip(t[:, None] - starts[None, :], 0, (ends - starts)[None, :]) * rate).sum(axis=1)  # noqa: E731
+    ms = 1e3 * (b - a)
+    return Gaps(ms, 1e3 * behind, ms - 1e3 * behind, computed(b) - computed(a))
+
+
+def _windows(requests: list) -> tuple[np.ndarray, np.ndarray]:
+    """Every gap's (from, to) over the requests, in their order."""
+    lo = [np.asarray(r.token_times[:-1], dtype=float) for r in requests if len(r.token_times) > 1]
+    hi = [np.asarray(r.token_times[1:], dtype=float) for r in requests if len(r.token_times) > 1]
+    return (np.concatenate(lo), np.concatenate(hi)) if lo else (np.zeros(0), np.zeros(0))
 
 
 class _Timeline:
