@@ -197,3 +197,14 @@ def test_the_crossover_names_who_leads_where_and_a_design_alone_in_meeting_the_s
     line = crossover_line(rows)
     assert line == ("Crossover: disaggregated leads at SLO x0.5-1 (the only design to meet it somewhere); "
                     "colocated leads at SLO x2 (up to 1.25x per GPU)\n")
+
+
+def test_capacity_searches_a_deployment_and_tune_without_gpus_refuses_one(run_cli):
+    result = run_cli("capacity", "--backend", "sim", "--sim-gpu", "a100", "--pg", "512,64", "--slo", "tbt=50",
+                     "-s", "sequential", "--requests", "60", "--disaggregate", "1:1")
+    assert result.code == 0, result.err
+    header, _, row = result.out.splitlines()[:3]
+    cells = dict(zip([h.strip() for h in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["deployment"] == "P:D 1:1" and float(cells["capacity req/s"]) > 0
+    refused = run_cli("tune", "--backend", "sim", "--slo", "tbt=50", "--disaggregate", "1:1")
+    assert refused.code == 2 and "--gpus" in refused.err

@@ -29,6 +29,7 @@ from prefillbench.bench.cases import BenchConfig, Case, warm_up, request_tokens
 from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, implied_hit_rate, percentile, queue_growth, row_strategy,
                                         sched_delay_ms, summarize, tbts_ms, tpot_ms, ttft_ms, ttfts_ms)
 from prefillbench.bench.pricing import Pricer, priced_by_kind
+from prefillbench.deploy import Disaggregation, run_requests
 from prefillbench.engine import Progress, RunRecord
 from prefillbench.sequence import Request
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
@@ -349,6 +350,7 @@ class CapacityConfig:
     precision: float = DEFAULT_PRECISION
     warmup: bool = True
     slo: SLO | None = None  # for the rows' goodput; None: the criteria's TBT alone
+    deployment: Disaggregation | None = None  # prefill apart from decode (deploy/); None: one engine
 
     def validate(self) -> None:
         if self.requests < 2:
@@ -424,13 +426,18 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
                              spec.times(config.requests, seed, case.test))
     watch = [config.criteria] if watch is None else watch
     certain = CertainFailure(watch, requests) if watch else None
-    run = engine.run(backend, strategy, requests, case.concurrency, on_tokens=on_tokens, stop=certain)
+    if config.deployment is None:
+        run = engine.run(backend, strategy, requests, case.concurrency, on_tokens=on_tokens, stop=certain)
+    else:  # a deployment runs to its end: `stop` watches one engine's progress
+        run, certain = run_requests(backend, case.strategy, case.chunk_size, requests, case.concurrency,
+                                    config.deployment, on_tokens), None
     row = summarize(case.test, [run], model=backend.model_name, backend=backend.label,
                     strategy=row_strategy(backend, case.strategy),
                     concurrency=case.concurrency, chunk_size=case.chunk_size,
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
                     slo=config.row_slo,
-                    prefix_implied=implied_hit_rate(backend, [r.prompt for r in requests]))
+                    prefix_implied=implied_hit_rate(backend, [r.prompt for r in requests]),
+                    deployment=config.deployment.label if config.deployment else "")
     values = config.criteria.values(run)
     priced = {}
     if price is not None:
@@ -446,7 +453,7 @@ def find_capacity(backend: Backend, case: Case, config: CapacityConfig,
                   on_probe_start: Callable[[Case, int, float], None] | None = None,
                   on_probe_done: Callable[[Case, Probe], None] | None = None,
                   on_tokens: Callable[[int], None] | None = None) -> CapacityResult:
-    if config.warmup:
+    if config.warmup and config.deployment is None:
         warm_up(backend, make_strategy(case.strategy, case.chunk_size), case,
                 BenchConfig([case.test], [case.strategy], [case.concurrency], seed=config.seed))
 

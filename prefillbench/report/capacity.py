@@ -24,6 +24,7 @@ def render_md(results: list[CapacityResult], relative_to: str | None = None) -> 
         ("model", lambda i: i[0].row.model, False),
         ("backend", lambda i: i[0].row.backend, False),
         ("strategy", lambda i: row_strategy_label(i[0].row), False),
+        *([("deployment", lambda i: i[0].row.deployment, False)] if any(r.row.deployment for r in results) else []),
         ("test", lambda i: i[0].row.test, False),
         ("capacity req/s", lambda i: capacity_text(i[0].capacity, i[0].search.hit_bound,
                                                                   interrupted=i[0].search.interrupted), True),

@@ -172,6 +172,9 @@ class TuneOptions(Measuring):
 
     def validate(self) -> None:
         self._check_designs()
+        if self.gpus is None and self.load.disaggregate is not None:
+            raise UsageError("tune searches one engine's strategies and budgets; --gpus N searches every P:D split "
+                             "beside them (capacity --disaggregate P:D measures one split)")
         if self.quick:
             self.apply_quick()
         # Unset until here, so that --quick can tell a value given from the default (--quick --top-k 3 is 3).
