@@ -79,3 +79,20 @@ def test_verify_holds_the_deployments_teacher_forced_logits_to_one_engines(run_c
     assert "| chunked (16) P:D 1:1 | chunked (16), one engine |" in " ".join(result.err.split("  "))
     # 5 requests x 8 positions, the first from the prefill process, the rest from the decode instance
     assert "|          40 |" in result.err and "verify: all 1 comparisons agree within tolerance" in result.err
+
+
+def test_a_killed_prefill_process_is_one_error_not_a_hang(tiny_gguf_path):
+    from prefillbench.backends.base import BackendError
+    from prefillbench.deploy.gguf_split import GGUFDeployment
+
+    backend = GGUFBackend.load(tiny_gguf_path, threads=1)
+    deployment = GGUFDeployment(backend, Disaggregation(1, 1))
+    try:
+        deployment.process.kill()
+        deployment.process.join(5)
+        with pytest.raises(BackendError, match="the prefill process ended"):
+            deployment.run("sequential", None, requests(backend), 0)
+    finally:
+        deployment.close()
+        backend.close()
+    assert not deployment.process.is_alive()

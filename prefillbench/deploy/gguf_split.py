@@ -181,7 +181,10 @@ class GGUFDeployment:
         first = [replace(r, n_gen=1, forced_tokens=None if r.forced_tokens is None else r.forced_tokens[:1])
                  for r in ordered]
         start = perf_counter() + START_LEAD_S
-        self.conn.send(("run", first, strategy, chunk_size, concurrency, start, keep_logits))
+        try:
+            self.conn.send(("run", first, strategy, chunk_size, concurrency, start, keep_logits))
+        except OSError:  # a broken pipe: the process is gone
+            raise BackendError(f"the prefill process ended (exit code {self.process.exitcode})") from None
         feed = PipeFeed(self.conn, ordered, self.process)
         while perf_counter() < start:
             time.sleep(min(start - perf_counter(), 0.01))
