@@ -15,6 +15,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("strategies",),
     ("prefillbench.backends", "prefillbench.models"),
     ("prefillbench.engine",),
+    ("prefillbench.deploy",),
     ("prefillbench.bench", "prefillbench.meta"),
     ("prefillbench.report",),
     ("prefillbench.api",),
