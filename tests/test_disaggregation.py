@@ -208,3 +208,28 @@ def test_capacity_searches_a_deployment_and_tune_without_gpus_refuses_one(run_cl
     assert cells["deployment"] == "P:D 1:1" and float(cells["capacity req/s"]) > 0
     refused = run_cli("tune", "--backend", "sim", "--slo", "tbt=50", "--disaggregate", "1:1")
     assert refused.code == 2 and "--gpus" in refused.err
+
+
+def test_several_shapes_give_a_crossover_each_and_a_line_per_workload(run_cli, tmp_path):
+    result = run_cli("tune", "--backend", "sim", "--sim-gpu", "a100", "--pg", "1024,32", "--pg", "256,256",
+                     "--slo", "ttft=400,tpot=60", "--gpus", "2", "-s", "sequential", "--requests", "40",
+                     "--slo-scales", "1", "--jobs", "1", "--no-progress", "--plot", str(tmp_path))
+    assert result.code == 0, result.err
+    assert "Designs on 2 GPUs on pp1024+tg32" in result.out and "Designs on 2 GPUs on pp256+tg256" in result.out
+    by = result.out.split("By workload:\n")[1].splitlines()
+    assert [line.split(":")[0] for line in by] == ["- pp1024+tg32", "- pp256+tg256"]
+    assert {p.name for p in tmp_path.iterdir()} == {"designs_crossover_pp1024+tg32.png",
+                                                    "designs_crossover_pp256+tg256.png"}
+
+
+def test_a_burst_past_capacity_does_not_pass_for_goodput():
+    # 60 requests at a rate far past what one A100 serves: they all arrive in a blink and a loose SLO could still be
+    # met by most; the queue's growth fails the probe
+    search = DesignSearch(sim(), TestSpec(512, 32), SLO(ttft_ms=60_000, tpot_ms=60_000), 0.9, (1.0,), 60)
+    design = Design("sequential", None, 1, 1)
+    result = search.search(design)
+    run = search.run(design, result.goodput[1.0] * 4)
+    from prefillbench.bench.metrics import queue_growth
+
+    assert queue_growth(run) > 0.05
+    assert result.goodput[1.0] < 1000

@@ -3,7 +3,9 @@ SLO that names TTFT and TPOT (or TBT) together, and where one design overtakes t
 
 Goodput is DistServe's: the highest request rate at which at least `attainment` of the requests meet every
 limit of the SLO (metrics.SLO.met: TTFT, TPOT, the worst TBT, E2E, as given), found by capacity.search; per GPU,
-divided by the GPUs the design uses. The grids, on N GPUs:
+divided by the GPUs the design uses. A probe holds a finite number of requests, so it must also keep up with them
+(the wait may not grow with arrival time: metrics.queue_growth within capacity's bound), or a burst past capacity
+that ends before its queue builds would pass. The grids, on N GPUs:
 - colocated: N/tp replicas of one engine at each tensor parallelism that divides N, each a strategy and budget
   (strategies.configurations). Requests go to replicas at random, so each replica's arrivals are a Poisson stream
   at rate/replicas (a thinned Poisson process is one): one replica is simulated, at that rate;
@@ -25,8 +27,8 @@ from strategies import configurations, make_strategy, strategy_label
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend, BackendError
-from prefillbench.bench.capacity import Probe, search
-from prefillbench.bench.metrics import SLO, Load, summarize
+from prefillbench.bench.capacity import DEFAULT_MAX_QUEUE_GROWTH, Probe, search
+from prefillbench.bench.metrics import SLO, Load, queue_growth, summarize
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests
 from prefillbench.deploy import Disaggregation, run_requests
 from prefillbench.engine import RunRecord
@@ -85,6 +87,7 @@ class DesignResult:
     goodput: dict[float, float] = field(default_factory=dict)  # SLO scale -> requests/s with the attainment met
     probes: int = 0
     error: str = ""  # why the design did not run (its model does not fit at its TP)
+    test: str = ""  # the workload's name (pp768+tg192, a trace's)
 
     def per_gpu(self, scale: float) -> float:
         return self.goodput.get(scale, math.nan) / self.design.gpus
@@ -125,7 +128,7 @@ class DesignSearch:
         return run_requests(self.lead, design.strategy, design.budget, reqs, 0, design.split)
 
     def search(self, design: Design) -> DesignResult:
-        result = DesignResult(design)
+        result = DesignResult(design, test=self.test.name)
         try:
             self.instance(design.tp if design.split is None else design.split.prefill_tp)
             if design.split is not None:
@@ -134,6 +137,13 @@ class DesignSearch:
             result.error = str(e)
             return result
         runs: dict[float, RunRecord] = {}
+        growths: dict[float, float] = {}
+
+        def growth(rate: float, run: RunRecord) -> float:
+            key = round(rate, 9)
+            if key not in growths:
+                growths[key] = queue_growth(run)
+            return growths[key]
 
         def measured(rate: float) -> RunRecord:
             key = round(rate, 9)
@@ -149,11 +159,15 @@ class DesignSearch:
             def probe(rate: float) -> Probe:
                 run = measured(rate)
                 met = sum(slo.met(r) for r in run.requests) / len(run.requests)
+                # a probe's requests end: past capacity a short burst can still meet the SLO before its queue
+                # builds, so the first tokens must keep up with the arrivals as well (capacity's growth bound)
+                growing = growth(rate, run) > DEFAULT_MAX_QUEUE_GROWTH
                 row = summarize(self.test, [run], model=self.lead.model_name, backend=self.lead.label,
                                 strategy=design.strategy, concurrency=0, chunk_size=design.budget,
                                 load=Load("poisson", rate), slo=slo,
                                 deployment=design.split.label if design.split else "")
-                return Probe(rate, met >= self.attainment, row, [] if met >= self.attainment else ["slo"])
+                passed = met >= self.attainment and not growing
+                return Probe(rate, passed, row, [] if passed else ["growth"] if growing else ["slo"])
 
             result.goodput[scale] = search(probe, start_rate=design.gpus * 0.5, precision=self.precision).capacity
         result.probes = len(runs)

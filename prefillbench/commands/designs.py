@@ -43,38 +43,46 @@ def run_designs(o: TuneOptions) -> int:
                        o.load.kv_link or "nvlink", o.load.kv_transfer or "whole")
     scales = tuple(sorted(o.slo_scales or DEFAULT_SCALES))
     outputs = [Output(Path(o.export), lambda path, results, meta: report.export(path, results, meta))] if o.export else []
-    session = open_session(o.load, outputs, test=o.settings.test.name, design_gpus=gpus, design_slo=str(slo),
+    tests = o.design_tests or [o.settings.test]
+    session = open_session(o.load, outputs, test=", ".join(t.name for t in tests), design_gpus=gpus, design_slo=str(slo),
                            design_attainment=o.attainment / 100, design_slo_scales=list(scales),
                            design_dispatch="colocated: random over replicas; disaggregated: round-robin")
-    search = DesignSearch(session.backend, o.settings.test, slo, o.attainment / 100, scales,
-                          o.requests or DEFAULT_DESIGN_REQUESTS, o.seed, o.precision / 100)
+    searches = [DesignSearch(session.backend, test, slo, o.attainment / 100, scales,
+                             o.requests or DEFAULT_DESIGN_REQUESTS, o.seed, o.precision / 100) for test in tests]
     jobs = o.jobs or DEFAULT_JOBS
-    with session.measuring(len(grid), not o.no_progress, unit="designs") as bar:
-        if jobs == 1:
-            search.on_probe = lambda design, rate: bar.describe(f"{design.label} {rate:.3g} req/s")
-            for design in grid:
-                session.keep(search.search(design))
-                bar.advance(1)
-        else:
-            # designs are independent: a pool of forked processes, each with the search (and its sim instances)
-            with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_worker_init,
-                                        initargs=(search,)) as pool:
-                futures = [pool.submit(_worker_search, design) for design in grid]
-                try:
-                    for done in cf.as_completed(futures):
-                        result = done.result()
-                        session.keep(result)
-                        bar.describe(result.design.label)
-                        bar.advance(1)
-                except KeyboardInterrupt:
-                    for f in futures:
-                        f.cancel()
-                    raise
-        # in the grid's order, whatever order the pool finished them in
-        session.results.sort(key=lambda r: grid.index(r.design))
+    with session.measuring(len(grid) * len(searches), not o.no_progress, unit="designs") as bar:
+        for search in searches:
+            _search_grid(session, search, grid, jobs, bar)
+    order = {(t.name, d): i for i, (t, d) in enumerate((t, d) for t in tests for d in grid)}
+    session.results.sort(key=lambda r: order[(r.test, r.design)])  # the grid's order, whatever the pool's
     results = session.results
     if results:
-        out.write(report.render(results, slo, gpus))
+        out.write(report.render_all(results, slo, gpus))
         if o.plot:
-            print(f"prefillbench: wrote {report.write_plot(results, slo, gpus, o.plot)}", file=sys.stderr)
+            for path in report.write_plots(results, slo, gpus, o.plot):
+                print(f"prefillbench: wrote {path}", file=sys.stderr)
     return session.ending("design(s)")
+
+
+def _search_grid(session, search: DesignSearch, grid, jobs: int, bar) -> None:
+    """Every design of the grid on one workload, kept as each finishes."""
+    if jobs == 1:
+        search.on_probe = lambda design, rate: bar.describe(f"{design.label} {rate:.3g} req/s")
+        for design in grid:
+            session.keep(search.search(design))
+            bar.advance(1)
+        return
+    # designs are independent: a pool of forked processes, each with the search (and its sim instances)
+    with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_worker_init,
+                                initargs=(search,)) as pool:
+        futures = [pool.submit(_worker_search, design) for design in grid]
+        try:
+            for done in cf.as_completed(futures):
+                result = done.result()
+                session.keep(result)
+                bar.describe(result.design.label)
+                bar.advance(1)
+        except KeyboardInterrupt:
+            for f in futures:
+                f.cancel()
+            raise

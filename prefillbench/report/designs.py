@@ -22,7 +22,7 @@ def records(results: list[DesignResult]) -> list[dict[str, Any]]:
     out = []
     for r in results:
         d = r.design
-        base = {"design": d.kind, "label": d.label, "strategy": d.strategy, "budget": d.budget, "gpus": d.gpus,
+        base = {"test": r.test, "design": d.kind, "label": d.label, "strategy": d.strategy, "budget": d.budget, "gpus": d.gpus,
                 "tp": d.tp if d.split is None else None, "replicas": d.replicas if d.split is None else None,
                 "prefill": d.split.prefill if d.split else None, "decode": d.split.decode if d.split else None,
                 "prefill_tp": d.split.prefill_tp if d.split else None,
@@ -93,10 +93,28 @@ def crossover_line(rows: list[dict[str, Any]]) -> str:
     return "Crossover: " + "; ".join(spans) + "\n"
 
 
-def render(results: list[DesignResult], slo: SLO, gpus: int) -> str:
+def by_test(results: list[DesignResult]) -> dict[str, list[DesignResult]]:
+    out: dict[str, list[DesignResult]] = {}
+    for r in results:
+        out.setdefault(r.test, []).append(r)
+    return out
+
+
+def render_all(results: list[DesignResult], slo: SLO, gpus: int) -> str:
+    """Each workload's tables; with several (--pg a list: prompt:output ratios), each one's crossover line last."""
+    groups = by_test(results)
+    text = "\n".join(render(group, slo, gpus, test if len(groups) > 1 else "") for test, group in groups.items())
+    if len(groups) > 1:
+        text += "\nBy workload:\n" + "".join(f"- {test}: {crossover_line(crossover_rows(group, slo))}"
+                                            for test, group in groups.items())
+    return text
+
+
+def render(results: list[DesignResult], slo: SLO, gpus: int, test: str = "") -> str:
     rows = crossover_rows(results, slo)
     skipped = [r for r in results if r.error]
-    text = f"Designs on {gpus} GPUs at SLO {slo} (goodput: requests/s with the attainment met):\n\n"
+    on = f" on {test}" if test else ""
+    text = f"Designs on {gpus} GPUs{on} at SLO {slo} (goodput: requests/s with the attainment met):\n\n"
     text += ranking_table(results) + "\nAs the SLO tightens (every limit times x):\n\n" + crossover_table(rows)
     text += "\n" + crossover_line(rows)
     if skipped:
@@ -125,5 +143,13 @@ def chart(results: list[DesignResult], slo: SLO, gpus: int) -> Chart:
     return Chart("designs_crossover", f"Colocated against disaggregated on {gpus} GPUs, SLO {slo}", [panel])
 
 
-def write_plot(results: list[DesignResult], slo: SLO, gpus: int, out_dir: str | Path) -> Path:
-    return save(chart(results, slo, gpus), out_dir)
+def write_plots(results: list[DesignResult], slo: SLO, gpus: int, out_dir: str | Path) -> list[Path]:
+    """One crossover chart per workload (designs_crossover.png; with several, designs_crossover_<test>.png)."""
+    groups = by_test(results)
+    paths = []
+    for test, group in groups.items():
+        c = chart(group, slo, gpus)
+        if len(groups) > 1:
+            c.name, c.title = f"{c.name}_{test}", f"{c.title}, {test}"
+        paths.append(save(c, out_dir))
+    return paths

@@ -82,6 +82,7 @@ class TuneOptions(Measuring):
     criteria: list[capacity.Criteria] = field(init=False, repr=False)
     configs: list[tune.Config] = field(init=False, repr=False)
     design_slo: Any = field(default=None, init=False, repr=False)  # --gpus: the one SLO (metrics.SLO)
+    design_tests: list = field(default_factory=list, init=False, repr=False)  # --gpus: a search per --pg
 
     @classmethod
     def from_flags(cls, **flags: Any) -> TuneOptions:
@@ -204,7 +205,10 @@ class TuneOptions(Measuring):
                 raise UsageError("--gpus takes one SLO, e.g. --slo ttft=250,tpot=100 (--slo-scales tightens it)")
             self.design_slo = slos[0]
         check_precision(self.precision)
-        test = self.searched_test(self.pg, self.arrival, "tune")
+        # --gpus with several --pg: the crossover across prompt:output ratios, one design search per shape
+        shapes = [[pg] for pg in self.pg] if self.gpus is not None and self.pg and len(self.pg) > 1 else [self.pg]
+        self.design_tests = [self.searched_test(shape, self.arrival, "tune") for shape in shapes]
+        test = self.design_tests[0]
         strategies = strategy_names(self.strategy, self.load)
         if self.output not in TUNE_OUTPUTS:
             raise UsageError(f"-o {self.output}: tune prints {', '.join(TUNE_OUTPUTS)}")
