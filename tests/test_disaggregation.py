@@ -193,10 +193,16 @@ def test_bad_design_searches_get_one_line(run_cli, argv, message):
 def test_the_crossover_names_who_leads_where_and_a_design_alone_in_meeting_the_slo():
     from prefillbench.report.designs import crossover_line
 
-    rows = [{"scale": 0.5, "ratio": math.inf}, {"scale": 1.0, "ratio": 1.3}, {"scale": 2.0, "ratio": 0.8}]
+    rows = [{"scale": 0.5, "ratio": math.inf}, {"scale": 1.0, "ratio": 1.3}, {"scale": 2.0, "ratio": 0.8},
+            {"scale": 3.0, "ratio": 1.005}]
     line = crossover_line(rows)
-    assert line == ("Crossover: disaggregated leads at SLO x0.5-1 (the only design to meet it somewhere); "
-                    "colocated leads at SLO x2 (up to 1.25x per GPU)\n")
+    assert line == ("Crossover: disaggregated leads at SLO x0.5-1 (alone meeting it at x0.5; up to 1.30x per GPU); "
+                    "colocated leads at SLO x2 (up to 1.25x per GPU); disaggregated leads at SLO x3 (a tie within 1%)\n")
+    from prefillbench.report.designs import crossover_table
+
+    rows = [{"scale": 0.5, "slo": "ttft=125", "colocated": "-", "colocated_per_gpu": 0.0, "disaggregated": "P:D 1:1 x",
+             "disaggregated_per_gpu": 1.25, "ratio": math.inf}]
+    assert "split only" in crossover_table(rows)
 
 
 def test_capacity_searches_a_deployment_and_tune_without_gpus_refuses_one(run_cli):

@@ -61,13 +61,18 @@ def crossover_rows(results: list[DesignResult], slo: SLO) -> list[dict[str, Any]
     return rows
 
 
+def _ratio_cell(row: dict[str, Any]) -> str:
+    """The split's goodput per GPU over colocated's; 'split only' where no colocated design met the SLO."""
+    return "split only" if math.isinf(row["ratio"]) else fmt_number(row["ratio"], 2)
+
+
 def crossover_table(rows: list[dict[str, Any]]) -> str:
     columns = [("SLO x", lambda r: f"{r['scale']:g}", True), ("SLO", lambda r: r["slo"], False),
                ("best colocated", lambda r: r["colocated"], False),
                ("req/s/GPU", lambda r: fmt_number(r["colocated_per_gpu"], 3), True),
                ("best disaggregated", lambda r: r["disaggregated"], False),
                ("req/s/GPU ", lambda r: fmt_number(r["disaggregated_per_gpu"], 3), True),
-               ("disagg/coloc", lambda r: fmt_number(r["ratio"], 2), True)]
+               ("disagg/coloc", _ratio_cell, True)]
     return md_table(columns, rows)
 
 
@@ -84,10 +89,16 @@ def crossover_line(rows: list[dict[str, Any]]) -> str:
         if i == len(known) or wins(known[i]) != wins(known[start]):
             group = known[start:i]
             lo, hi = group[0]["scale"], group[-1]["scale"]
-            extreme = max(group, key=lambda r: r["ratio"] if wins(r) == "disaggregated" else 1 / r["ratio"])
-            by = extreme["ratio"] if wins(extreme) == "disaggregated" else 1 / extreme["ratio"]
+            # how far ahead: the largest finite lead; the tightnesses where only the split met the SLO named apart
+            leads = [r["ratio"] if wins(r) == "disaggregated" else 1 / r["ratio"] for r in group]
+            alone = [r["scale"] for r, by in zip(group, leads) if math.isinf(by)]
+            finite = [by for by in leads if not math.isinf(by)]
             where = f"x{lo:g}" if lo == hi else f"x{lo:g}-{hi:g}"
-            how = "the only design to meet it somewhere" if math.isinf(by) else f"up to {by:.2f}x per GPU"
+            parts = [f"alone meeting it at x{','.join(f'{a:g}' for a in alone)}"] if alone else []
+            if finite:
+                top = max(finite)
+                parts.append("a tie within 1%" if top < 1.01 else f"up to {top:.2f}x per GPU")
+            how = "; ".join(parts)
             spans.append(f"{wins(group[0])} leads at SLO {where} ({how})")
             start = i
     return "Crossover: " + "; ".join(spans) + "\n"
