@@ -28,7 +28,7 @@ from strategies import configurations, make_strategy, strategy_label
 from prefillbench import engine
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.bench.capacity import DEFAULT_MAX_QUEUE_GROWTH, Probe, search
-from prefillbench.bench.metrics import SLO, Load, queue_growth, summarize
+from prefillbench.bench.metrics import SLO, Load, ResultRow, queue_growth, summarize
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests
 from prefillbench.deploy import Disaggregation, run_requests
 from prefillbench.engine import RunRecord
@@ -136,41 +136,37 @@ class DesignSearch:
         except (BackendError, ValueError) as e:
             result.error = str(e)
             return result
-        runs: dict[float, RunRecord] = {}
-        growths: dict[float, float] = {}
+        # A probe's run, its queue's growth and its row, once per rate: the SLO only reads them, so every tightness
+        # shares them (the row is at the SLO as given).
+        probed: dict[float, tuple[RunRecord, float, ResultRow]] = {}
 
-        def growth(rate: float, run: RunRecord) -> float:
+        def measured(rate: float) -> tuple[RunRecord, float, ResultRow]:
             key = round(rate, 9)
-            if key not in growths:
-                growths[key] = queue_growth(run)
-            return growths[key]
-
-        def measured(rate: float) -> RunRecord:
-            key = round(rate, 9)
-            if key not in runs:
+            if key not in probed:
                 if self.on_probe is not None:
                     self.on_probe(design, rate)
-                runs[key] = self.run(design, rate)
-            return runs[key]
+                run = self.run(design, rate)
+                row = summarize(self.test, [run], model=self.lead.model_name, backend=self.lead.label,
+                                strategy=design.strategy, concurrency=0, chunk_size=design.budget,
+                                load=Load("poisson", rate), slo=self.slo,
+                                deployment=design.split.label if design.split else "")
+                probed[key] = run, queue_growth(run), row
+            return probed[key]
 
         for scale in self.scales:
             slo = scaled(self.slo, scale)
 
             def probe(rate: float) -> Probe:
-                run = measured(rate)
+                run, growth, row = measured(rate)
                 met = sum(slo.met(r) for r in run.requests) / len(run.requests)
                 # a probe's requests end: past capacity a short burst can still meet the SLO before its queue
                 # builds, so the first tokens must keep up with the arrivals as well (capacity's growth bound)
-                growing = growth(rate, run) > DEFAULT_MAX_QUEUE_GROWTH
-                row = summarize(self.test, [run], model=self.lead.model_name, backend=self.lead.label,
-                                strategy=design.strategy, concurrency=0, chunk_size=design.budget,
-                                load=Load("poisson", rate), slo=slo,
-                                deployment=design.split.label if design.split else "")
+                growing = growth > DEFAULT_MAX_QUEUE_GROWTH
                 passed = met >= self.attainment and not growing
                 return Probe(rate, passed, row, [] if passed else ["growth"] if growing else ["slo"])
 
             result.goodput[scale] = search(probe, start_rate=design.gpus * 0.5, precision=self.precision).capacity
-        result.probes = len(runs)
+        result.probes = len(probed)
         return result
 
 

@@ -29,7 +29,7 @@ from prefillbench.errors import BackendError
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.stats import mean_std
 from prefillbench.bench.stalls import stall_columns
-from prefillbench.deploy.disaggregated import deployment_columns
+from prefillbench.bench.deployment_figures import deployment_columns
 from prefillbench.bench.workloads import TestSpec
 from prefillbench.backends.base import Backend
 from prefillbench.backends.prefix_cache import implied_hits

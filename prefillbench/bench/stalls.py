@@ -47,8 +47,15 @@ class Gaps:
 
     @staticmethod
     def concat(parts: list[Gaps]) -> Gaps:
-        return Gaps(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0)
-                      for f in ("ms", "behind_ms", "decode_ms", "prompt_tokens")))
+        return Gaps(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0) for f in GAP_FIELDS))
+
+
+GAP_FIELDS = ("ms", "behind_ms", "decode_ms", "prompt_tokens")
+
+
+def _gap_counts(requests: list) -> np.ndarray:
+    """Each request's gaps: one fewer than its tokens."""
+    return np.array([max(len(r.token_times) - 1, 0) for r in requests], dtype=int)
 
 
 def request_gaps(run: RunRecord) -> list[Gaps] | None:
@@ -56,9 +63,8 @@ def request_gaps(run: RunRecord) -> list[Gaps] | None:
     gaps = run_gaps(run)
     if gaps is None:
         return None
-    cuts = np.cumsum([max(len(r.token_times) - 1, 0) for r in run.requests])[:-1]
-    fields = ("ms", "behind_ms", "decode_ms", "prompt_tokens")
-    return [Gaps(*parts) for parts in zip(*(np.split(getattr(gaps, f), cuts) for f in fields))]
+    cuts = np.cumsum(_gap_counts(run.requests))[:-1]
+    return [Gaps(*parts) for parts in zip(*(np.split(getattr(gaps, f), cuts) for f in GAP_FIELDS))]
 
 
 def run_gaps(run: RunRecord) -> Gaps | None:
@@ -71,33 +77,34 @@ def run_gaps(run: RunRecord) -> Gaps | None:
     instances = sorted({s.instance for s in run.steps} | {r.instance for r in run.requests})
     if len(instances) == 1:
         return _gaps(run.steps, run.requests)
-    parts = {k: _gaps([s for s in run.steps if s.instance == k], [r for r in run.requests if r.instance == k])
-             for k in instances}
-    # back in the run's request order, which the row's TBT array has (metrics.tbts_ms)
-    cuts = {k: iter(np.cumsum([0] + [max(len(r.token_times) - 1, 0) for r in run.requests if r.instance == k]))
-            for k in instances}
-    pieces = []
-    for r in run.requests:
-        n = max(len(r.token_times) - 1, 0)
-        lo = next(cuts[r.instance])
-        g = parts[r.instance]
-        pieces.append(Gaps(g.ms[lo:lo + n], g.behind_ms[lo:lo + n], g.decode_ms[lo:lo + n],
-                           g.prompt_tokens[lo:lo + n]))
-    return Gaps.concat(pieces)
+    # each instance's requests on its own steps, put back in the run's request order, which the row's TBT array has
+    # (metrics.tbts_ms): the positions of a request's gaps in that order are its offset onwards
+    counts = _gap_counts(run.requests)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    out = {f: np.empty(offsets[-1]) for f in GAP_FIELDS}
+    for k in instances:
+        mine = [i for i, r in enumerate(run.requests) if r.instance == k]
+        g = _gaps([s for s in run.steps if s.instance == k], [run.requests[i] for i in mine])
+        at = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in mine]) if mine else np.zeros(0, int)
+        for f in GAP_FIELDS:
+            out[f][at] = getattr(g, f)
+    return Gaps(*(out[f] for f in GAP_FIELDS))
 
 
 def _gaps(steps: list, requests: list) -> Gaps:
     """The gaps of `requests` between the `steps` of one instance."""
     if not steps:
-        n = sum(max(len(r.token_times) - 1, 0) for r in requests)
+        n = int(_gap_counts(requests).sum())
         ms = np.concatenate([1e3 * np.diff(r.token_times) for r in requests]) if n else np.zeros(0)
         return Gaps(ms, np.zeros(n), np.zeros(n), np.zeros(n))
     starts = np.fromiter((s.start for s in steps), float, len(steps))
     ends = np.fromiter((s.end for s in steps), float, len(steps))
-    tokens = np.fromiter((sum(n for _, n in s.prefill_chunks) + s.n_pad for s in steps), float, len(steps))
+    # most steps decode only (no chunk): their prompt tokens are 0, no sum to take
+    tokens = np.fromiter(((sum(n for _, n in c) + s.n_pad) if (c := s.prefill_chunks) else 0 for s in steps), float,
+                         len(steps))
     order = np.argsort(starts, kind="stable")
     starts, ends, tokens = starts[order], ends[order], tokens[order]
-    timeline = _Timeline(starts, ends, tokens > 0)
+    timeline = Timeline(starts, ends, tokens > 0)
     # the prompt tokens of the steps overlapping a window, by prefix sums over the steps by start (their ends,
     # made monotone, for the first step ending after the window opens)
     reach = np.maximum.accumulate(ends)
@@ -120,9 +127,7 @@ def _served_gaps(run: RunRecord) -> Gaps | None:
     if not spans:
         return None
     starts, ends, tokens = (np.array(v, dtype=float) for v in zip(*spans))
-    order = np.argsort(starts, kind="stable")
-    starts, ends, tokens = starts[order], ends[order], tokens[order]
-    timeline = _Timeline(starts, ends, np.ones(len(starts), dtype=bool))
+    timeline = Timeline(starts, ends, np.ones(len(starts), dtype=bool))
     a, b = _windows(run.requests)
     if a.size == 0:
         return Gaps.concat([])
@@ -135,15 +140,24 @@ def _served_gaps(run: RunRecord) -> Gaps | None:
 
 
 def _windows(requests: list) -> tuple[np.ndarray, np.ndarray]:
-    """Every gap's (from, to) over the requests, in their order."""
-    lo = [np.asarray(r.token_times[:-1], dtype=float) for r in requests if len(r.token_times) > 1]
-    hi = [np.asarray(r.token_times[1:], dtype=float) for r in requests if len(r.token_times) > 1]
-    return (np.concatenate(lo), np.concatenate(hi)) if lo else (np.zeros(0), np.zeros(0))
+    """Every gap's (from, to) over the requests, in their order: all token times in one array, each request's last
+    left out of the starts and its first out of the ends."""
+    counts = np.array([len(r.token_times) for r in requests], dtype=int)
+    if not (counts > 1).any():
+        return np.zeros(0), np.zeros(0)
+    times = np.fromiter((t for r in requests for t in r.token_times), float, int(counts.sum()))
+    ends = np.cumsum(counts)
+    last = np.zeros(len(times), dtype=bool)
+    first = np.zeros(len(times), dtype=bool)
+    last[ends[counts > 0] - 1] = True
+    first[(ends - counts)[counts > 0]] = True
+    return times[~last], times[~first]
 
 
-class _Timeline:
+class Timeline:
     """The run's clock cut where any step starts or ends; for each piece, whether a step ran and whether one
-    computed prompt tokens; `busy(t)` and `behind(t)`: the time of each kind from the first step to t."""
+    computed prompt tokens; `busy(t)` and `behind(t)`: the time of each kind from the first step to t (steps that
+    overlap count once); `busy_s`: all of it."""
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray, prefill: np.ndarray) -> None:
         cuts = np.unique(np.concatenate([starts, ends]))
@@ -158,6 +172,10 @@ class _Timeline:
         self.cuts = cuts
         self._busy = np.concatenate([[0.0], np.cumsum(lengths * (np.cumsum(running)[:-2] > 0))])
         self._behind = np.concatenate([[0.0], np.cumsum(lengths * (np.cumsum(prefilling)[:-2] > 0))])
+
+    @property
+    def busy_s(self) -> float:
+        return float(self._busy[-1])
 
     def busy(self, t: np.ndarray) -> np.ndarray:
         return np.interp(t, self.cuts, self._busy)

@@ -17,9 +17,6 @@ arrived, so the row's metrics, the stall attribution (per instance) and the tran
 """
 from __future__ import annotations
 
-import math
-
-import numpy as np
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -114,11 +111,7 @@ class SimDeployment:
         computes no logits: `keep_logits` is refused by its instances)."""
         if keep_logits:
             raise BackendError("the sim backend has no logits: it never runs the model")
-        if any(r.arrival_s is None for r in requests):
-            raise ValueError("--disaggregate runs an open loop: give --arrival poisson (or gamma) and --rate, "
-                             "or a workload with arrival times")
-        if any(r.session is not None for r in requests):
-            raise ValueError("--disaggregate runs no multi-turn sessions (a turn's next waits on its decode)")
+        check_requests(requests)
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
         P = len(self.prefill)
         steps: list[StepRecord] = []
@@ -127,7 +120,7 @@ class SimDeployment:
         end = 0.0
         for k, backend in enumerate(self.prefill):
             mine = order[k::P]
-            first = [replace(requests[i], n_gen=1, forced_tokens=_first(requests[i].forced_tokens)) for i in mine]
+            first = [prompt_part(requests[i]) for i in mine]
             run = engine.run(backend, make_strategy(strategy, chunk_size), first, concurrency, on_tokens=on_tokens)
             t0 = run.start
             last_step = {s.end: s for s in run.steps}  # a prompt's last step, by when it ended
@@ -153,14 +146,26 @@ class SimDeployment:
             steps += [_shifted(s, t0, P + j) for s in run.steps]
             end = max(end, run.end - t0)
             # the decode run's records are in its admission order: by KV arrival, as `mine` is
-            for i, rec in zip(sorted(mine, key=lambda i: handed[i].arrival_s), run.requests):
+            for i, rec in zip(mine, run.requests):
                 done[i] = _shifted_request(rec, t0, P + j)
         steps.sort(key=lambda s: s.start)
         return RunRecord(0.0, end, [done[i] for i in range(len(requests)) if i in done], steps)
 
 
-def _first(forced: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    return None if forced is None else forced[:1]
+def check_requests(requests: list[Request]) -> None:
+    """What a deployment runs: an open loop (a closed loop's next request waits on a decode, across the pools) of
+    independent requests (a session's next turn waits on its decode too)."""
+    if any(r.arrival_s is None for r in requests):
+        raise ValueError("--disaggregate runs an open loop: give --arrival poisson (or gamma) and --rate, "
+                         "or a workload with arrival times")
+    if any(r.session is not None for r in requests):
+        raise ValueError("--disaggregate runs no multi-turn sessions (a turn's next waits on its decode)")
+
+
+def prompt_part(request: Request) -> Request:
+    """What a prefill instance runs of a request: its prompt, ending in its first token (forced, if it is)."""
+    forced = request.forced_tokens
+    return replace(request, n_gen=1, forced_tokens=None if forced is None else forced[:1])
 
 
 def _shifted(step: StepRecord, t0: float, instance: int) -> StepRecord:
@@ -171,42 +176,3 @@ def _shifted_request(rec: RequestRecord, t0: float, instance: int) -> RequestRec
     return replace(rec, arrival=rec.arrival - t0, token_times=[t - t0 for t in rec.token_times],
                    first_scheduled=None if rec.first_scheduled is None else rec.first_scheduled - t0,
                    kv_arrival=None if rec.kv_arrival is None else rec.kv_arrival - t0, instance=instance)
-
-
-def deployment_columns(runs: list[RunRecord]) -> dict:
-    """A disaggregated row's columns (metrics.ResultRow): the KV transfer per request (its prefill instance's
-    first token to its KV's arrival at the decode instance), the wait there before its first decode step (for
-    room, or behind the decode step in progress), and each pool's busy share; {} for a colocated run."""
-    handed = [r for run in runs for r in run.requests if r.kv_arrival is not None]
-    if not handed:
-        return {}
-    transfer = [1e3 * (r.kv_arrival - r.token_times[0]) for r in handed]
-    decode = [sorted({r.instance for r in run.requests if r.kv_arrival is not None}) for run in runs]
-    prefill = [sorted({s.instance for s in run.steps} - set(d)) for run, d in zip(runs, decode)]
-    return {"kv_transfer_p50_ms": _percentile(transfer, 50), "kv_transfer_p99_ms": _percentile(transfer, 99),
-            "prefill_busy": _mean([pool_busy(run, p) for run, p in zip(runs, prefill)]),
-            "decode_busy": _mean([pool_busy(run, d) for run, d in zip(runs, decode)])}
-
-
-def _percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q))
-
-
-def _mean(values: list[float]) -> float:
-    known = [v for v in values if not math.isnan(v)]
-    return sum(known) / len(known) if known else math.nan
-
-
-def pool_busy(run: RunRecord, instances: list[int]) -> float:
-    """The mean share of the run's wall time the given instances spent in steps (overlaps counted once)."""
-    if not run.wall > 0 or not len(instances):
-        return math.nan
-    shares = []
-    for k in instances:
-        busy, reach = 0.0, -math.inf
-        for s in (s for s in run.steps if s.instance == k):
-            if s.end > reach:
-                busy += s.end - max(s.start, reach)
-                reach = s.end
-        shares.append(busy / run.wall)
-    return sum(shares) / len(shares)

@@ -27,6 +27,7 @@ from strategies import make_strategy
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend, BackendError
+from prefillbench.deploy.disaggregated import check_requests, prompt_part
 from prefillbench.engine import RunRecord
 from prefillbench.sequence import Handoff, Request
 
@@ -34,6 +35,12 @@ from prefillbench.sequence import Handoff, Request
 START_LEAD_S = 0.2
 #: Seconds to wait for the prefill process to load its model, or to hand back its record after the decodes end.
 CHILD_TIMEOUT_S = 120.0
+
+
+def _wait_until(start: float) -> None:
+    """Sleep until perf_counter reaches `start` (both processes start their runs at that instant)."""
+    while perf_counter() < start:
+        time.sleep(min(start - perf_counter(), 0.01))
 
 
 def _load(options: dict):
@@ -72,8 +79,7 @@ def _prefill_process(conn, options: dict) -> None:
             return
         _, requests, strategy, chunk, concurrency, start, keep_logits = message
         try:
-            while perf_counter() < start:
-                time.sleep(min(start - perf_counter(), 0.01))
+            _wait_until(start)
             run = engine.run(backend, make_strategy(strategy, chunk), requests, concurrency, keep_logits=keep_logits)
             conn.send(("done", run, backend.metadata()))
         except Exception as e:  # noqa: BLE001
@@ -174,20 +180,17 @@ class GGUFDeployment:
             on_tokens: Callable[[int], None] | None = None, keep_logits: bool = False) -> RunRecord:
         """The requests through both instances; `keep_logits`: every emitted position's, the first token's from the
         prefill instance and the rest from the decode instance (--verify)."""
-        if any(r.arrival_s is None for r in requests):
-            raise ValueError("--disaggregate runs an open loop: give --arrival poisson (or gamma) and --rate")
+        check_requests(requests)
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
         ordered = [requests[i] for i in order]  # the prefill run admits them so: its seq_id is the position here
-        first = [replace(r, n_gen=1, forced_tokens=None if r.forced_tokens is None else r.forced_tokens[:1])
-                 for r in ordered]
+        first = [prompt_part(r) for r in ordered]
         start = perf_counter() + START_LEAD_S
         try:
             self.conn.send(("run", first, strategy, chunk_size, concurrency, start, keep_logits))
         except OSError:  # a broken pipe: the process is gone
             raise BackendError(f"the prefill process ended (exit code {self.process.exitcode})") from None
         feed = PipeFeed(self.conn, ordered, self.process)
-        while perf_counter() < start:
-            time.sleep(min(start - perf_counter(), 0.01))
+        _wait_until(start)
         decoding = [r for r in ordered if r.n_gen > 1]
         decoded = (engine.run(self.decode, make_strategy(strategy, chunk_size), decoding, concurrency,
                               keep_logits=keep_logits, on_tokens=on_tokens, feed=feed) if decoding else None)
@@ -212,13 +215,10 @@ class GGUFDeployment:
 def _merged(prefilled: RunRecord, decoded: RunRecord | None, fed: list[int], order: list[int]) -> RunRecord:
     """One record: the prefill run's first tokens, arrivals and first steps, the decode run's later tokens, in the
     requests' own order; steps tagged by instance (0 prefill, 1 decode)."""
-    by_position = dict(enumerate(prefilled.requests))  # the prefill run's admission order: by arrival
-    records = {}
-    for k, rec in by_position.items():
-        records[k] = rec
+    records = dict(enumerate(prefilled.requests))  # by position in the prefill run's admission order: by arrival
     if decoded is not None:
         for k, rec in zip(fed, decoded.requests):
-            head = by_position[k]
+            head = prefilled.requests[k]
             records[k] = replace(rec, arrival=head.arrival, first_scheduled=head.first_scheduled,
                                  token_times=[head.token_times[0], *rec.token_times[1:]], instance=1,
                                  logits=[*head.logits, *rec.logits])
@@ -226,5 +226,5 @@ def _merged(prefilled: RunRecord, decoded: RunRecord | None, fed: list[int], ord
     steps.sort(key=lambda s: s.start)
     start = min(prefilled.start, decoded.start if decoded else math.inf)
     end = max(prefilled.end, decoded.end if decoded else -math.inf)
-    back = {position: i for position, i in enumerate(order)}
-    return RunRecord(start, end, [records[k] for k in sorted(records, key=back.__getitem__)], steps)
+    # order[k]: the request at position k; sorting the positions by it gives the requests' own order
+    return RunRecord(start, end, [records[k] for k in sorted(records, key=order.__getitem__)], steps)
