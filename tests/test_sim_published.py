@@ -89,3 +89,19 @@ def test_sarathi_steps_price_the_artifacts_shapes():
     priced = {s.name: sarathi_steps.price(cost, s)[0] for s in steps}
     assert priced["prefill 16384"] > priced["prefill 128"]
     assert priced["hybrid 1021 + 3 decodes"] > cost.seconds(Batch(((0, 1021, False),), ())) * 1e3
+
+
+def test_under_measured_pricing_each_row_pays_its_own_engines_overheads():
+    from prefillbench.backends.sim.pricing import OVERHEADS
+
+    by_engine = {r.source.overheads for r in ROWS}
+    assert by_engine <= set(OVERHEADS) and {"vllm", "sglang", "tensorrt-llm"} <= by_engine
+    for r in ROWS:
+        named = "sglang" if "SGLang" in r.source.engine else "tensorrt-llm" if "TensorRT" in r.source.engine else "vllm"
+        assert r.source.overheads == named, r.id
+        argv = published.row_argv(r, "--sim-pricing measured")
+        assert argv[argv.index("--sim-overheads") + 1] == r.source.overheads, r.id
+        # spec pricing has no engine; an engine named in --sim-extra wins
+        assert "--sim-overheads" not in published.row_argv(r)
+        forced = published.row_argv(r, "--sim-pricing measured --sim-overheads none")
+        assert forced.count("--sim-overheads") == 1 and forced[forced.index("--sim-overheads") + 1] == "none"

@@ -33,6 +33,9 @@ class Source:
     cite: str  # URL, or repository + path + commit
     engine: str  # engine and version, as the source states them
     metric: str  # the metric and its definition, as the source (or its script) gives it
+    #: The --sim-overheads preset of that engine, which its rows run with under measured pricing (vLLM's where the
+    #: engine is vLLM of any version, or not stated: the presets hold no V0 engine, see docs/sim.md).
+    overheads: str = "vllm"
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ PR24700 = Source("vllm-pr24700", "vLLM PR #24700 (\"Improve default fused moe co
                  "benchmark_moe.py: one layer's fused MoE kernel time, random routing")
 QWEN3 = Source("qwen3-speed", "Qwen's speed benchmark, qwen.readthedocs.io getting_started/speed_benchmark; QwenLM/Qwen3 "
                "docs/source/getting_started/speed_benchmark.md", "SGLang 0.4.6.post1",
-               "speed = (input + output tokens) / time, batch 1")
+               "speed = (input + output tokens) / time, batch 1", overheads="sglang")
 QWEN25 = Source("qwen2.5-speed", "QwenLM/Qwen2.5 docs/source/benchmark/speed_benchmark.rst @ 010c37c33b13a1ac59944b349620e13404e"
                 "fe97d (qwen.readthedocs.io/en/latest/benchmark/speed_benchmark.html), 'vLLM' tables; script "
                 "examples/speed-benchmark/speed_benchmark_vllm.py @ 0b7d9f7670a3e1e05d1e076147d08c045a5aa99e",
@@ -88,12 +91,13 @@ TRT_PERF = Source("trtllm-perf-md", "NVIDIA/TensorRT-LLM docs/source/performance
                   "gptSessionBenchmark, engines built with --enable_fp8 --fp8_kv_cache on H100/L40S, float16 on A100",
                   "Low Latency: '1st Token Latency (ms)' at batch 1 (the benchmark run with one output token); Peak "
                   "Throughput: static batch of the stated size, 'Throughput (out tok/s/GPU)' on H100, '(out tok/s)' on "
-                  "A100 and L40S (TP1 rows only here, where the two agree)")
+                  "A100 and L40S (TP1 rows only here, where the two agree)", overheads="tensorrt-llm")
 TRT_OVERVIEW = Source("trtllm-perf-overview", "NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md @ "
                       "00f37686aa854010d68bcbd0f4ab000221541ca6", "TensorRT-LLM (v1.0 docs), PyTorch backend, trtllm-bench "
                       "throughput; CUDA graphs with padding up to batch 8192; nvidia/*-FP8 ModelOpt checkpoints",
                       "'Total Output Throughput (tokens/sec)': an offline maximum-throughput run, every request queued "
-                      "at once, synthetic fixed ISL/OSL, $num_requests per ISL/OSL from the page's table")
+                      "at once, synthetic fixed ISL/OSL, $num_requests per ISL/OSL from the page's table",
+                      overheads="tensorrt-llm")
 ORACLE = Source("oracle-mi300x", "https://blogs.oracle.com/cloud-infrastructure/post/serving-llama-31-405b-model-with-amd-"
                 "mi300x-gpus (2024-10-10), 'Latency measurements' table", "vLLM (version not stated) on OCI "
                 "BM.GPU.MI300X.8", "scripts/benchmark_latency.py: average latency of one batch, input 128, output 128 tokens")

@@ -10,7 +10,8 @@ published - 1.
 Every run is `prefillbench run --backend sim -r 1 -p 0 --no-warmup --no-results-file --no-progress --no-verdict
 --export FILE.json` + the row's flags + --sim-extra (the same words on every row). It runs in this process through
 the CLI's own entry point (prefillbench.cli.main), so the flags are parsed exactly as a user's are; --subprocess runs
-each through .venv/bin/prefillbench instead. Spec sheets only unless --sim-extra says otherwise: no row fits anything.
+each through .venv/bin/prefillbench instead. Spec sheets only unless --sim-extra says otherwise: no row fits anything. With `--sim-pricing measured` in
+--sim-extra and no `--sim-overheads`, each row runs with its own engine's overheads (its source's `overheads`).
 """
 from __future__ import annotations
 
@@ -59,11 +60,20 @@ class Outcome:
     message: str = ""  # why it failed, or the sim's note on a clamped concurrency
 
 
+def own_engine(row: Row, extra: list[str]) -> list[str]:
+    """Under measured pricing, the row's own engine's overheads (its source's preset) unless --sim-extra names one."""
+    measured = any(w == "--sim-pricing" and extra[i + 1:i + 2] == ["measured"] for i, w in enumerate(extra))
+    if not measured or "--sim-overheads" in extra:
+        return []
+    return ["--sim-overheads", row.source.overheads]
+
+
 def row_argv(row: Row, extra: str = "", export: str | None = None, trace: str | None = None) -> list[str]:
     """The full `prefillbench` argv of a row (without the program name); the repository's docs/ files by absolute
     path, so a row runs from any directory."""
     words = [str(ROOT / w) if w.startswith("docs/") else w for w in shlex.split(row.flags)]
-    argv = FIXED + words + shlex.split(extra)
+    extra_words = shlex.split(extra)
+    argv = FIXED + words + extra_words + own_engine(row, extra_words)
     if export:
         argv += ["--export", export]
     if trace:
@@ -143,7 +153,7 @@ def run_row(row: Row, extra: str = "", workdir: Path | None = None, use_subproce
         meta = doc["metadata"]
         sim = sim_figure(row, doc["results"][0], meta, steps)
         clamp = meta.get("sim_concurrency_clamped")
-        note = f"concurrency clamped to KV memory: {clamp}" if clamp else ""
+        note = f"concurrency clamped: {clamp}" if clamp else ""
         return Outcome(row, sim, sim / row.published - 1.0, argv, note)
 
 

@@ -139,10 +139,15 @@ class Backend(ABC):
         depends on its budget, so a grid of budgets clamps to a few neighbouring counts: one line, not one each)."""
         if (asked, allowed) in self.clamped:
             return
-        said = any(a == asked for a, _ in self.clamped)
+        kind = self.clamp_kind(allowed)
+        said = any(a == asked and self.clamp_kind(b) == kind for a, b in self.clamped)
         self.clamped = [*self.clamped, (asked, allowed)]
         if not said:
             self.say_clamp(asked, allowed)
+
+    def clamp_kind(self, allowed: int) -> str:
+        """What bound a clamp to `allowed` (a backend with several limits says each once per asked count)."""
+        return "kv"
 
     def say_clamp(self, asked: int, allowed: int) -> None:
         """The clamp's line; a worker process replaces it to send the line to its parent instead."""

@@ -89,6 +89,10 @@ SimOverheads = Annotated[Optional[str], option(
     "--sim-overheads", panel=SIM_PANEL, callback=choice(*OVERHEADS), metavar="|".join(OVERHEADS),
     help="sim: whose per-step host time, kernel launches and CUDA graphs each step pays (docs/sim.md, Engine "
     "overheads) (default: vllm with --sim-pricing measured, else none)")]
+MaxNumSeqs = Annotated[Optional[int], option(
+    "--max-num-seqs", panel=SIM_PANEL, metavar="N",
+    help="sim: the engine's cap on sequences in flight (vLLM's max_num_seqs); more wait in its queue (default: the "
+    "--sim-overheads engine's own default on this GPU, 1024 with none; the KV cache may hold fewer)")]
 KvDtype = Annotated[Optional[str], option(
     "--kv-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8", help="sim: KV cache precision to price (default: bf16)")]
 ExpertParallel = Annotated[int, option(

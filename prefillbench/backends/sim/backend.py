@@ -29,6 +29,9 @@ from prefillbench.writers import jsonl_text
 from prefillbench.backends.base import Backend, BackendError, DecodeRun, Launched
 
 JITTER_SEED = 7
+#: The engine's cap on sequences in flight where no engine is named: vLLM 0.32's max_num_seqs on an H100 or H200
+#: (vllm/engine/arg_utils.py get_batch_defaults), the sim's cap before engines' limits were read.
+DEFAULT_MAX_NUM_SEQS = 1024
 
 
 #: placeholder_token's: 100 + (SEQ_STRIDE * seq_id + POSITION_STRIDE * length) % span.
@@ -59,22 +62,22 @@ def placeholder_run(seq_id: int, length: int, n: int, span: int) -> list[int]:
 
 class SimBackend(Backend):
     name = "sim"
-    # A serving engine's batch cap (vLLM's max_num_seqs is 256 to 1024): past it the KV cache clamps anyway,
-    # and a larger -c only means more requests, not more in flight.
-    sequence_limit = 1024
+    # No refusal of a large -c: the engine's cap on sequences in flight (max_num_seqs) and the KV cache clamp it,
+    # and the rest wait in the engine's queue, as on a real server.
+    sequence_limit = None
     # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
     options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
-                         "trace", "sim_pricing", "sim_overheads", "prefix_cache", "prefix_block"})
+                         "trace", "sim_pricing", "sim_overheads", "max_num_seqs", "prefix_cache", "prefix_block"})
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
                  trace: str | Path | None = None, pricing: str = "spec", overheads: str | None = None,
-                 prefix: PrefixSettings = PrefixSettings()) -> None:
+                 prefix: PrefixSettings = PrefixSettings(), max_num_seqs: int | None = None) -> None:
         self.spec_gpu = gpu
         # what another instance of this deployment needs (instance): all but the parallelism and the trace file
         self._settings = dict(calibration=calibration, calibration_path=calibration_path, pricing=pricing,
-                              overheads=overheads, prefix=prefix)
+                              overheads=overheads, prefix=prefix, max_num_seqs=max_num_seqs)
         if calibration:
             if pricing != "spec":
                 raise SimConfigError(f"--calibration and --sim-pricing {pricing}: a calibration fits the spec "
@@ -86,6 +89,7 @@ class SimBackend(Backend):
         self.overheads = engine_overheads(overheads or ("vllm" if pricing == "measured" else "none"), gpu, tp)
         self.cost = CostModel(model, gpu, tp, pp, ep, self.pricing, self.overheads)
         self.cost.check_fits()
+        self.max_num_seqs, self.max_num_seqs_source = self._sequence_cap(max_num_seqs, tp)
         # A windowed model's sequences hold fewer positions on its windowed layers: its cache is counted in
         # positions summed over layers (ModelSpec.kv_positions), a dense one's in tokens, as before.
         self._windows = model.windows
@@ -126,6 +130,25 @@ class SimBackend(Backend):
         for line in self.approximations():
             say_once(line)
 
+    def _sequence_cap(self, given: int | None, tp: int) -> tuple[int, str]:
+        """The engine's cap on sequences in flight and where it comes from: --max-num-seqs, else the --sim-overheads
+        engine's own default on this GPU (vLLM 0.32: 1024 on GPUs of 70 GiB and more but A100s, 256 elsewhere;
+        SGLang: its max_running_requests from the KV tokens; TensorRT-LLM: max_batch_size 2048), else 1024 (vLLM's
+        default on an H100 or H200, the sim's cap before the engines' limits)."""
+        if given is not None:
+            if given < 1:
+                raise SimConfigError(f"--max-num-seqs must be at least 1, got {given}")
+            return given, "--max-num-seqs"
+        o = self.overheads
+        if o is not None and o.name == "sglang":
+            from prefillbench.backends.sim.measured.overheads import sglang_max_running_requests
+
+            return (sglang_max_running_requests(self.cost.kv_capacity_tokens(), self.model.max_context),
+                    "sglang's max_running_requests from its KV tokens")
+        if o is not None and o.max_num_seqs:
+            return o.max_num_seqs, f"{o.version or o.name}'s default on {self.gpu.name}"
+        return DEFAULT_MAX_NUM_SEQS, "the sim's default, vLLM's on an H100 or H200"
+
     def approximations(self) -> list[str]:
         """What the sim prices by a named approximation for this model and GPU (also in the metadata)."""
         out = list(self.model.approximations) + self.cost.approximations
@@ -149,7 +172,8 @@ class SimBackend(Backend):
              calibration: str | None = None, trace: str | None = None, sim_model: str | None = None,
              sim_gpu: str | None = None, sim_dtype: str | None = None, kv_dtype: str | None = None,
              dtype: str | None = None, sim_pricing: str | None = None, sim_overheads: str | None = None,
-             prefix_cache: str | None = None, prefix_block: int | None = None) -> "SimBackend":
+             prefix_cache: str | None = None, prefix_block: int | None = None,
+             max_num_seqs: int | None = None) -> "SimBackend":
         """Presets or files by name; a calibration file supplies the model and device it measured when none is named.
         sim_dtype: the weights' precision (bf16, fp16, fp8, int8, int4, mxfp4), kv_dtype: the KV cache's (bf16,
         fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config). dtype (the
@@ -177,7 +201,7 @@ class SimBackend(Backend):
         except ValueError as e:
             raise SimConfigError(str(e)) from None
         return cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration, trace=trace,
-                   pricing=sim_pricing or "spec", overheads=sim_overheads, prefix=prefix)
+                   pricing=sim_pricing or "spec", overheads=sim_overheads, prefix=prefix, max_num_seqs=max_num_seqs)
 
     def instance(self, tp: int) -> "SimBackend":
         """Another GPU instance of the same model, device, pricing and cache at tensor parallelism `tp` (a
@@ -186,8 +210,18 @@ class SimBackend(Backend):
 
     # ---- capacity ---------------------------------------------------------------
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int = 0) -> int:
-        """Sequences of `max_seq_len` whose KV cache fits beside the weights; the engine clamps to it."""
-        return self.cost.max_sequences(max_seq_len, max_step_tokens)
+        """Sequences of `max_seq_len` whose KV cache fits beside the weights, at most the engine's max_num_seqs;
+        the engine clamps to it."""
+        return min(self.cost.max_sequences(max_seq_len, max_step_tokens), self.max_num_seqs)
+
+    def clamp_kind(self, allowed: int) -> str:
+        return "engine" if allowed >= self.max_num_seqs else "kv"
+
+    def say_clamp(self, asked: int, allowed: int) -> None:
+        if self.clamp_kind(allowed) == "kv":
+            return super().say_clamp(asked, allowed)
+        print(f"prefillbench: sim: {asked} sequences asked; the engine runs at most {allowed} at a time, the rest "
+              f"wait in its queue (max_num_seqs {allowed}: {self.max_num_seqs_source})", file=sys.stderr)
 
     def room(self) -> str:
         return f"{self.gpu.name}'s KV cache beside {self.model.name}'s weights"
@@ -511,6 +545,8 @@ class SimBackend(Backend):
             "sim_overheads": self.overheads.name if self.overheads is not None else "none",
             "sim_overheads_source": self.overheads.source if self.overheads is not None else None,
             "sim_kv_capacity_tokens": self.cost.kv_capacity_tokens(),
+            "sim_max_num_seqs": self.max_num_seqs,
+            "sim_max_num_seqs_source": self.max_num_seqs_source,
             "prefix_cache": "on" if self.prefix.on else "off",
         }
         if self.prefixes is not None:

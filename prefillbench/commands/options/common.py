@@ -124,6 +124,7 @@ class BackendOptions:
     kv_dtype: str | None = _backend_option(None, "--kv-dtype", "kv_dtype")
     sim_pricing: str | None = _backend_option(None, "--sim-pricing", "sim_pricing")
     sim_overheads: str | None = _backend_option(None, "--sim-overheads", "sim_overheads")
+    max_num_seqs: int | None = _backend_option(None, "--max-num-seqs", "max_num_seqs")
     calibration: str | None = _backend_option(None, "--calibration", "calibration")
     prefix_cache: str | None = _backend_option(None, "--prefix-cache", "prefix_cache")
     prefix_block: int | None = _backend_option(None, "--prefix-block", "prefix_block")
