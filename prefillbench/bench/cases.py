@@ -232,9 +232,25 @@ class LogitAgreement:
         return self.max_abs_diff <= self.tolerance.max_abs and self.top1_flips == 0
 
 
+def in_request_order(run: RunRecord) -> list:
+    """A run's request records in the order of the requests it was given. A run keeps admission order, which is the
+    requests' own except for multi-turn sessions, whose later turns enter when the turn before them finishes (so two
+    runs of the same sessions admit them in different orders): those are put back by (session, turn)."""
+    if all(r.session is None for r in run.requests):
+        return run.requests
+    return sorted(run.requests, key=lambda r: (r.session is not None, r.session or 0, r.turn))
+
+
+def teacher_forced(requests: list[Request], run: RunRecord) -> list[Request]:
+    """The requests, each fed the tokens `run` made for it (a session's turn by its session and turn)."""
+    key = lambda r, i: (r.session, r.turn) if r.session is not None else i  # noqa: E731
+    tokens = {key(rec, i): rec.tokens for i, rec in enumerate(in_request_order(run))}
+    return [replace(req, forced_tokens=tuple(tokens[key(req, i)])) for i, req in enumerate(requests)]
+
+
 def compare_logits(reference: RunRecord, other: RunRecord) -> tuple[np.ndarray, np.ndarray]:
     """Both runs' logits, one row per emitted position, requests in order."""
-    stack = lambda run: np.concatenate([np.stack(r.logits) for r in run.requests]).astype(np.float32)  # noqa: E731
+    stack = lambda run: np.concatenate([np.stack(r.logits) for r in in_request_order(run)]).astype(np.float32)  # noqa: E731
     ref, got = stack(reference), stack(other)
     if ref.shape != got.shape:
         raise RuntimeError(f"the runs emitted {got.shape[0]} positions, the reference {ref.shape[0]}")
@@ -267,7 +283,7 @@ def verify_logits(backend: Backend, config: BenchConfig, on_case: Callable[[str]
             on_case(f"verify {ref_case.test.name} c={ref_case.concurrency}")
         reference = engine.run(backend, make_strategy(ref_case.strategy, ref_case.chunk_size), requests,
                                ref_case.concurrency, keep_logits=True)
-        forced = [replace(req, forced_tokens=tuple(rec.tokens)) for req, rec in zip(requests, reference.requests)]
+        forced = teacher_forced(requests, reference)
         for case in others:
             strategy = make_strategy(case.strategy, case.chunk_size)
             run = engine.run(backend, strategy, forced, case.concurrency, keep_logits=True)
@@ -294,7 +310,7 @@ def verify_handoff(backend: Backend, config: BenchConfig,
         requests = config.requests_for(case, backend.vocab_size)
         alone = engine.run(reference, make_strategy(case.strategy, case.chunk_size), requests, case.concurrency,
                            keep_logits=True)
-        forced = [replace(req, forced_tokens=tuple(rec.tokens)) for req, rec in zip(requests, alone.requests)]
+        forced = teacher_forced(requests, alone)
         apart = deployment_for(backend, config.deployment).run(case.strategy, case.chunk_size, forced,
                                                                case.concurrency, keep_logits=True)
         agreement = logit_agreement(case, case, alone, apart, tol)

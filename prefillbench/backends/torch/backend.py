@@ -8,8 +8,6 @@ Attention then reads and writes a static per-slot KV cache (gpt-fast style).
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 import time
 from pathlib import Path
@@ -36,9 +34,11 @@ from prefillbench.backends.torch.graphs import DecodeGraphs
 from prefillbench.backends.torch.kernel_choice import TIMED_CONTEXT, KernelChoice, Shapes, decide
 from prefillbench.backends.torch.linear import LinearKernels
 from prefillbench.backends.torch import memory
+from prefillbench.backends.prefix import PrefixSettings
+from prefillbench.backends.torch.loading import DTYPES, load_model, resolve_device
+from prefillbench.backends.torch.prefixes import PREFIX_ENTRY_ROWS, TorchPrefixes
 from prefillbench.backends.torch.packed import ATTENTION_NAME, ChunkSpan, KVCache, StepLayout, packed_attention, register_attention
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # --verify's tolerances per dtype (see LogitTolerance). float32 strategies differ only in summation order:
 # measured teacher-forced, SmolLM2-135M moves by up to 5.1e-5 (pp128+tg16, c=4, all strategies), the tiny
 # test Llama by 6.4e-6, while a dropped chunk or a token at a wrong position moves the tiny Llama's by > 1.
@@ -49,62 +49,16 @@ LOGIT_TOLERANCE = {
 }
 
 
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BackendError("--device cuda was asked for, but this torch has no CUDA device")
-    if device not in ("cpu", "cuda"):
-        raise BackendError(f"unknown device {device!r}; use auto, cuda or cpu")
-    return device
-
-
-def load_model(model: str, dtype: torch.dtype, device: str, tp: int = 1):
-    """Load a transformers causal LM from a folder, a hub id or a .gguf file; with tp > 1, this rank's shard."""
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    register_attention()
-    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": ATTENTION_NAME}
-    if tp > 1:
-        from transformers.distributed import DistributedConfig
-
-        # The model's own tensor-parallel plan: q/k/v and MLP up colwise, o/down rowwise (an all-reduce each).
-        kwargs["distributed_config"] = DistributedConfig(tp_size=tp)
-    path = Path(model)
-    if model.endswith(".gguf"):
-        if not path.is_file():
-            raise BackendError(f"model file not found: {model}")
-        source, kwargs["gguf_file"] = str(path.resolve().parent), path.name
-    elif path.exists() and not path.is_dir():
-        raise BackendError(f"{model} is neither a checkpoint folder nor a .gguf file")
-    else:
-        source = model
-        if not path.exists():
-            from prefillbench.models import hub_load_options
-
-            kwargs.update(hub_load_options(model))
-    try:
-        # transformers' GGUF loader draws its own tqdm bar; stderr belongs to our progress bar.
-        with contextlib.redirect_stderr(io.StringIO()):
-            lm = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError, AttributeError, ImportError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BackendError(f"cannot load {model} with transformers: {first_line}") from None
-    return lm.to(device).eval()
-
-
 class TorchBackend(Backend):
     name = "torch"
     options = frozenset({"device", "dtype", "threads", "tp", "tune_linear", "cuda_graphs", "compile_decode", "decode_plan",
-                         "attention", "kernels"})
+                         "attention", "kernels", "prefix_cache", "prefix_block"})
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
                  parallel: TensorParallel | None = None, *, tune_linear: bool = True, cuda_graphs: bool = True,
                  compile_decode: bool = False, decode_plan: bool = True, attention: str | None = None,
-                 kernels: str = "auto", flex_compiled: bool | None = None, compile_layer_ops: bool | None = None) -> None:
+                 kernels: str = "auto", flex_compiled: bool | None = None, compile_layer_ops: bool | None = None,
+                 prefix: PrefixSettings = PrefixSettings()) -> None:
         """`tune_linear`: time the linear-layer kernels per row count (torch_linear); `cuda_graphs`:
         replay decode-only steps from CUDA graphs on a CUDA device (torch_graphs); `compile_decode`: run
         decode-only steps on the CPU through inductor-compiled graphs (torch_compiled); `decode_plan`: run
@@ -115,7 +69,8 @@ class TorchBackend(Backend):
         `flex_compiled`: whether the flex route compiles (default: on CUDA only; True on a CPU compiles it through
         inductor's C++ template, for the tests of the compiled route; not a command-line option);
         `compile_layer_ops`: a fused decoder's elementwise work (add + RMSNorm, rotary, SiLU gate) through
-        inductor-compiled functions, one kernel a call (fused.CompiledLayerOps; default: on CUDA, off a CPU route)."""
+        inductor-compiled functions, one kernel a call (fused.CompiledLayerOps; default: on CUDA, off a CPU route);
+        `prefix`: --prefix-cache and --prefix-block, the cache's entries copied in rows of the KV cache (prefixes.py)."""
         try:
             self.kernel_choice = KernelChoice(kernels)
         except ValueError as e:
@@ -162,6 +117,8 @@ class TorchBackend(Backend):
         self.memory_plan: memory.MemoryPlan | None = None  # the last one the engine asked for
         self.cache: KVCache | None = None
         self.slots = SlotTable(0)
+        self.prefix = prefix
+        self.prefixes: TorchPrefixes | None = None  # the current run's cache
         self.use_cuda_graphs = cuda_graphs and self.torch_device.type == "cuda" and parallel is None and self.route_name != "cpu"
         self.decode_graphs: DecodeGraphs | None = None
         self.graphs_note = "on" if self.use_cuda_graphs else "off"
@@ -205,11 +162,16 @@ class TorchBackend(Backend):
 
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "float32", threads: int | None = None,
-             tp: int = 1, **options: Any) -> "TorchBackend":
+             tp: int = 1, prefix_cache: str | None = None, prefix_block: int | None = None,
+             **options: Any) -> "TorchBackend":
         """`options`: `tune_linear`, `cuda_graphs`, `decode_plan` (default True), `compile_decode`, `attention`,
         `kernels` ("auto"), see TorchBackend.__init__."""
         if dtype not in DTYPES:
             raise BackendError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
+        try:
+            prefix = PrefixSettings.from_options(prefix_cache, prefix_block)
+        except ValueError as e:
+            raise BackendError(str(e)) from None
         if threads is not None:
             if threads < 1:
                 raise BackendError(f"threads must be at least 1, got {threads}")
@@ -224,7 +186,7 @@ class TorchBackend(Backend):
         lm = load_model(model, DTYPES[dtype], dev, tp)
         name = Path(model).name.removesuffix(".gguf") if Path(model).exists() else model
         weights = f"{dtype} (dequantized from GGUF by transformers)" if model.endswith(".gguf") else dtype
-        return cls(lm, name, dev, weights, parallel, **options)
+        return cls(lm, name, dev, weights, parallel, prefix=prefix, **options)
 
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
         with self.kernel_choice.active():
@@ -245,6 +207,13 @@ class TorchBackend(Backend):
         return self.memory_plan.describe() if self.memory_plan is not None else super().room()
 
     def _prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
+        run_rows = max_sequences
+        if self.prefix.on:  # rows for the cache's entries beside the run's own, as many as the memory holds
+            room = self.max_concurrency(max_seq_len, max_step_tokens) - max_sequences
+            if room < 2:
+                raise BackendError(f"{max_sequences} sequences of {max_seq_len} tokens leave no room in "
+                                   f"{self.room()} for the prefix cache's entries; lower -c or turn --prefix-cache off")
+            max_sequences += min(room, PREFIX_ENTRY_ROWS)
         if self.cache is None or not self.cache.fits(max_sequences, max_seq_len):
             self.cache = None  # free the old one before allocating
             self.decode_graphs = None  # captured over the old cache's addresses
@@ -285,7 +254,10 @@ class TorchBackend(Backend):
                     self._build_decode_plan(max_seq_len)
         if self.decode_plan is not None:
             self.decode_plan.bind(self.cache)
-        self.slots = SlotTable(self.cache.n_slots)
+        self.slots = SlotTable(run_rows if self.prefix.on else self.cache.n_slots)
+        if self.prefix.on:
+            self.prefixes = TorchPrefixes(self.cache, self.prefix, range(run_rows, max_sequences))
+            self.prefix_capacity = self.prefixes.store.cache.capacity
 
     def _make_route(self) -> "Route":
         return make_route(self.route_name, self.cache.max_len, self.cache.n_slots, self.torch_device, self.flex_compiled)
@@ -402,6 +374,14 @@ class TorchBackend(Backend):
 
     def release(self, seq_id: int) -> None:
         self.slots.release(seq_id)
+        if self.prefixes is not None:
+            self.prefixes.release(seq_id)
+
+    def reuse_prefix(self, seq_id: int, prompt: tuple[int, ...]) -> int:
+        return self.prefixes.reuse(seq_id, prompt) if self.prefixes is not None else 0
+
+    def refreshed_prefixes(self) -> dict[int, int]:
+        return self.prefixes.refreshed() if self.prefixes is not None else {}
 
     def synchronize(self) -> None:
         if self.torch_device.type == "cuda":
@@ -467,6 +447,8 @@ class TorchBackend(Backend):
             positions = torch.tensor([d.position for d in step.decodes], device=dev)
             logits = self.compiled(tokens, positions, [self.slots.slot(d.seq_id) for d in step.decodes], self.cache.keys, self.cache.values)
             return self._result(step.emitting_seq_ids, logits, return_logits)
+        if self.prefixes is not None and step.prefills:
+            self.prefixes.before(step, self.slots.slot)
         packed = pack(step)
         layout = self._layout(step, packed)
         dev = self.torch_device
@@ -481,6 +463,8 @@ class TorchBackend(Backend):
                 f"architecture {self.model.config.model_type!r} bypassed the packed attention "
                 f"({layout.calls} of {self.n_layers} layers used it)"
             )
+        if self.prefixes is not None and step.prefills:
+            self.prefixes.after(step, self.slots.slot)
         seq_ids = packed.emitting
         if not seq_ids:  # a chunk in mid-prompt: no token, no LM head
             return StepResult({})
@@ -533,6 +517,9 @@ class TorchBackend(Backend):
             meta["memory"] = f"{self.memory_plan.sequences} sequences fit in {self.memory_plan.describe()}"
         if self.clamped:
             meta["concurrency_clamped"] = self.clamp_note()
+        meta["prefix_cache"] = "on" if self.prefix.on else "off"
+        if self.prefixes is not None:
+            meta |= self.prefixes.metadata()
         if self.parallel:
             meta.update(self.parallel.metadata())
         return meta
