@@ -1,7 +1,8 @@
 """A request as the scheduler sees it while it is in flight."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,36 @@ class Request:
     def follows(self) -> bool:
         """A session's later turn: it arrives after the turn before it, not at a time of its own."""
         return self.session is not None and self.turn > 0
+
+
+class SessionTurns:
+    """A run's requests as they may be sent: those with a time of their own (`first`, in their order), and every
+    multi-turn session's later turns, each held until the turn before it finishes and then due its think time after
+    that turn's last token (a closed loop per session). The engine's admission and a serving client both keep one."""
+
+    __slots__ = ("first", "held")
+
+    def __init__(self, requests: list[Request]) -> None:
+        self.first = [r for r in requests if not r.follows]
+        self.held = {(r.session, r.turn): r for r in requests if r.follows}
+
+    def after(self, session: int | None, turn: int, last_token_s: float) -> Request | None:
+        """The turn after (session, turn), now due: `last_token_s` is that turn's last token (or its failure) in
+        seconds from the run's start; None where no turn follows."""
+        follow = self.held.pop((session, turn + 1), None) if session is not None else None
+        return None if follow is None else replace(follow, arrival_s=last_token_s + follow.think_s)
+
+    def __bool__(self) -> bool:
+        """Turns are still held (their turn before has not finished)."""
+        return bool(self.held)
+
+
+def queue_by_arrival(pending: deque[Request], request: Request) -> None:
+    """`request` into `pending` (ordered by arrival), after every request that arrives no later."""
+    i = len(pending)
+    while i and pending[i - 1].arrival_s > request.arrival_s:
+        i -= 1
+    pending.insert(i, request)
 
 
 @dataclass(slots=True)

@@ -537,3 +537,49 @@ def test_vllms_usage_says_how_many_prompt_tokens_it_found_cached(cache, cached, 
     api, s = client.OpenAIApi(cache), client.Streamed(Request((1, 2, 3), 1), 0.0, sent=0.0)
     assert not api.read(_chunk(ids=[5], finish="length"), 1.0, s) and api.read(usage, 1.01, s)
     assert s.cached_tokens == cached and (s.error is None if error is None else error in s.error)
+
+
+def test_a_sessions_later_turn_is_sent_its_think_time_after_the_turn_before_ends():
+    # Two sessions of three turns against the stub (4 ms a token, 0.2 ms a prompt token): a later turn goes out
+    # only when the turn before it has streamed its last token, and then after its think time, not at once and not
+    # at any time of its own. The upper bound is the think time plus what one event-loop pass can add (the sender
+    # sleeps until the due time or until a newly due turn wakes it): 0.15 s is far below the 0.4 s a turn that
+    # waited for another session's turn would show.
+    from prefillbench.bench.sessions import SessionSpec
+    spec = SessionSpec(n=2, turns=3, system=32, message=16, answer=6, think=0.3)
+    requests = spec.requests(1000, seed=1, arrivals=[0.0, 0.05])
+    port = free_port()
+    server = ServerProcess([*parse_template(STUB.format(port=port)), "--token-ms", "4", "--prompt-ms-per-token", "0.2"],
+                           f"http://127.0.0.1:{port}/health")
+    server.start()
+    try:
+        run = client.stream_requests(f"http://127.0.0.1:{port}", "llama", requests, 0)
+    finally:
+        server.stop()
+    done = {(s.request.session, s.request.turn): s for s in run.done}
+    assert sorted(done) == [(s, t) for s in range(2) for t in range(3)]
+    assert all(s.error is None and len(s.token_times) == 6 for s in done.values())
+    for (session, turn), s in done.items():
+        if turn:
+            before = done[(session, turn - 1)]
+            assert s.request.prompt[:len(before.request.prompt)] == before.request.prompt  # the history resent
+            waited = s.scheduled - before.token_times[-1]
+            assert 0.3 <= waited < 0.3 + 0.15, (session, turn, waited)
+        else:
+            assert s.scheduled - run.start == pytest.approx(s.request.arrival_s, abs=0.15)
+
+
+def test_sessions_run_on_a_server_with_its_cache_finding_their_history(run_cli):
+    # The run's row on a server: every turn served, the later turns' TTFT, and the engine's reported cached
+    # tokens (the stub answers llama-server's timings.cache_n from the prompts it served) at the rate the
+    # sessions' structure implies: turns sent in order after each other share their history exactly.
+    args = ["run", "--backend", "server", "--engine", "llama-server", "--workload",
+            "sessions:n=3,turns=3,system=64,message=32,answer=8,think=0.1", "--arrival", "poisson", "--rate", "2",
+            "-r", "1", "-s", "sarathi-serve", "--chunk-size", "64", "--no-progress", "--no-results-file",
+            "--no-verdict", "-o", "json", *stub("--token-ms", "2", "--prompt-ms-per-token", "0.1")]
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    row = json.loads(out)["results"][0]
+    assert row["requests"] == 9 and row["failed_requests"] == 0
+    assert row["ttft_later_turns_p50_ms"] > 0
+    assert row["prefix_hit_implied"] > 0.4 and abs(row["prefix_hit_rate"] - row["prefix_hit_implied"]) <= 0.05

@@ -14,13 +14,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Protocol
 
 from strategies import Strategy
 
 from prefillbench.backends.base import Backend, BackendError
-from prefillbench.sequence import Request, Sequence
+from prefillbench.sequence import Request, Sequence, SessionTurns, queue_by_arrival
 
 
 def fit(backend: Backend, strategy: Strategy, asked: int, longest_prompt: int, max_seq_len: int) -> int:
@@ -73,8 +72,8 @@ class Admission:
                  reuse: Callable[[int, tuple[int, ...]], int] | None = None,
                  accept: Callable[[int, Request], None] | None = None, feed: Feed | None = None) -> None:
         # A session's later turns wait for the turn before them to finish (`finished`); the rest queue by arrival.
-        self.held = {(r.session, r.turn): r for r in requests if r.follows}
-        self.pending = deque([r for r in requests if not r.follows])
+        self.held = SessionTurns(requests)
+        self.pending = deque(self.held.first)
         self.cap = cap  # most sequences in flight
         self.open_loop = open_loop
         self.start = start  # the clock when the run started: an open loop's arrivals count from it
@@ -121,20 +120,13 @@ class Admission:
     def finished(self, seq: Sequence) -> None:
         """A sequence finished: its session's next turn arrives its think time after the last token (an open
         loop's arrival, in seconds from the run's start), queued in arrival order."""
-        if seq.session is None:
-            return
-        follow = self.held.pop((seq.session, seq.turn + 1), None)
-        if follow is None:
-            return
-        self.queue(replace(follow, arrival_s=seq.token_times[-1] - self.start + follow.think_s))
+        follow = self.held.after(seq.session, seq.turn, seq.token_times[-1] - self.start) if seq.session is not None else None
+        if follow is not None:
+            self.queue(follow)
 
     def queue(self, request: Request) -> None:
         """A request whose arrival (an open loop's, from the run's start) is known only now, queued by it."""
-        pending = self.pending
-        i = len(pending)
-        while i and pending[i - 1].arrival_s > request.arrival_s:
-            i -= 1
-        pending.insert(i, request)
+        queue_by_arrival(self.pending, request)
         self.next_at = self._first_arrival()
 
     def take_fed(self) -> None:

@@ -38,7 +38,8 @@ def serve(backend, strategy: Strategy, requests: list[Request], concurrency: int
 def _record(s) -> RequestRecord:
     return RequestRecord(len(s.request.prompt), s.scheduled, s.token_times, s.tokens, [], s.first_scheduled,
                          error=s.error, server_token_times=s.server_token_times or None,
-                         cached_tokens=s.cached_tokens if s.error is None else None)
+                         cached_tokens=s.cached_tokens if s.error is None else None, session=s.request.session,
+                         turn=s.request.turn)
 
 
 def _live(live) -> list[Sequence]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefillbench.sequence import Request
+from prefillbench.sequence import Request, SessionTurns, queue_by_arrival
 
 clock = time.perf_counter
 
@@ -249,8 +249,10 @@ def stream_requests(url: str, api_name: str, requests: list[Request], concurrenc
                     poll_s: float = 0.05, cache: bool = False) -> StreamRun:
     """Send every request and stream its tokens. Closed loop (no arrival times): `concurrency` in flight, each
     finished one replaced by the next. Open loop: each sent at its arrival, at most `concurrency` in flight (0: no
-    cap; later ones wait, and their wait counts). `watch(run, live, pending)` is asked every `poll_s`: True ends the
-    run (`stopped`); `alive()` returns an exception that ends it (the server died)."""
+    cap; later ones wait, and their wait counts). A multi-turn session's later turn (Request.follows) is sent its
+    think time after the last token of the turn before it, as the engine's admission does on a step backend.
+    `watch(run, live, pending)` is asked every `poll_s`: True ends the run (`stopped`); `alive()` returns an
+    exception that ends it (the server died)."""
     try:
         return asyncio.run(_stream_all(url, APIS[api_name](cache), requests, concurrency, model, headers or {}, watch, alive,
                                        on_done, poll_s))
@@ -266,7 +268,10 @@ async def _stream_all(url, api, requests, concurrency, model, headers, watch, al
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=600)
     run = StreamRun(clock(), 0.0, [])
     live: list[Streamed] = []
-    pending: deque[Request] = deque(requests)
+    # a session's later turns wait for the turn before them to finish; the rest queue by arrival
+    held = SessionTurns(requests)
+    pending: deque[Request] = deque(held.first)
+    turn_due = asyncio.Event()  # a held turn joined `pending`: the sender looks again
     places = asyncio.Semaphore(cap)
     failure: Exception | None = None
     sent: list[asyncio.Task] = []  # every request's task: none may outlive the session (a stop, a server's death)
@@ -283,16 +288,30 @@ async def _stream_all(url, api, requests, concurrency, model, headers, watch, al
                 run.done.append(s)
                 if on_done is not None:
                     on_done(s)
+                # the session's next turn arrives its think time after this turn's last token (or its failure)
+                follow = held.after(request.session, request.turn, (s.token_times[-1] if s.token_times else clock()) - run.start)
+                if follow is not None:
+                    queue_by_arrival(pending, follow)
+                    turn_due.set()
 
         async def send_all() -> None:
             tasks = []
-            while pending:
+            while pending or held:
+                if not pending:  # only turns whose turn before is still in flight
+                    await turn_due.wait()
+                    turn_due.clear()
+                    continue
                 request = pending[0]
                 if open_loop:
                     due = run.start + request.arrival_s
                     delay = due - clock()
                     if delay > 0:
-                        await asyncio.sleep(delay)
+                        turn_due.clear()
+                        try:  # until it is due, or until a turn that may come first is queued
+                            await asyncio.wait_for(turn_due.wait(), delay)
+                            continue
+                        except asyncio.TimeoutError:
+                            pass
                 else:
                     await places.acquire()  # a closed loop's request is due when a place frees
                     places.release()

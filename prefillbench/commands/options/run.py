@@ -72,9 +72,6 @@ class RunOptions(Measuring):
         tests = test_specs(self.n_prompt, self.n_gen, self.pg, self.arrival, self.len_spread, self.workload, self.reading)
         self.settle_prefix_cache(tests)
         if any(t.sessions is not None for t in tests):
-            if self.load.served_engine() is not None:
-                raise UsageError(f"multi-turn sessions run on the step backends (gguf, torch, sim) for now, not on "
-                                 f"--backend {self.load.name}")
             if self.arrival not in ("poisson", "gamma"):
                 raise UsageError("multi-turn sessions arrive in an open loop: give --arrival poisson (or gamma) and "
                                  "--rate, the sessions a second")
