@@ -563,8 +563,11 @@ def test_a_sessions_later_turn_is_sent_its_think_time_after_the_turn_before_ends
         if turn:
             before = done[(session, turn - 1)]
             assert s.request.prompt[:len(before.request.prompt)] == before.request.prompt  # the history resent
-            waited = s.scheduled - before.token_times[-1]
-            assert 0.3 <= waited < 0.3 + 0.15, (session, turn, waited)
+            # Its due time is the turn before's last token plus the think time, to the rounding of one float
+            # addition on clock readings of a few thousand seconds (ulp ~1e-12 s); it went out no earlier.
+            assert s.scheduled - before.token_times[-1] == pytest.approx(0.3, abs=1e-9), (session, turn)
+            waited = s.sent - before.token_times[-1]
+            assert s.sent >= s.scheduled and waited < 0.3 + 0.15, (session, turn, waited)
         else:
             assert s.scheduled - run.start == pytest.approx(s.request.arrival_s, abs=0.15)
 
