@@ -48,3 +48,19 @@ def test_llama_server_runs_the_issue_workload_and_leaves_no_server(run_cli, tmp_
 def test_sequential_on_llama_server_is_refused_in_one_line(run_cli):
     code, out, err = run_cli("run", "--backend", "llama-server", "-s", "sequential", "--pg", "64,8", "-p", "0", "-n", "0")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "llama-server cannot run sequential" in err
+
+
+def test_a_budget_below_the_requests_in_flight_launches_as_many_slots_as_the_budget(run_cli, tmp_path):
+    # llama.cpp asserts at load when -np is above -b (one output row a slot in every batch): 6 requests in flight at
+    # budget 4 launch 4 slots, every request is served (the rest wait in the server's queue), and the row says so.
+    export = tmp_path / "s.json"
+    code, out, err = run_cli("run", "--backend", "llama-server", "-s", "sarathi-serve", "--chunk-size", "4",
+                             "--pg", "16,4", "-p", "0", "-n", "0", "-c", "6", "-r", "1", "--export", str(export))
+    assert code == 0, err
+    doc = json.loads(export.read_text())
+    (row,) = doc["results"]
+    assert row["failed_requests"] == 0 and row["concurrency"] == 6
+    meta = doc["metadata"]
+    assert "-np 4 " in meta["server_command"] and "-b 4" in meta["server_command"] and meta["server_slots"] == 4
+    assert "4 slots for 6 requests in flight" in meta["server_slots_capped"] and "4 slots for 6" in err
+    assert not servers()

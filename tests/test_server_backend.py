@@ -215,6 +215,9 @@ def test_each_engine_presets_command_line():
     assert TGI.argv("sarathi-serve", values)[-2:] == ["--max-batch-prefill-tokens", "256"]
     # a budget the case does not have: the flag goes with it
     assert "--max-num-batched-tokens" not in VLLM.argv("sarathi-serve", {**values, "budget": None})
+    # llama-server aborts and vLLM refuses to start with more slots than the budget: the launch takes the budget's
+    assert LLAMA_SERVER.slots_for(40, 32) == 32 and VLLM.slots_for(40, 32) == 32 and TGI.slots_for(40, 32) == 40
+    assert LLAMA_SERVER.slots_for(40, None) == 40 and LLAMA_SERVER.slots_for(8, 32) == 8
     for engine in ENGINES.values():
         # every preset takes the model and the port, and listens on loopback only
         assert "{model}" in engine.template and "{port}" in engine.template and "127.0.0.1" in engine.template

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -70,6 +71,7 @@ class ServerBackend(Backend):
         self.vocab_size = 32000
         self.weights = f"as {engine.name} loads {Path(model).name}" if model else f"as the server at {url} has them"
         self.server: ServerProcess | None = None
+        self.slot_notes: set[str] = set()  # launches given fewer slots than requests in flight, and why
         self.configuration: tuple | None = None  # (strategy, budget, slots, ctx per slot) of the server running
         self.argv: list[str] = []
         self.launches = 0
@@ -228,8 +230,15 @@ class ServerBackend(Backend):
                 return
         self.stop()
         self.port = free_port()
-        values = {"bin": self.binary, "model": self.model_path, "port": self.port,
-                  "budget": budget if self.engine.strategies[strategy_name].uses_budget else None,
+        launched_budget = budget if self.engine.strategies[strategy_name].uses_budget else None
+        asked, slots = slots, self.engine.slots_for(slots, launched_budget)
+        if slots < asked:
+            note = (f"{self.engine.name} at budget {launched_budget}: {slots} slots for {asked} requests in flight, the "
+                    f"rest wait in its queue ({self.engine.slots_within_budget})")
+            if note not in self.slot_notes:
+                print(f"prefillbench: {note}", file=sys.stderr)
+            self.slot_notes.add(note)
+        values = {"bin": self.binary, "model": self.model_path, "port": self.port, "budget": launched_budget,
                   "slots": slots, "threads": self.threads, "ctx": slots * per_slot, "max_len": per_slot}
         self.argv = self.engine.argv(strategy_name, values, self.launch_flags, cache=self.caches_prefixes)
         self.server = ServerProcess(self.argv, self.base_url + self.engine.health_path)
@@ -288,6 +297,8 @@ class ServerBackend(Backend):
             meta["server_slots"] = self.configuration[2] if self.configuration else None
             meta["server_ready_s"] = self.ready_s  # the last launch's, from its start to its health 200
             meta["server_warmup_requests"] = self.warmup_requests
+            if self.slot_notes:
+                meta["server_slots_capped"] = "; ".join(sorted(self.slot_notes))
         if not self.launch:
             meta["server_url"] = self.url
             meta["server_configuration"] = "as served: the server's own, not changed from here"

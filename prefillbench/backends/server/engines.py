@@ -43,6 +43,12 @@ class Engine:
     #: on; None: it cannot be turned on from its command line
     cache_off: tuple[str, ...] = ()
     cache_on: tuple[str, ...] | None = ()
+    #: why the engine takes no more slots (sequences in flight) than its budget, where it does not
+    slots_within_budget: str = ""
+
+    def slots_for(self, asked: int, budget: int | None) -> int:
+        """The slots a launch gets for `asked` requests in flight at this budget (the rest wait in its queue)."""
+        return min(asked, budget) if self.slots_within_budget and budget is not None else asked
 
     def expresses(self, strategy: str) -> bool:
         return strategy in self.strategies
@@ -141,7 +147,10 @@ LLAMA_SERVER = Engine(
     # off: no host-memory prompt cache across slots, and a free slot taken least recently used rather than by its
     # last prompt's likeness (requests also send cache_prompt false); on: llama.cpp's defaults (an 8 GiB host cache,
     # the slot whose prompt shares the most), and cache_prompt true
-    cache_off=("--cache-ram", "0", "--slot-prompt-similarity", "0"), cache_on=())
+    cache_off=("--cache-ram", "0", "--slot-prompt-similarity", "0"), cache_on=(),
+    # llama_context::output_reserve keeps an output row for every slot in each batch and asserts
+    # max(n_outputs, n_seq_max) <= n_batch
+    slots_within_budget="llama.cpp aborts at load with -np above -b")
 
 # No --disable-log-requests: vLLM 0.12 removed it (vllm#29402; an unknown flag stops `vllm serve`), request logging
 # being off by default since vllm#21739 (--enable-log-requests turns it on).
@@ -162,7 +171,9 @@ VLLM = Engine(
     },
     default_strategy="vllm-v1", default_budget=None, version_args=("--version",),
     # on: automatic prefix caching, and each response's usage says how many prompt tokens it found cached
-    cache_off=("--no-enable-prefix-caching",), cache_on=("--enable-prefix-caching", "--enable-prompt-tokens-details"))
+    cache_off=("--no-enable-prefix-caching",), cache_on=("--enable-prefix-caching", "--enable-prompt-tokens-details"),
+    # SchedulerConfig's own check (vllm/config/scheduler.py)
+    slots_within_budget="vLLM refuses --max-num-seqs above --max-num-batched-tokens")
 
 #: The longest request of the case (as llama-server's -c per slot): one longer than the server was launched for is
 #: refused, not served from a context sized for the model's whole length.
