@@ -135,3 +135,26 @@ def test_on_the_sim_every_request_arrives_at_its_traces_scaled_time():
     arrived = sorted(r.arrival - run.start for r in run.requests)
     assert arrived == pytest.approx(sorted(w.arrivals), abs=1e-3)  # within 1 ms: exactly, in virtual time
     assert w.arrivals[-1] == pytest.approx(0.5 * (load_workload("mooncake-sample", TraceReading(max_len=32768, first=80)).arrivals[-1]))
+    # the engine's lag taking them: every request that came while the sim waited idle was admitted at its arrival
+    assert run.arrival_lags and all(lag == 0.0 for lag in run.arrival_lags)
+
+
+def test_arrival_lag_counts_the_requests_that_came_while_the_engine_waited_idle():
+    # A backend whose steps take 0.5 s of its own clock and whose every wait wakes 1 ms late. Of requests arriving at
+    # 0, 10.2, 10.3 and 20, those at 0 (the run's start: nothing runs yet), 10.2 and 20 came while nothing ran: each
+    # is taken its wake-up late (0 for the first, admitted on the first pass). The one at 10.3 came during the
+    # 10.2 request's prompt step and waited for it: its scheduling delay, not lag, and not counted.
+    from strategies import make_strategy
+
+    from prefillbench import engine
+    from prefillbench.backends.fake import FakeBackend
+    from prefillbench.sequence import Request
+
+    class LateWaker(FakeBackend):
+        def wait_until(self, t, *, stalled=False, idle=False):
+            self.clock = max(self.clock, t + 0.001)
+
+    reqs = [Request(tuple(range(1, 9)), 2, arrival_s=t) for t in (0.0, 10.2, 10.3, 20.0)]
+    run = engine.run(LateWaker(seconds_per_token=0.0, seconds_per_step=0.5), make_strategy("sequential"), reqs, 0)
+    assert len(run.requests) == 4
+    assert run.arrival_lags == pytest.approx([0.0, 0.001, 0.001], abs=1e-9)

@@ -111,6 +111,7 @@ class ResultRow:
     sched_delay_p50_ms: float = math.nan
     sched_delay_p90_ms: float = math.nan
     sched_delay_p99_ms: float = math.nan
+    arrival_lag_p99_ms: float = math.nan  # open loop: how late requests were taken (RunRecord.arrival_lags)
     queue_growth: float = math.nan  # open loop: the wait's growth per second of arrivals, at least (queue_growth)
     request_throughput: float = math.nan  # completed requests per second of the run
     arrival: str = "closed"  # closed, poisson, gamma or trace
@@ -443,6 +444,7 @@ def summarize(
         sched_delay_p50_ms=percentile(sched, 50),
         sched_delay_p90_ms=percentile(sched, 90),
         sched_delay_p99_ms=percentile(sched, 99),
+        arrival_lag_p99_ms=percentile([1000 * lag for run in runs for lag in run.arrival_lags], 99),
         queue_growth=_mean([queue_growth(run) for run in runs]) if open_loop else math.nan,
         request_throughput=_mean([len(run.requests) / run.wall for run in runs]),
         arrival=load.arrival,

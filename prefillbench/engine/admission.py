@@ -66,7 +66,7 @@ class Admission:
     """
 
     __slots__ = ("pending", "held", "cap", "open_loop", "start", "reuse", "accept", "feed", "live", "waiting", "running", "next_id",
-                 "next_at")
+                 "next_at", "idle_from", "arrival_lags")
 
     def __init__(self, requests: list[Request], open_loop: bool, cap: int, start: float,
                  reuse: Callable[[int, tuple[int, ...]], int] | None = None,
@@ -92,6 +92,11 @@ class Admission:
         #: The clock from which the first pending request may enter (-inf: any time, a closed loop; inf: none is
         #: left): the loop calls `admit` only from then on, one comparison a pass instead of a call.
         self.next_at = self._first_arrival()
+        #: Since when the engine has waited with no step running (set by the loop; None while a step runs), and how
+        #: late each request that arrived during such a wait was admitted: the clock's wake-up (open loop only; a
+        #: request that arrived during a step waits for it, its scheduling delay, not lag).
+        self.idle_from: float | None = start  # nothing runs before the first step
+        self.arrival_lags: list[float] = []
 
     def _first_arrival(self) -> float:
         if not self.pending:
@@ -108,6 +113,8 @@ class Admission:
                 break
             req = pending.popleft()
             arrival = start + req.arrival_s if open_loop else now
+            if open_loop and self.idle_from is not None and arrival >= self.idle_from:
+                self.arrival_lags.append(now - arrival)
             seq = live[self.next_id] = Sequence.admit(self.next_id, req, arrival, start)
             if req.handoff is not None and self.accept is not None:
                 self.accept(seq.seq_id, req)

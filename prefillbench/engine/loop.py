@@ -119,6 +119,8 @@ class Loop:
                 continue
             if not events:
                 raise RuntimeError(f"strategy {strategy.name} produced an empty step with work left")
+            if not in_flight and admission.idle_from is None:
+                admission.idle_from = backend.now()
             backend.wait_until(min(events), stalled=ready and len(in_flight) >= depth, idle=not in_flight)
         return self.record(stopped)
 
@@ -132,7 +134,8 @@ class Loop:
         backend.end_run()
         done = self.done
         order = sorted(range(len(done)), key=self.done_ids.__getitem__)
-        return RunRecord(self.start, end, [done[i] for i in order], self.steps, stopped)
+        return RunRecord(self.start, end, [done[i] for i in order], self.steps, stopped,
+                         arrival_lags=self.admission.arrival_lags)
 
     def failed(self, step: Step, e: BackendError) -> StepFailed:
         return StepFailed(f"step {len(self.steps)} ({step.n_tokens} tokens) failed: {e}")
@@ -145,6 +148,7 @@ class Loop:
             raise self.failed(step, e) from None
         record = step_record(step, launched.start, launched.end)
         self.steps.append(record)
+        self.admission.idle_from = None
         # A decoding sequence had its prompt in an earlier step: only a prompt chunk can be a first schedule.
         for chunk in step.prefills:
             seq = self.live[chunk.seq_id]

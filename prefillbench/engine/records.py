@@ -57,6 +57,9 @@ class RunRecord:
     failed: list[RequestRecord] = field(default_factory=list)  # served requests that failed: counted, never timed
     # a served run's engine clock (backends.server.engine_clock.Reading): what its /metrics counted over the run
     engine_clock: Any = None
+    # seconds each open-loop request was taken late: sent after its due time (a server's client; not those that
+    # waited for a place in flight), or admitted after arriving while the engine waited idle (a step backend)
+    arrival_lags: list[float] = field(default_factory=list)
 
     @property
     def wall(self) -> float:

@@ -32,7 +32,8 @@ def serve(backend, strategy: Strategy, requests: list[Request], concurrency: int
     records = [_record(s) for s in run.done]
     return RunRecord(run.start, run.end, [r for r in records if r.error is None], [], stopped=run.stopped,
                      failed=[r for r in records if r.error is not None],
-                     engine_clock=getattr(run, "engine_clock", None))
+                     engine_clock=getattr(run, "engine_clock", None),
+                     arrival_lags=[s.lag for s in run.done if not s.queued])
 
 
 def _record(s) -> RequestRecord:
