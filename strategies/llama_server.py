@@ -29,7 +29,9 @@ in 160 of them.
 
 The slot count: `slots` where set, else the run's concurrency cap, which the engine passes to `max_step_tokens`
 just before the run starts (`engine.run`: `backend.prepare(cap, ..., strategy.max_step_tokens(longest, cap))`,
-then `reset()`), the count prefillbench's preset launches llama-server with (`-np`).
+then `reset()`), the count prefillbench's preset launches llama-server with (`-np`), at most the budget: llama.cpp
+aborts at load with -np above -b (it keeps an output row a slot in every batch), so the preset launches that many
+and a request finding every slot taken waits in the server's queue, in arrival order, for one to be released.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ class LlamaServer(Strategy):
 
     def reset(self) -> None:
         n = self.slots or self._cap
-        self.n_slots = n
+        self.n_slots = min(n, self.chunk_size) if n is not None else None
         self.slot_of: dict[int, int] = {}  # seq_id -> slot index
         self.holder: dict[int, Sequence] = {}  # slot index -> the sequence in it
         self.last_used: dict[int, int] = {}  # slot index -> when it was released (-1: never used)
@@ -65,12 +67,13 @@ class LlamaServer(Strategy):
     def next_step(self, waiting, running):
         self._release_finished()
         for seq in sorted([s for s in (*waiting, *running) if s.seq_id not in self.slot_of], key=lambda s: s.seq_id):
-            self._assign(seq)
+            if not self._assign(seq):
+                break  # every slot taken: it and those after it wait in the server's queue
         slot_of = self.slot_of
         decodes = sorted(running, key=lambda s: slot_of[s.seq_id])
         budget = self.chunk_size - len(decodes)
         prefills: list[PrefillChunk] = []
-        for seq in sorted(waiting, key=lambda s: slot_of[s.seq_id]):
+        for seq in sorted((s for s in waiting if s.seq_id in slot_of), key=lambda s: slot_of[s.seq_id]):
             if budget <= 0:
                 break
             chunk = prefill_chunk(seq, budget)
@@ -87,9 +90,9 @@ class LlamaServer(Strategy):
             self.last_used[slot] = self.clock
             self.clock += 1
 
-    def _assign(self, seq: Sequence) -> None:
+    def _assign(self, seq: Sequence) -> bool:
         """get_available_slot: the idle slot with the smallest t_last_used, the last one of a tie; never-used
-        slots (-1) first, from the highest index down."""
+        slots (-1) first, from the highest index down. False where every slot is taken."""
         idle = [s for s in self.last_used if s not in self.holder]
         if self.n_slots is None or self.fresh < self.n_slots:
             # a never-used slot is idle and older than any released one; with the count unknown, slots go from
@@ -100,10 +103,11 @@ class LlamaServer(Strategy):
         elif idle:
             slot = max(idle, key=lambda s: (-self.last_used[s], s))
         else:
-            raise RuntimeError(f"llama-server: no idle slot among {self.n_slots} for sequence {seq.seq_id}")
+            return False
         self.last_used.setdefault(slot, -1)
         self.slot_of[seq.seq_id] = slot
         self.holder[slot] = seq
+        return True
 
     def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:
         self._cap = concurrency  # engine.run asks with the run's cap last, before reset(): the slot count (-np)

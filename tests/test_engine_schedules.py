@@ -111,12 +111,13 @@ def test_llama_server_takes_prompts_in_slot_order_and_a_fresh_server_gives_the_n
     assert schedule("sarathi-serve", 8, requests, 3)[0] == ([(0, 0, 5), (1, 0, 3)], [])  # oldest first
 
 
-def test_llama_server_counts_decodes_in_n_batch_and_never_drops_one():
-    strategy = make_strategy("llama-server", 2)
-    strategy.slots = 4
+def test_llama_server_counts_decodes_in_n_batch():
+    strategy = make_strategy("llama-server", 3)
+    strategy.slots = 4  # at most the budget: 3
     strategy.reset()
-    running = [decoding(i) for i in range(3)]
-    assert layout(strategy.next_step([seq(3, 5)], running)) == ([], [2, 1, 0])  # slots 3, 2, 1: in slot order
+    running = [decoding(i) for i in range(2)]
+    # slots 2, 1, 0; the decodes in slot order, then one prompt token: what is left of n_batch
+    assert layout(strategy.next_step([seq(2, 5)], running)) == ([(2, 0, 1)], [1, 0])
 
 
 def test_llama_server_does_not_put_a_prompt_in_progress_before_a_new_one_in_a_lower_slot():
@@ -160,6 +161,21 @@ def test_llama_server_takes_its_slot_count_from_the_engines_cap():
     strategy = make_strategy("llama-server", 16)
     engine.run(FakeBackend(), strategy, [Request(tuple(range(4)), 2)] * 5, 3)
     assert strategy.n_slots == 3
+
+
+def test_llama_server_takes_no_more_slots_than_its_budget_and_the_rest_wait_in_arrival_order():
+    # llama.cpp aborts with -np above -b, so the preset launches min(cap, budget) slots: 6 requests in flight at
+    # budget 4 get 4 slots, no step holds more than 4 sequences, and the 5th and 6th start only as slots are
+    # released, the 5th first.
+    strategy = make_strategy("llama-server", 4)
+    backend = FakeBackend()
+    engine.run(backend, strategy, [Request(tuple(range(2)), 3)] * 6, 6)
+    assert strategy.n_slots == 4
+    held = [{c.seq_id for c in s.prefills} | {d.seq_id for d in s.decodes} for s in backend.steps]
+    assert max(map(len, held)) == 4 and set().union(*held) == set(range(6))
+    first = {i: next(k for k, h in enumerate(held) if i in h) for i in range(6)}
+    last = {i: max(k for k, h in enumerate(held) if i in h) for i in range(6)}
+    assert first[4] > min(last[i] for i in range(4)) and first[4] <= first[5]
 
 
 def test_llama_server_keeps_the_slot_of_a_sequence_hidden_in_a_pipelined_step():
