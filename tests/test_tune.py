@@ -24,6 +24,7 @@ from prefillbench.bench.capacity import Criteria, Probe, SearchResult
 from prefillbench.bench.pricing import pricer
 from prefillbench.bench.workloads import TestSpec, make_requests
 from prefillbench.report import tune as report
+from prefillbench.commands import parsers
 from prefillbench.backends.fake import FakeBackend
 
 PRECISION = 0.02
@@ -210,20 +211,20 @@ def test_verdict_names_the_best_its_ratio_and_its_ties():
 @pytest.mark.parametrize("text, values", [("64:512:x2", [64, 128, 256, 512]), ("64,128", [64, 128]),
                                           ("100:300:+100", [100, 200, 300]), ("64:100:x2,64", [64])])
 def test_budget_ranges(text, values):
-    assert tune.parse_budgets([text]) == values
+    assert parsers.parse_budgets([text]) == values
 
 
 @pytest.mark.parametrize("text", ["64:32:x2", "64:512", "64:512:x1", "a:b:x2", "0"])
 def test_bad_budget_ranges(text):
     with pytest.raises(ValueError):
-        tune.parse_budgets([text])
+        parsers.parse_budgets([text])
 
 
 def test_slo_lists():
-    slos = tune.parse_slo_list("tbt=50,100,200,ttft=1000")
+    slos = parsers.parse_slo_list("tbt=50,100,200,ttft=1000")
     assert [s.tbt_ms for s in slos] == [50, 100, 200] and {s.ttft_ms for s in slos} == {1000}
     with pytest.raises(ValueError, match="only one SLO key"):
-        tune.parse_slo_list("tbt=50,100,ttft=1,2")
+        parsers.parse_slo_list("tbt=50,100,ttft=1,2")
 
 
 def test_criteria_at_another_percentile_name_what_they_exceed():

@@ -28,7 +28,7 @@ from prefillbench import engine
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.bench.capacity import DEFAULT_START_RATE, CapacityConfig, Criteria, Probe, SearchResult, probe_case, search
 from prefillbench.bench.cases import BenchConfig, Case, warm_up
-from prefillbench.bench.metrics import SLO, strategy_label
+from prefillbench.bench.metrics import strategy_label
 from prefillbench.bench.pricing import Pricer
 from prefillbench.bench.turns import BackendCall, run_here, take_turns
 from prefillbench.bench.workloads import TestSpec, make_requests, request_lengths
@@ -62,62 +62,6 @@ class Config:
 def grid(strategies: list[str], budgets: list[int]) -> list[Config]:
     """Every strategy at every budget; a strategy that ignores the budget once."""
     return [Config(name, budget) for name, budget in configurations(strategies, budgets)]
-
-
-def parse_budgets(texts: list[str]) -> list[int]:
-    """Token budgets: values, comma lists, and ranges LO:HI:xF (multiply) or LO:HI:+D (add): 64:4096:x2."""
-    out: list[int] = []
-    for text in texts:
-        for part in (p.strip() for p in text.split(",")):
-            if not part:
-                continue
-            if ":" not in part:
-                out.append(_positive(part, part))
-                continue
-            pieces = part.split(":")
-            if len(pieces) != 3 or pieces[2][:1] not in ("x", "+"):
-                raise ValueError(f"bad budget range {part!r}: expected LO:HI:xFACTOR or LO:HI:+STEP, e.g. 64:4096:x2")
-            lo, hi, step = _positive(pieces[0], part), _positive(pieces[1], part), pieces[2]
-            amount = _positive(step[1:], part)
-            if hi < lo or (step[0] == "x" and amount < 2):
-                raise ValueError(f"bad budget range {part!r}: needs LO <= HI and a factor of at least 2")
-            value = lo
-            while value <= hi:
-                out.append(value)
-                value = value * amount if step[0] == "x" else value + amount
-    if not out:
-        raise ValueError("no token budget given")
-    return list(dict.fromkeys(out))
-
-
-def _positive(text: str, part: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"bad token budget {part!r}: {text!r} is not an integer") from None
-    if value < 1:
-        raise ValueError(f"bad token budget {part!r}: must be at least 1")
-    return value
-
-
-def parse_slo_list(text: str) -> list[SLO]:
-    """`tbt=50,100,200` (one key may take several values) -> one SLO per value, the other keys shared."""
-    keys: list[tuple[str, list[str]]] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        if "=" in part:
-            key, _, value = part.partition("=")
-            keys.append((key.strip(), [value.strip()]))
-        elif keys:
-            keys[-1][1].append(part)
-        else:
-            raise ValueError(f"bad SLO {text!r}: expected KEY=MS[,MS...] with KEY one of {', '.join(SLO.KEYS)}")
-    listed = [k for k, values in keys if len(values) > 1]
-    if len(listed) > 1:
-        raise ValueError(f"only one SLO key may take a list of values, got lists for {' and '.join(listed)}")
-    n = max((len(values) for _, values in keys), default=1)
-    return [SLO.parse(",".join(f"{k}={values[min(i, len(values) - 1)]}" for k, values in keys)) for i in range(n)]
 
 
 @dataclass(frozen=True)

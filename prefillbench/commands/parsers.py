@@ -12,9 +12,7 @@ from typing import Optional
 import typer
 
 from prefillbench.bench.metrics import SLO
-from prefillbench.bench.tune import parse_budgets
 from prefillbench.report.compare import DEFAULT_METRICS, METRICS
-
 
 
 def _items(texts: list[str] | None, what: str) -> list[str]:
@@ -128,3 +126,59 @@ def five_ints(text: str) -> tuple[int, ...]:
     if len(values) != 5 or min(values) < 1:
         raise typer.BadParameter(f"expected five positive integers P,N,C,R,CHUNK, got {text!r}")
     return values
+
+
+def parse_budgets(texts: list[str]) -> list[int]:
+    """Token budgets: values, comma lists, and ranges LO:HI:xF (multiply) or LO:HI:+D (add): 64:4096:x2."""
+    out: list[int] = []
+    for text in texts:
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            if ":" not in part:
+                out.append(_positive(part, part))
+                continue
+            pieces = part.split(":")
+            if len(pieces) != 3 or pieces[2][:1] not in ("x", "+"):
+                raise ValueError(f"bad budget range {part!r}: expected LO:HI:xFACTOR or LO:HI:+STEP, e.g. 64:4096:x2")
+            lo, hi, step = _positive(pieces[0], part), _positive(pieces[1], part), pieces[2]
+            amount = _positive(step[1:], part)
+            if hi < lo or (step[0] == "x" and amount < 2):
+                raise ValueError(f"bad budget range {part!r}: needs LO <= HI and a factor of at least 2")
+            value = lo
+            while value <= hi:
+                out.append(value)
+                value = value * amount if step[0] == "x" else value + amount
+    if not out:
+        raise ValueError("no token budget given")
+    return list(dict.fromkeys(out))
+
+
+def _positive(text: str, part: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"bad token budget {part!r}: {text!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"bad token budget {part!r}: must be at least 1")
+    return value
+
+
+def parse_slo_list(text: str) -> list[SLO]:
+    """`tbt=50,100,200` (one key may take several values) -> one SLO per value, the other keys shared."""
+    keys: list[tuple[str, list[str]]] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "=" in part:
+            key, _, value = part.partition("=")
+            keys.append((key.strip(), [value.strip()]))
+        elif keys:
+            keys[-1][1].append(part)
+        else:
+            raise ValueError(f"bad SLO {text!r}: expected KEY=MS[,MS...] with KEY one of {', '.join(SLO.KEYS)}")
+    listed = [k for k, values in keys if len(values) > 1]
+    if len(listed) > 1:
+        raise ValueError(f"only one SLO key may take a list of values, got lists for {' and '.join(listed)}")
+    n = max((len(values) for _, values in keys), default=1)
+    return [SLO.parse(",".join(f"{k}={values[min(i, len(values) - 1)]}" for k, values in keys)) for i in range(n)]

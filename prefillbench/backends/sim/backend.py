@@ -13,7 +13,7 @@ from bisect import bisect_right
 from itertools import repeat
 from operator import add, mod
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from prefillbench.backends.prefix import PrefixSettings, PrefixStore
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
@@ -23,8 +23,8 @@ from prefillbench.backends.sim.pipeline import Pipeline
 from prefillbench.backends.sim.pricing import engine_overheads, pricing_for
 from prefillbench.backends.sim.specs import (GiB, GPUSpec, ModelSpec, SimConfigError, kv_format, precision_words,
                                              weight_format, with_precision)
+from prefillbench.backends.sim.step_trace import StepTrace
 from prefillbench.step import Step, StepResult
-from prefillbench.writers import jsonl_text
 
 from prefillbench.backends.base import Backend, BackendError, DecodeRun, Launched
 
@@ -122,8 +122,7 @@ class SimBackend(Backend):
         self.pipeline: Pipeline | None = None  # the current run's stage timelines, with --pp > 1
         self.pipeline_stats: dict[str, Any] | None = None  # the last finished run's
         self._jitter: random.Random | None = None  # each run's draws of step jitter, from the same seed
-        self._trace_path = Path(trace) if trace else None
-        self._trace: TextIO | None = None
+        self._trace = StepTrace(trace) if trace else None
         self.prefix = prefix
         self.prefix_capacity = prefix.blocks(self._kv_capacity) if prefix.on else None
         self.prefixes: PrefixStore | None = None  # the current run's cache, with --prefix-cache on
@@ -288,7 +287,7 @@ class SimBackend(Backend):
                 tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
             if self.prefixes is not None:
                 self.prefixes.computed(c.seq_id, end)
-        if self._trace_path is None:
+        if self._trace is None:
             seconds = self.cost.fast_seconds(chunks, len(step.decodes), ctx, n_emit)
         else:
             cost = self.step_cost(step)
@@ -329,7 +328,7 @@ class SimBackend(Backend):
                 tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
             if self.prefixes is not None:
                 self.prefixes.computed(c.seq_id, end)
-        if self._trace_path is None:
+        if self._trace is None:
             window_ctx = {w: sum(min(x, w) for x in lengths) for w in self.cost.windows}
             seconds = self.cost.fast_seconds(chunks, len(lengths), sum(lengths), n_emit, window_ctx)
         else:
@@ -348,7 +347,7 @@ class SimBackend(Backend):
     @property
     def runs_decodes(self) -> bool:
         # Pipeline stages hold several steps at once, and a trace writes each step's operators.
-        return self.pipeline is None and self._trace_path is None
+        return self.pipeline is None and self._trace is None
 
     def run_decodes(self, step: Step, max_steps: int, until: float) -> DecodeRun | None:
         """Decode-only steps in a row, priced and held as execute would one at a time, to the same float: the
@@ -484,29 +483,12 @@ class SimBackend(Backend):
 
     # ---- trace -------------------------------------------------------------------------
     def trace_step(self, step: Step, start: float, cost: StepCost, **extra: Any) -> None:
-        if self._trace_path is None:
-            return
-        if self._trace is None:
-            self._trace_path.parent.mkdir(parents=True, exist_ok=True)
-            self._trace = self._trace_path.open("w")
-        rec = {
-            "run": self.n_runs,
-            "step": self.n_steps,
-            "start_s": start,
-            "seconds": cost.seconds,
-            "prefill_chunks": [[c.seq_id, c.start, len(c.tokens), c.pad] for c in step.prefills],
-            "decode_contexts": [d.position + 1 for d in step.decodes],
-            "stage_seconds": [s.seconds for s in cost.stages],
-            "ops": {k: {"ms": v["seconds"] * 1e3, "gflop": v["flops"] / 1e9, "mb": v["bytes"] / 1e6, "bound": v["bound"]}
-                    for k, v in cost.breakdown().items()},
-            **extra,
-        }
-        self._trace.write(jsonl_text([rec]))
+        if self._trace is not None:
+            self._trace.write(self.n_runs, self.n_steps, step, start, cost, **extra)
 
     def close(self) -> None:
         if self._trace is not None:
             self._trace.close()
-            self._trace = None
 
     def __del__(self) -> None:
         try:

@@ -8,6 +8,7 @@ from prefillbench.bench import capacity, tune
 from prefillbench.bench.workloads import TraceReading
 from prefillbench.commands.options.common import (BackendOptions, Measuring, check_precision, check_queue_growth,
                                                  check_seed, strategy_names, trace_reading, unique, workload_requests)
+from prefillbench.commands.parsers import parse_slo_list
 from prefillbench.errors import UsageError
 from prefillbench.writers import RECORD_FORMATS, format_for_path
 
@@ -196,7 +197,7 @@ class TuneOptions(Measuring):
         if self.slo is None:
             raise UsageError("tune needs --slo, e.g. --slo tbt=100 (P99 time between tokens within 100 ms)")
         try:
-            slos = tune.parse_slo_list(self.slo)
+            slos = parse_slo_list(self.slo)
             self.criteria = [capacity.Criteria.from_slo(s, self.max_sched_delay, self.percentile, self.max_queue_growth / 100) for s in slos]
         except ValueError as e:
             raise UsageError(f"--slo: {e}") from None
