@@ -91,6 +91,21 @@ def test_sarathi_preset_is_the_fit():
     assert FIT.per_tp_s > 5 * FIT.base_s
 
 
+def test_vllm_v0_is_sarathis_line_without_rays_dispatch_with_graphs_for_decodes():
+    v0, sarathi = ov.ENGINE_OVERHEADS["vllm-v0"], ov.ENGINE_OVERHEADS["sarathi"]
+    for batch, tp in itertools.product((1, 8, 100, 256), (1, 2, 8)):
+        # V0 hands a step's inputs to the other ranks by a broadcast from its driver worker, not a Ray call
+        assert v0.cpu_seconds(batch, batch, tp) == pytest.approx(FIT.seconds(batch, 1))
+        assert v0.cpu_seconds(batch, batch, tp) <= sarathi.cpu_seconds(batch, batch, tp)
+    assert not v0.overlapped  # host work in turn with the GPU: cpu + device
+    assert v0.step_seconds(3e-3, 8, 8, 1, 900, True) == pytest.approx(v0.cpu_seconds(8, 8, 1) + 3e-3)
+    # one graph replay for a decode-only step of up to 256 sequences (padded), every kernel launched otherwise
+    assert v0.graph_mode(True, 256) == "full" and v0.graph_mode(True, 13) == "full"
+    assert v0.graph_mode(True, 257) == "eager" and v0.graph_mode(False, 8, 512) == "eager"
+    assert v0.launch_seconds(900, True, 64) == ov.GRAPH_LAUNCH_S
+    assert v0.launch_seconds(900, False, 64) == pytest.approx(900 * ov.LAUNCH_S)
+
+
 def test_vllm_host_line_meets_its_anchor():
     v = ov.ENGINE_OVERHEADS["vllm"]
     assert v.cpu_seconds(ov.VLLM_V1_GAP_SEQS, ov.VLLM_V1_GAP_SEQS, 1) == pytest.approx(ov.VLLM_V1_GAP_S)

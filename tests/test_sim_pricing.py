@@ -143,7 +143,7 @@ def test_the_default_is_the_spec_sheet_and_the_flags_are_named(run_cli, tmp_path
 @pytest.mark.parametrize("extra, words", [
     (["--sim-gpu", "cpu", "--sim-pricing", "measured"], "no measured profile prices CPU"),
     (["--sim-pricing", "roofline"], "'roofline' is not one of spec, measured"),
-    (["--sim-overheads", "triton"], "'triton' is not one of vllm, sglang, tensorrt-llm, sarathi, none"),
+    (["--sim-overheads", "triton"], "'triton' is not one of vllm, vllm-v0, sglang, tensorrt-llm, sarathi, none"),
 ])
 def test_bad_pricing_flags_fail_in_one_line(run_cli, extra, words):
     code, out, err = run_cli("run", "--backend", "sim", "--pg", "32,8", "-c", "1", "-r", "1", "--no-results-file", *extra)

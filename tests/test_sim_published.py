@@ -95,9 +95,12 @@ def test_under_measured_pricing_each_row_pays_its_own_engines_overheads():
     from prefillbench.backends.sim.pricing import OVERHEADS
 
     by_engine = {r.source.overheads for r in ROWS}
-    assert by_engine <= set(OVERHEADS) and {"vllm", "sglang", "tensorrt-llm"} <= by_engine
+    assert by_engine <= set(OVERHEADS) and {"vllm", "vllm-v0", "sglang", "tensorrt-llm"} <= by_engine
+    # vLLM before V1: the early-2024 PR branches and 0.6.3; a later vLLM, or one of no stated version, is V1's
+    v0 = {"vllm-pr2542", "vllm-pr3240", "qwen2.5-speed"}
     for r in ROWS:
-        named = "sglang" if "SGLang" in r.source.engine else "tensorrt-llm" if "TensorRT" in r.source.engine else "vllm"
+        named = ("sglang" if "SGLang" in r.source.engine else "tensorrt-llm" if "TensorRT" in r.source.engine
+                 else "vllm-v0" if r.source.key in v0 else "vllm")
         assert r.source.overheads == named, r.id
         argv = published.row_argv(r, "--sim-pricing measured")
         assert argv[argv.index("--sim-overheads") + 1] == r.source.overheads, r.id

@@ -33,8 +33,8 @@ class Source:
     cite: str  # URL, or repository + path + commit
     engine: str  # engine and version, as the source states them
     metric: str  # the metric and its definition, as the source (or its script) gives it
-    #: The --sim-overheads preset of that engine, which its rows run with under measured pricing (vLLM's where the
-    #: engine is vLLM of any version, or not stated: the presets hold no V0 engine, see docs/sim.md).
+    #: The --sim-overheads preset of that engine, which its rows run with under measured pricing: vllm-v0 where the
+    #: source names a vLLM before V1 (to 0.7), vllm where it names a later one or no version (docs/sim.md).
     overheads: str = "vllm"
 
 
@@ -59,10 +59,11 @@ class Row:
 
 # ---------------------------------------------------------------- sources
 PR2542 = Source("vllm-pr2542", "vLLM PR #2542 (\"Fused MOE for Mixtral\"), github.com/vllm-project/vllm/pull/2542",
-                "vLLM, early 2024 (the PR's branch)", "benchmark_latency.py: one batch's latency, random token ids")
+                "vLLM, early 2024 (the PR's branch)", "benchmark_latency.py: one batch's latency, random token ids",
+                overheads="vllm-v0")
 PR3240 = Source("vllm-pr3240", "vLLM PR #3240 (\"adding fused moe kernel config for A100 TP2\"), "
                 "github.com/vllm-project/vllm/pull/3240", "vLLM, early 2024 (the PR's branch)",
-                "benchmark_latency.py: one batch's latency, random token ids")
+                "benchmark_latency.py: one batch's latency, random token ids", overheads="vllm-v0")
 PR24700 = Source("vllm-pr24700", "vLLM PR #24700 (\"Improve default fused moe configs\"), its tuned-config rows, "
                  "github.com/vllm-project/vllm/pull/24700", "vLLM (the PR's branch), fused MoE Triton kernel",
                  "benchmark_moe.py: one layer's fused MoE kernel time, random routing")
@@ -75,7 +76,7 @@ QWEN25 = Source("qwen2.5-speed", "QwenLM/Qwen2.5 docs/source/benchmark/speed_ben
                 "vLLM 0.6.3, PyTorch 2.4.0, Flash Attention 2.6.3, CUDA 12.1; gpu_memory_utilization 0.9, "
                 "max_model_len 32768, enforce_eager False (the default setting)",
                 "Speed(tokens/s) = 2048 generated tokens / wall time of one LLM.generate call (prefill included); "
-                "batch 1, the least GPUs possible")
+                "batch 1, the least GPUs possible", overheads="vllm-v0")
 NIGHTLY_H200 = Source("vllm-nightly-h200", "https://buildkite.com/vllm/performance-benchmark/builds/9513 (GPU H200); test "
                       "definitions vllm-project/vllm .buildkite/nightly-benchmarks/tests/latency-tests.json @ "
                       "d5ce92492d5188cd0b5f4fcf70ef54a7dfbdba05", "vLLM nightly (the build's commit; no version on the page)",

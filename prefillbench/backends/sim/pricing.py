@@ -21,7 +21,7 @@ from prefillbench.backends.sim.specs import GiB, GPUSpec, SimConfigError
 
 PRICINGS = ("spec", "measured")
 #: --sim-overheads: whose per-step costs a step pays beyond its kernels (measured/overheads.py's presets).
-OVERHEADS = ("vllm", "sglang", "tensorrt-llm", "sarathi", "none")
+OVERHEADS = ("vllm", "vllm-v0", "sglang", "tensorrt-llm", "sarathi", "none")
 
 #: A GPU preset -> the profiled GPU whose curves price it. The same part, or the nearest of its kind: Hopper and
 #: Blackwell HBM parts (and AMD's MI300X, no AMD part being profiled) on the H100's, Ampere HBM on the A100's,

@@ -49,7 +49,7 @@ FIT_BATCH = 8
 MS = 1e-3
 US = 1e-6
 
-ENGINES = ("vllm", "sglang", "tensorrt-llm", "sarathi", "none")
+ENGINES = ("vllm", "vllm-v0", "sglang", "tensorrt-llm", "sarathi", "none")
 
 
 # ---- Vidur's measured CPU overheads -------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def held_out(rows, fit: CpuFit) -> list[HeldOut]:
 class EngineOverheads:
     """One engine's per-step costs beyond its kernels, and its default limits. `source` names each figure's origin."""
 
-    name: str  # vllm | sglang | tensorrt-llm | sarathi | none
+    name: str  # one of ENGINES
     cpu_base_s: float
     cpu_per_seq_s: float
     cpu_per_tp_s: float  # once per step when tp > 1
@@ -316,6 +316,8 @@ GRAPH_LAUNCH_S = 15.0 * US
 #: (vllm-project/vllm PR 11133, 2024-12-12).
 VLLM_V1_GAP_S, VLLM_V1_GAP_SEQS = 5.5 * MS, 256
 VLLM_V1_EXPOSED_S = 0.16 * MS
+#: vLLM V0's largest captured decode batch (vllm/worker/model_runner.py _BATCH_SIZES_TO_CAPTURE).
+V0_GRAPH_MAX_BATCH = 256
 
 _VIDUR = f"github.com/{VIDUR_REPO} {CPU_COMMIT[:7]}:{CPU_PATH}"
 _LAUNCH = ("launch_s = 2.7 us driver enqueue (github.com/ahrefs/ocannl issue 488: RTX 5070 Ti, CUDA 13.3) + "
@@ -342,6 +344,21 @@ def _presets() -> dict[str, EngineOverheads]:
                     "limits: microsoft/sarathi-serve sarathi/config/config.py (max_num_seqs 128, chunk_size 512); "
                     + _LAUNCH),
             version="sarathi-serve as profiled by Vidur (2024-05)"),
+        # vLLM before V1 (to 0.7): Sarathi-Serve is a fork of it, with its scheduler, input preparation, sampler and
+        # output processing, so Vidur's profile of Sarathi is the published host time of that lineage.
+        "vllm-v0": EngineOverheads(
+            "vllm-v0", fit.base_s, fit.per_seq_s, 0.0, LAUNCH_S, GRAPH_LAUNCH_S, graph_max_batch=V0_GRAPH_MAX_BATCH,
+            max_num_seqs=256, max_num_batched_tokens=2048,
+            source=(f"vLLM V0 (0.2.7-0.7): cpu = Sarathi-Serve's line fitted on {_VIDUR} (Sarathi-Serve forks vLLM "
+                    "V0's scheduler, input preparation, sampler and output processing), without its tp term (Ray's "
+                    "dispatch: V0's driver worker runs in the engine's process and hands the step's inputs to the other "
+                    "ranks by broadcast_tensor_dict, vllm/worker/worker.py; that broadcast's time is unpublished: 0); "
+                    "host work in turn with the GPU (async output processing of 0.6+ not priced); CUDA graphs for "
+                    "decode-only steps of up to 256 sequences, padded to the next captured size "
+                    "(vllm/worker/model_runner.py _BATCH_SIZES_TO_CAPTURE = [1, 2, 4] + [8 i for i in 1..32]), eager "
+                    "otherwise; limits: vllm/config.py SchedulerConfig defaults, max_num_seqs 256, "
+                    "max_num_batched_tokens 2048 (max(max_model_len, 2048) without chunked prefill); " + _LAUNCH),
+            version="vllm 0.2.7-0.7 (V0)"),
         "vllm": EngineOverheads(
             "vllm", **v1, launch_s=LAUNCH_S, graph_launch_s=GRAPH_LAUNCH_S, graph_max_batch=512,
             max_num_seqs=1024, max_num_batched_tokens=8192, overlapped=True, exposed_s=VLLM_V1_EXPOSED_S,
