@@ -155,7 +155,7 @@ class SimBackend(Backend):
             out += self.pricing.notes
         if self.overheads is not None:
             out.append(f"--sim-overheads {self.overheads.name}: each step pays {self.overheads.version or self.overheads.name}'s "
-                       "host time, kernel launches and CUDA graphs (docs/sim.md, Engine overheads)")
+                       "host time, kernel launches and CUDA graphs (docs/sim.md, Measured pricing)")
         m = self.model
         if m.is_moe:
             out.append(f"{m.name}: experts priced under uniform routing (a step of T tokens reads the weights of "

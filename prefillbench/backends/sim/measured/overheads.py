@@ -1,6 +1,7 @@
 """What an engine costs per step beyond its kernels: host (CPU) time, kernel launches, CUDA graphs, and its limits.
 
-Three terms, each per step (docs/sim.md "Engine overheads" has every figure with its source):
+Three terms, each per step (each preset names every figure's source in `source`; docs/sim.md "Measured pricing"
+says how they combine):
 
 - cpu_seconds(n_seqs, n_tokens, tp): the engine's host work the GPU waits for: scheduling, preparing inputs,
   sampling, processing outputs. cpu_base_s + cpu_per_seq_s x sequences (+ cpu_per_token_s x prompt tokens beyond
