@@ -17,7 +17,6 @@ import concurrent.futures as cf
 import gc
 import math
 import queue as queue_mod
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,7 @@ from strategies import configurations, make_strategy
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend, BackendError
+from prefillbench.bench import workers
 from prefillbench.bench.capacity import DEFAULT_START_RATE, CapacityConfig, Criteria, Probe, SearchResult, probe_case, search
 from prefillbench.bench.cases import BenchConfig, Case, warm_up
 from prefillbench.bench.metrics import strategy_label
@@ -370,7 +370,6 @@ _worker_queue = None
 
 def _worker_init(backend: Backend, messages) -> None:
     global _worker_backend, _worker_queue
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends the workers
     gc.freeze()  # the parent's heap, inherited: out of the collector's full passes (see commands.session.open_backend)
     # A probe makes millions of small objects and keeps a record per step: at the default first threshold (700) the
     # collector ran every few steps, 7-13% of a probe's time, 4-6% at 20,000 (gc.callbacks, one 1000-request probe).
@@ -400,16 +399,13 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
     alone for the last fifth of the grid (benchmarks.sim.steps --grid). The results are those of the serial path."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("fork")
-    messages = ctx.Queue()
+    messages = mp.get_context("fork").Queue()
     seen: dict[tuple[Config, int], list[Probe]] = {}
     found: dict[tuple[Config, int], dict[int, SearchResult]] = {}  # (configuration, criteria index): seed k's search
     seeds_left: dict[Config, int] = {}
     out = GridResult()
     n_configs = sum(map(len, groups))
     tasks = len(groups) + n_configs * (settings.repeats - 1)
-    pool = cf.ProcessPoolExecutor(min(jobs, tasks), mp_context=ctx,
-                                  initializer=_worker_init, initargs=(backend, messages))
     futures: dict[cf.Future, tuple[Config | None, int]] = {}
 
     def results_of(c: Config) -> list[ConfigResult]:
@@ -452,30 +448,28 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
                 if on_probe is not None:
                     on_probe(c, index, p)
 
-    # The longest chains first: their first seeds are the grid's longest run of work that cannot be split.
-    for chain in sorted(groups, key=len, reverse=True):
-        futures[pool.submit(_worker_first_seeds, chain, settings, hints, stage)] = (None, 0)
     try:
-        # A chain's future can be done before the parent has read its last configuration's results: wait for both.
-        while futures or len(seeds_left) < n_configs:
-            ready: set[cf.Future] = set()
-            if futures:
-                ready = cf.wait(list(futures), timeout=0.2, return_when=cf.FIRST_COMPLETED).done
-            else:
-                time.sleep(0.01)
-            drain()  # before the results: a repeat's probes were sent before its future was done
-            for f in ready:
-                c, k = futures.pop(f)
-                results = f.result()
-                if c is not None:
-                    keep(c, k, results)
-        pool.shutdown()
+        with workers.forked_pool(min(jobs, tasks), _worker_init, (backend, messages)) as pool:
+            # The longest chains first: their first seeds are the grid's longest run of work that cannot be split.
+            for chain in sorted(groups, key=len, reverse=True):
+                futures[pool.submit(_worker_first_seeds, chain, settings, hints, stage)] = (None, 0)
+            # A chain's future can be done before the parent has read its last configuration's results: wait for
+            # both.
+            while futures or len(seeds_left) < n_configs:
+                ready: set[cf.Future] = set()
+                if futures:
+                    ready = cf.wait(list(futures), timeout=0.2, return_when=cf.FIRST_COMPLETED).done
+                else:
+                    time.sleep(0.01)
+                drain()  # before the results: a repeat's probes were sent before its future was done
+                for f in ready:
+                    c, k = futures.pop(f)
+                    results = f.result()
+                    if c is not None:
+                        keep(c, k, results)
         drain()
     except KeyboardInterrupt:
-        # The workers ignore SIGINT: end them, keep what they reported (finished probes of unfinished configurations).
-        for process in list(getattr(pool, "_processes", {}).values()):
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        # The pool has ended its workers: keep what they reported (finished probes of unfinished configurations).
         out.stopped = "interrupted"
         drain()
     for chain in groups:

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import multiprocessing as mp
-import signal
 import sys
 from pathlib import Path
 
+from prefillbench.bench import workers
 from prefillbench.bench.designs import DEFAULT_DESIGN_REQUESTS, DEFAULT_SCALES, DesignSearch, design_grid
 from prefillbench.commands.options import TuneOptions
 from prefillbench.commands.session import Output, open_session
@@ -25,7 +24,6 @@ _search: DesignSearch | None = None
 
 def _worker_init(search: DesignSearch) -> None:
     global _search
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent takes Ctrl-C and keeps what finished
     _search = search
 
 
@@ -73,16 +71,9 @@ def _search_grid(session, search: DesignSearch, grid, jobs: int, bar) -> None:
             bar.advance(1)
         return
     # designs are independent: a pool of forked processes, each with the search (and its sim instances)
-    with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_worker_init,
-                                initargs=(search,)) as pool:
-        futures = [pool.submit(_worker_search, design) for design in grid]
-        try:
-            for done in cf.as_completed(futures):
-                result = done.result()
-                session.keep(result)
-                bar.describe(result.design.label)
-                bar.advance(1)
-        except KeyboardInterrupt:
-            for f in futures:
-                f.cancel()
-            raise
+    with workers.forked_pool(jobs, _worker_init, (search,)) as pool:  # on Ctrl-C, ends the searches under way
+        for done in cf.as_completed([pool.submit(_worker_search, design) for design in grid]):
+            result = done.result()
+            session.keep(result)
+            bar.describe(result.design.label)
+            bar.advance(1)

@@ -58,7 +58,18 @@ def _on_signal(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _forget_in_child() -> None:
+    """In a forked child (tune's and the design search's workers): the servers and the SIGTERM handler belong to
+    the parent. Inherited, the handler turned the pool's SIGTERM into a KeyboardInterrupt the worker survived, and a
+    worker left alive hung the parent's exit (its pool's manager thread is joined then); the copy of `_running`
+    would have let a child stop the parent's servers."""
+    _running.clear()
+    if signal.getsignal(signal.SIGTERM) is _on_signal:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 atexit.register(_stop_all)
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class ServerProcess:
