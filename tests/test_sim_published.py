@@ -96,8 +96,9 @@ def test_under_measured_pricing_each_row_pays_its_own_engines_overheads():
 
     by_engine = {r.source.overheads for r in ROWS}
     assert by_engine <= set(OVERHEADS) and {"vllm", "vllm-v0", "sglang", "tensorrt-llm"} <= by_engine
-    # vLLM before V1: the early-2024 PR branches and 0.6.3; a later vLLM, or one of no stated version, is V1's
-    v0 = {"vllm-pr2542", "vllm-pr3240", "qwen2.5-speed"}
+    # vLLM before V1: the early-2024 PR branches, 0.6.3, and Oracle's page of 2024-10 (no version, but V1 came in
+    # 2025); a later vLLM, or one of neither version nor date (the nightly builds), is V1's
+    v0 = {"vllm-pr2542", "vllm-pr3240", "qwen2.5-speed", "oracle-mi300x"}
     for r in ROWS:
         named = ("sglang" if "SGLang" in r.source.engine else "tensorrt-llm" if "TensorRT" in r.source.engine
                  else "vllm-v0" if r.source.key in v0 else "vllm")

@@ -34,7 +34,8 @@ class Source:
     engine: str  # engine and version, as the source states them
     metric: str  # the metric and its definition, as the source (or its script) gives it
     #: The --sim-overheads preset of that engine, which its rows run with under measured pricing: vllm-v0 where the
-    #: source names a vLLM before V1 (to 0.7), vllm where it names a later one or no version (docs/sim.md).
+    #: source names a vLLM before V1 (to 0.7), or names no version but was published before V1 existed (0.7.0, its
+    #: first alpha, 2025-01-27); vllm where it names a later one, or neither version nor date (docs/sim.md).
     overheads: str = "vllm"
 
 
@@ -100,8 +101,10 @@ TRT_OVERVIEW = Source("trtllm-perf-overview", "NVIDIA/TensorRT-LLM docs/source/p
                       "at once, synthetic fixed ISL/OSL, $num_requests per ISL/OSL from the page's table",
                       overheads="tensorrt-llm")
 ORACLE = Source("oracle-mi300x", "https://blogs.oracle.com/cloud-infrastructure/post/serving-llama-31-405b-model-with-amd-"
-                "mi300x-gpus (2024-10-10), 'Latency measurements' table", "vLLM (version not stated) on OCI "
-                "BM.GPU.MI300X.8", "scripts/benchmark_latency.py: average latency of one batch, input 128, output 128 tokens")
+                "mi300x-gpus (2024-10-10), 'Latency measurements' table", "vLLM (version not stated; "
+                "published three months before V1's first alpha, so V0) on OCI BM.GPU.MI300X.8",
+                "scripts/benchmark_latency.py: average latency of one batch, input 128, output 128 tokens",
+                overheads="vllm-v0")
 
 # Flags every row of a kind shares.
 _MIX_H100 = "-s packed -n 0 --sim-model mixtral-8x7b --sim-gpu h100 --tp 8 --pg 1000,50"
