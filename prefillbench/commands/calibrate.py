@@ -108,6 +108,9 @@ def cmd_calibrate(options: CalibrateOptions) -> int:
         print(line)
     print(f"per-step error over {len(cal['steps'])} steps: median {cal['median_abs_error']:.1%}, "
           f"p90 {cal['p90_abs_error']:.1%}")
+    m = cal["measured"]
+    print(f"the measured pricing's terms (curves and host line, for --sim-pricing measured --calibration): per-step "
+          f"error median {m['median_abs_error']:.1%}, p90 {m['p90_abs_error']:.1%}")
     if options.check:
         c = cal["check"]
         print(f"{c['test']} c={c['concurrency']}: chunked/sequential throughput real {c['real_ratio']:.3f}, "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from prefillbench.backends.prefix import PrefixSettings, PrefixStore
+from prefillbench.backends.sim import calibration_measured
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
@@ -78,15 +79,13 @@ class SimBackend(Backend):
         # what another instance of this deployment needs (instance): all but the parallelism and the trace file
         self._settings = dict(calibration=calibration, calibration_path=calibration_path, pricing=pricing,
                               overheads=overheads, prefix=prefix, max_num_seqs=max_num_seqs)
-        if calibration:
-            if pricing != "spec":
-                raise SimConfigError(f"--calibration and --sim-pricing {pricing}: a calibration fits the spec "
-                                     "pricing's fractions; give one of the two")
-            gpu = gpu.with_calibration(calibration.get("fitted", calibration))
+        # a calibration holds both pricings' terms: the spec fractions, and the measured curves and host line
+        gpu, measured_fit = calibration_measured.applied(calibration, calibration_path, gpu, pricing)
         self.model, self.gpu = model, gpu
-        self.pricing = pricing_for(pricing, gpu)
-        # measured pricing prices an engine's steps: vLLM's overheads unless another (or none) is named
-        self.overheads = engine_overheads(overheads or ("vllm" if pricing == "measured" else "none"), gpu, tp)
+        self.pricing = calibration_measured.pricing(measured_fit, gpu) if measured_fit else pricing_for(pricing, gpu)
+        # measured pricing prices an engine's steps: vLLM's overheads (a calibration's own host line) unless named
+        self.overheads = (calibration_measured.engine(measured_fit, gpu.name) if measured_fit and not overheads else
+                          engine_overheads(overheads or ("vllm" if pricing == "measured" else "none"), gpu, tp))
         self.cost = CostModel(model, gpu, tp, pp, ep, self.pricing, self.overheads)
         self.cost.check_fits()
         self.max_num_seqs, self.max_num_seqs_source = self._sequence_cap(max_num_seqs, tp)

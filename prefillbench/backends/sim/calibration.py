@@ -358,9 +358,12 @@ def calibrate(backend, model: ModelSpec, nominal: GPUSpec, *, quick: bool = Fals
     fitted[JITTER_KEY] = jitter(measured)
     gpu = nominal.with_calibration(fitted)
     errs = errors(model, gpu, samples)
+    from prefillbench.backends.sim import calibration_measured
+
     return document(model, gpu, nominal, fitted, errs, [e["error"] for e in errs],
                     head={"backend": backend.label, "backend_model": backend.model_name,
-                          "backend_weights": backend.weights})
+                          "backend_weights": backend.weights},
+                    tail={"measured": calibration_measured.section(model, nominal, samples, fitted)})
 
 
 def document(model: ModelSpec, gpu: GPUSpec, nominal: GPUSpec, fitted: dict, steps: list[dict],

@@ -67,6 +67,9 @@ class MeasuredPricing:
     gpu: GPUSpec
     profile: str
     notes: list[str] = field(default_factory=list, compare=False)
+    #: (GEMM, elementwise, attention) curves fitted by `calibrate` on a device (calibration_measured); None: the
+    #: profile's
+    fitted: tuple | None = field(default=None, compare=False)
 
     @classmethod
     def for_gpu(cls, gpu: GPUSpec) -> "MeasuredPricing":
@@ -80,8 +83,14 @@ class MeasuredPricing:
                      "GPU's peaks; collectives by NCCL's measured curves over NVLink (DGX) and across nodes")
         return cls(gpu, profile, notes)
 
+    @classmethod
+    def calibrated(cls, gpu: GPUSpec, curves: tuple) -> "MeasuredPricing":
+        """The same terms with a calibration's numbers: the device's own curves, no profile's."""
+        return cls(gpu, "calibrated", [f"--sim-pricing measured: every curve and the host line fitted by calibrate on "
+                                       f"{gpu.name} (collectives, if any, by NCCL's measured curves)"], curves)
+
     def _curves(self):
-        return _curves(self.profile)
+        return self.fitted if self.fitted is not None else _curves(self.profile)
 
     def linear(self, flops: float, nbytes: float, fp8: bool = False) -> float:
         gemm = self._curves()[0]
