@@ -155,6 +155,20 @@ def test_overlap_never_costs_more_than_running_in_turn(name):
         assert terms["step"] == pytest.approx(terms["gpu"] + terms["launch"] + terms["cpu"] + terms["exposed"])
 
 
+@pytest.mark.parametrize("name", ENGINES)
+def test_a_step_after_idle_pays_its_host_work_in_line(name):
+    """Overlap hides a step's host work behind the step before it; after a wait with nothing running there is none,
+    so the step costs cpu + device whether the engine overlaps or not."""
+    e = ov.ENGINE_OVERHEADS[name]
+    for gpu_s, seqs, tp, decode in itertools.product((2e-5, 1e-3, 4e-2), (1, 37, 300), (1, 4), (True, False)):
+        device = e.device_seconds(gpu_s, 400, decode, seqs, n_tokens=seqs)
+        cpu = e.cpu_seconds(seqs, seqs, tp)
+        idle = e.terms(gpu_s, seqs, seqs, tp, 400, decode, True)
+        assert idle["step"] == pytest.approx(cpu + device)
+        assert idle["step"] == pytest.approx(idle["gpu"] + idle["launch"] + idle["cpu"] + idle["exposed"])
+        assert idle["step"] >= e.step_seconds(gpu_s, seqs, seqs, tp, 400, decode)
+
+
 @pytest.mark.parametrize("name", ["vllm", "sglang", "tensorrt-llm"])
 def test_decode_within_graph_max_batch_is_one_replay(name):
     e = ov.ENGINE_OVERHEADS[name]

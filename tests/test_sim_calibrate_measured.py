@@ -105,3 +105,4 @@ def test_calibrate_fits_both_pricings_and_the_sim_runs_measured_on_the_calibrati
                  "4", "-c", "2", "-r", "2", "-s", "sequential", "--no-results-file", "--no-progress"]) == 0
     captured = capsys.readouterr()
     assert "sim CPU calibrated" in captured.out and "fitted by calibrate on CPU" in captured.err
+

@@ -155,3 +155,24 @@ def test_the_profiles_peaks_are_the_presets():
     for profile, preset in (("h100", "h100-sxm"), ("a100", "a100-sxm")):
         spec = load_gpu_spec(preset)
         assert (linear.PEAKS[profile].flops, linear.PEAKS[profile].mem_bw) == (spec.flops, spec.mem_bw)
+
+
+def test_the_first_step_after_a_wait_pays_the_host_work_an_overlapping_engine_hides_when_busy():
+    from prefillbench.backends.sim.backend import SimBackend
+    from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
+    from prefillbench.step import PrefillChunk, Step
+
+    sim = SimBackend(load_model_spec("llama-13b"), load_gpu_spec("h100"), pricing="measured", overheads="vllm")
+    sim.prepare(4, 1024, 512)
+    step = Step(prefills=(PrefillChunk(1, tuple(range(64)), 0, True),))
+    cold = sim.clock; sim.execute(step); cold = sim.clock - cold
+    sim.release(1)
+    busy = sim.clock; sim.execute(step); busy = sim.clock - busy
+    sim.release(1)
+    sim.wait_until(sim.clock + 1.0, idle=True)
+    again = sim.clock; sim.execute(step); again = sim.clock - again
+    cpu = sim.overheads.cpu_seconds(1, 64, 1)
+    hidden = cpu - min(sim.overheads.exposed_s, cpu)  # what overlap hides while busy (the device takes longer here)
+    assert 0 < hidden < busy
+    # busy: max(cpu - exposed, device) + exposed = device + exposed; after a wait: cpu + device
+    assert cold == pytest.approx(busy + hidden, rel=1e-12) and again == pytest.approx(cold, rel=1e-12)

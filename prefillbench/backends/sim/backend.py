@@ -114,6 +114,7 @@ class SimBackend(Backend):
         self.weights = f"none (roofline model of {model.n_params / 1e9:.3g}B params{active}, {priced}; " + (
             f"calibrated from {calibration_path})" if self.calibrated else "spec sheets only)")
         self.clock = 0.0
+        self._idle = True  # nothing ran before the next step: its host work cannot hide behind one (cost.step_cost)
         self.n_steps = 0
         self.n_runs = 0  # prepare() calls: one per engine run, warm-ups included
         self._seq_tokens: dict[int, int] = {}  # cache positions each live sequence holds
@@ -240,6 +241,7 @@ class SimBackend(Backend):
         # The same draws in every run: configurations compared on one trace also meet the same jitter, step by step.
         self._jitter = random.Random(JITTER_SEED) if self.gpu.step_jitter else None
         self.n_runs += 1
+        self._idle = True
         self.pipeline = Pipeline(self.pp, self.clock) if self.pp > 1 else None
 
     # ---- the clock ----------------------------------------------------------------
@@ -249,10 +251,11 @@ class SimBackend(Backend):
     def wait_until(self, t: float, *, stalled: bool = False, idle: bool = False) -> None:
         if stalled and self.pipeline is not None:
             self.pipeline.stall(self.clock)
+        self._idle = self._idle or t > self.clock
         self.clock = max(self.clock, t)
 
-    def step_cost(self, step: Step) -> StepCost:
-        return self.cost.step_cost(Batch.from_step(step))
+    def step_cost(self, step: Step, after_idle: bool = False) -> StepCost:
+        return self.cost.step_cost(Batch.from_step(step), after_idle)
 
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if return_logits:
@@ -287,11 +290,12 @@ class SimBackend(Backend):
             if self.prefixes is not None:
                 self.prefixes.computed(c.seq_id, end)
         if self._trace is None:
-            seconds = self.cost.fast_seconds(chunks, len(step.decodes), ctx, n_emit)
+            seconds = self.cost.fast_seconds(chunks, len(step.decodes), ctx, n_emit, None, self._idle)
         else:
-            cost = self.step_cost(step)
+            cost = self.step_cost(step, self._idle)
             self.trace_step(step, self.clock, cost)
             seconds = cost.seconds
+        self._idle = False
         if self._jitter is not None:  # median-preserving: the calibration fits the medians of its repeats
             seconds *= math.exp(self.gpu.step_jitter * self._jitter.gauss(0.0, 1.0))
         self.clock += seconds
@@ -329,11 +333,12 @@ class SimBackend(Backend):
                 self.prefixes.computed(c.seq_id, end)
         if self._trace is None:
             window_ctx = {w: sum(min(x, w) for x in lengths) for w in self.cost.windows}
-            seconds = self.cost.fast_seconds(chunks, len(lengths), sum(lengths), n_emit, window_ctx)
+            seconds = self.cost.fast_seconds(chunks, len(lengths), sum(lengths), n_emit, window_ctx, self._idle)
         else:
-            cost = self.step_cost(step)
+            cost = self.step_cost(step, self._idle)
             self.trace_step(step, self.clock, cost)
             seconds = cost.seconds
+        self._idle = False
         if self._jitter is not None:
             seconds *= math.exp(self.gpu.step_jitter * self._jitter.gauss(0.0, 1.0))
         self.clock += seconds
@@ -370,8 +375,10 @@ class SimBackend(Backend):
         price, sigma, jitter = self.cost.fast_seconds, self.gpu.step_jitter, self._jitter
         start = clock = self.clock
         ends = []
+        idle, self._idle = self._idle, False
         for _ in range(max_steps):
-            seconds = price((), n, ctx, n)
+            seconds = price((), n, ctx, n, None, idle)
+            idle = False
             if jitter is not None:
                 seconds *= math.exp(sigma * jitter.gauss(0.0, 1.0))
             clock += seconds
@@ -407,8 +414,10 @@ class SimBackend(Backend):
         ctx = sum(lengths)
         ends = []
         k = 0
+        idle, self._idle = self._idle, False
         while True:
-            seconds = price((), n, ctx, n, window_ctx)
+            seconds = price((), n, ctx, n, window_ctx, idle)
+            idle = False
             if jitter is not None:
                 seconds *= math.exp(sigma * jitter.gauss(0.0, 1.0))
             clock += seconds

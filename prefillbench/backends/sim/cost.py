@@ -144,10 +144,11 @@ class CostModel(Footprint):
                      + (2 if self.dp > 1 else 0))
         return layers * per_layer + 3, layers + 1, layers
 
-    def engine_terms(self, gpu_s: float, n_seqs: int, n_tokens: int, decode_only: bool) -> dict[str, float]:
+    def engine_terms(self, gpu_s: float, n_seqs: int, n_tokens: int, decode_only: bool,
+                     after_idle: bool = False) -> dict[str, float]:
         """What the engine's overheads make of a step whose kernels take gpu_s (EngineOverheads.terms)."""
         n_kernels, pieces, eager = self.kernels
-        return self.overheads.terms(gpu_s, n_seqs, n_tokens, self.tp, n_kernels, decode_only,
+        return self.overheads.terms(gpu_s, n_seqs, n_tokens, self.tp, n_kernels, decode_only, after_idle,
                                     eager_kernels=eager, graph_pieces=pieces)
 
     def _counts(self, lo: int, hi: int) -> dict[object, int]:
@@ -407,13 +408,14 @@ class CostModel(Footprint):
             ops.append(Op("mixed_step", 0.0, 0.0, (self.gpu.mixed_step_factor - 1.0) * sum(op.seconds for op in ops), "overhead"))
         return StageCost(ops)
 
-    def step_cost(self, batch: Batch) -> StepCost:
+    def step_cost(self, batch: Batch, after_idle: bool = False) -> StepCost:
+        """after_idle: the step follows a wait with nothing running (EngineOverheads.terms)."""
         layer_ops = self.layer_ops(batch)
         cost = StepCost([self.stage_cost(batch, k, layer_ops) for k in range(self.pp)])
         if self.overheads is not None and (batch.chunks or batch.decodes):
             # the host's part of the step comes before the first stage's kernels can run
             t = self.engine_terms(cost.seconds, len(batch.chunks) + len(batch.decodes), batch.n_tokens,
-                                  not batch.chunks)
+                                  not batch.chunks, after_idle)
             cost.stages[0].ops += [Op(f"engine_{k}", 0.0, 0.0, t[k], "overhead") for k in ("launch", "cpu", "exposed")]
         return cost
 
@@ -427,7 +429,7 @@ class CostModel(Footprint):
     # the emitting rows (LM head), or on the attention shapes: the first two are priced once per count and cached,
     # and the sum keeps step_cost's order of terms, so the two give the same float.
     def fast_seconds(self, chunks: list[tuple[int, int]], n_decodes: int, decode_ctx: int, n_emit: int,
-                     window_ctx: dict[int, int] | None = None) -> float:
+                     window_ctx: dict[int, int] | None = None, after_idle: bool = False) -> float:
         """step_cost(batch).seconds for pp == 1, from (start, computed tokens) per chunk and the decode totals
         (window_ctx: see shape_terms)."""
         n = n_decodes
@@ -474,7 +476,7 @@ class CostModel(Footprint):
         if chunks and n_decodes and self.gpu.mixed_step_factor != 1.0:
             total += (self.gpu.mixed_step_factor - 1.0) * total
         if self.overheads is not None and (chunks or n_decodes):
-            total = self.engine_terms(total, len(chunks) + n_decodes, n, not chunks)["step"]
+            total = self.engine_terms(total, len(chunks) + n_decodes, n, not chunks, after_idle)["step"]
         return total
 
     def _term_seconds(self, t: Term) -> float:

@@ -251,11 +251,14 @@ class EngineOverheads:
         return self.terms(gpu_s, n_seqs, n_tokens, tp, n_kernels, decode_only, **graph)["step"]
 
     def terms(self, gpu_s: float, n_seqs: int, n_tokens: int, tp: int, n_kernels: int, decode_only: bool,
-              **graph) -> dict[str, float]:
-        """The step's time and what each term adds to the GPU's own (for a trace or --verbose)."""
+              after_idle: bool = False, **graph) -> dict[str, float]:
+        """The step's time and what each term adds to the GPU's own (for a trace or --verbose). after_idle: the
+        GPU ran nothing before this step (the engine waited for a request), so an overlapping engine has no step
+        in flight to hide this one's host work behind: it is paid in line, as a step of an engine that does not
+        overlap pays it."""
         device = self.device_seconds(gpu_s, n_kernels, decode_only, n_seqs, n_tokens=n_tokens, **graph)
         cpu = self.cpu_seconds(n_seqs, n_tokens, tp)
-        if self.overlapped:  # the exposed part of the host work stays in line; the rest hides behind the device
+        if self.overlapped and not after_idle:  # the exposed part stays in line; the rest hides behind the device
             exposed = min(self.exposed_s, cpu)
             host = max(cpu - exposed, device) - device
         else:
