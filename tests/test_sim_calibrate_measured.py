@@ -79,6 +79,9 @@ def test_a_file_without_the_measured_fit_is_refused_under_measured_pricing_in_on
     with pytest.raises(SimConfigError, match="no fit of the measured pricing's terms"):
         SimBackend(model, gpu, calibration=old, calibration_path="old.json", pricing="measured")
     assert SimBackend(model, gpu, calibration=old).gpu.compute_fraction == 0.5  # spec pricing reads it as before
+    zero = {**old, "measured": {"fitted": {**TRUTH, "gemm_compute_eff": 0.0}}}
+    with pytest.raises(SimConfigError, match="gemm_compute_eff = 0 is outside"):
+        SimBackend(model, gpu, calibration=zero, calibration_path="zero.json", pricing="measured")
 
 
 @pytest.fixture(scope="module")

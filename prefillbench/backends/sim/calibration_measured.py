@@ -149,7 +149,13 @@ def loaded(cal: dict[str, Any], path: str | None) -> dict[str, float]:
     if not isinstance(fitted, dict) or any(not isinstance(fitted.get(k), (int, float)) for k in PARAMS):
         raise SimConfigError(f"--calibration {path or ''} with --sim-pricing measured: the file holds no fit of the "
                              "measured pricing's terms (a file from before them, or a server's); run calibrate again")
-    return {k: float(fitted[k]) for k in PARAMS}
+    out = {k: float(fitted[k]) for k in PARAMS}
+    # the fit works in log space: exp(log(bound)) may land a rounding off the bound
+    bad = [k for k, v in out.items() if not BOUNDS[k][0] * (1 - 1e-9) <= v <= BOUNDS[k][1] * (1 + 1e-9)]
+    if bad:
+        raise SimConfigError(f"--calibration {path or ''}: measured-form {bad[0]} = {out[bad[0]]:g} is outside "
+                             f"[{BOUNDS[bad[0]][0]:g}, {BOUNDS[bad[0]][1]:g}], where the fit keeps it")
+    return out
 
 
 __all__ = ["BOUNDS", "PARAMS", "applied", "curves", "engine", "errors", "fit", "loaded", "price", "pricing", "section", "start"]
