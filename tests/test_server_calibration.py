@@ -116,6 +116,26 @@ def test_the_probes_recover_a_stepping_engines_own_step_costs():
     assert sim.cost.seconds(Batch((), (300,) * 4)) == pytest.approx(truth.seconds(Batch((), (300,) * 4)), rel=0.01)
 
 
+def test_the_probes_fit_the_measured_pricings_terms_too():
+    """An engine whose steps cost what measured curves and a host line say: the probes' measured-form fit prices
+    the held-out shape as the engine ran it, and the sim runs --sim-pricing measured on the file."""
+    from prefillbench.backends.sim import calibration_measured
+
+    model, nominal = specs()
+    truth_fit = {"gemm_compute_eff": 0.5, "gemm_memory_eff": 0.6, "gemm_sharpness": 4.0, "gemm_floor_s": 2e-6,
+                 "elementwise_memory_eff": 0.5, "elementwise_floor_s": 2e-6, "prefill_attention_eff": 0.3,
+                 "decode_attention_eff": 0.3, "cpu_base_s": 3e-4, "cpu_per_seq_s": 1e-5}
+    truth = calibration_measured.cost_model(model, nominal, truth_fit)
+    plan = server_probes.plan()
+    measured = server_probes.measure(stepping_engine(truth, plan.budget), plan, model.vocab)
+    cal = server_probes.fit_probes(measured, model, nominal, plan)
+    part = cal["measured"]
+    assert set(part["fitted"]) == set(calibration_measured.PARAMS)
+    assert part["median_abs_error"] < 0.01 and part["held_out_abs_error"] < 0.01
+    sim = SimBackend(*calibration_specs(cal), calibration=cal, pricing="measured")
+    assert sim.cost.seconds(Batch((), (300,) * 4)) == pytest.approx(truth.seconds(Batch((), (300,) * 4)), rel=0.01)
+
+
 def test_a_plan_holds_every_probe_in_one_launch():
     plan = server_probes.plan(quick=True, prompt=256, n_gen=32, budgets=(32, 64, 128, 256))
     assert plan.slots == 8 and plan.beside == 7

@@ -104,8 +104,12 @@ def test_calibrate_fits_both_pricings_and_the_sim_runs_measured_on_the_calibrati
     part = cal["measured"]
     assert set(part["fitted"]) == set(measured_cal.PARAMS) and len(part["steps"]) == len(cal["steps"])
     assert "the measured pricing's terms" in capsys.readouterr().out
+    export = tmp_path / "run.json"
     assert main(["run", "--backend", "sim", "--sim-pricing", "measured", "--calibration", str(out), "-p", "64", "-n",
-                 "4", "-c", "2", "-r", "2", "-s", "sequential", "--no-results-file", "--no-progress"]) == 0
-    captured = capsys.readouterr()
-    assert "sim CPU calibrated" in captured.out and "fitted by calibrate on CPU" in captured.err
+                 "4", "-c", "2", "-r", "2", "-s", "sequential", "--export", str(export), "--no-progress"]) == 0
+    assert "sim CPU calibrated" in capsys.readouterr().out
+    meta = json.loads(export.read_text())["metadata"]
+    assert meta["sim_pricing"] == "measured" and meta["sim_pricing_profile"] == "calibrated"
+    assert meta["sim_overheads"] == "calibrated" and meta["sim_calibrated"]
+    assert any("fitted by calibrate on CPU" in line for line in meta["sim_approximations"])
 

@@ -325,7 +325,10 @@ def fit_probes(measured: Measured, model: ModelSpec, nominal: GPUSpec, p: ProbeP
         rows.append({"point": s.point.label, "probe": kind_of(s.point), "held_out": is_held(s),
                      "measured_ms": s.seconds * 1e3, "predicted_ms": predicted * 1e3, "error": predicted / s.seconds - 1})
     held_out_error = float(np.median([abs(r["error"]) for r in rows if r["held_out"]])) if check else None
+    from prefillbench.backends.sim import calibration_measured
+
     return document(model, gpu, nominal, fitted, rows, [r["error"] for r in rows if not r["held_out"]],
                     tail={"held_out_abs_error": held_out_error,
+                          "measured": calibration_measured.section(model, nominal, fit_set, fitted, check),
                           "probes": {"plan": p.describe(), "failed_requests": measured.failed, "held_out": held.label,
                                      "skipped": measured.skipped}})

@@ -108,9 +108,7 @@ def cmd_calibrate(options: CalibrateOptions) -> int:
         print(line)
     print(f"per-step error over {len(cal['steps'])} steps: median {cal['median_abs_error']:.1%}, "
           f"p90 {cal['p90_abs_error']:.1%}")
-    m = cal["measured"]
-    print(f"the measured pricing's terms (curves and host line, for --sim-pricing measured --calibration): per-step "
-          f"error median {m['median_abs_error']:.1%}, p90 {m['p90_abs_error']:.1%}")
+    print(measured_form_line(cal))
     if options.check:
         c = cal["check"]
         print(f"{c['test']} c={c['concurrency']}: chunked/sequential throughput real {c['real_ratio']:.3f}, "
@@ -187,6 +185,16 @@ def describe_probes(cal: dict[str, Any]) -> list[str]:
     return lines
 
 
+def measured_form_line(cal: dict[str, Any]) -> str:
+    """The measured pricing's fit (for --sim-pricing measured --calibration) in one line, or why there is none."""
+    m = cal.get("measured") or {}
+    if "fitted" not in m:
+        return f"the measured pricing's terms: not fitted ({m.get('not_fitted', 'no sweep')})"
+    held = (f", held out {m['held_out_abs_error']:.1%}" if m.get("held_out_abs_error") is not None else "")
+    return (f"the measured pricing's terms (curves and host line, for --sim-pricing measured --calibration): per-step "
+            f"error median {m['median_abs_error']:.1%}, p90 {m['p90_abs_error']:.1%}{held}")
+
+
 def _calibrate_server(options: CalibrateOptions, real) -> int:
     if options.check:
         raise UsageError(f"--check steps the backend; {real.label} schedules its own steps: the held-out probe is "
@@ -204,6 +212,7 @@ def _calibrate_server(options: CalibrateOptions, real) -> int:
           "time (a request's way in and out included)")
     for line in describe_shape_terms(f) + describe_probes(cal):
         print(line)
+    print(measured_form_line(cal))
     print(f"wrote {options.output}")
     backend = f"server --engine {real.engine.name}" + (f" --url {real.url}" if not real.launch else "") \
         if real.name == "server" else real.name

@@ -71,12 +71,13 @@ def pricing(fitted: dict[str, float], gpu: GPUSpec) -> MeasuredPricing:
     return MeasuredPricing.calibrated(gpu, curves(fitted, gpu.name))
 
 
-def _model(model: ModelSpec, gpu: GPUSpec, fitted: dict[str, float]) -> CostModel:
+def cost_model(model: ModelSpec, gpu: GPUSpec, fitted: dict[str, float]) -> CostModel:
+    """The cost model of one device priced by a measured-form fit (its curves and host line)."""
     return CostModel(model, gpu, 1, 1, 1, pricing(fitted, gpu), engine(fitted, gpu.name))
 
 
 def price(model: ModelSpec, gpu: GPUSpec, fitted: dict[str, float], batches: list[Batch]) -> np.ndarray:
-    cm = _model(model, gpu, fitted)
+    cm = cost_model(model, gpu, fitted)
     return np.array([cm.seconds(b) for b in batches])
 
 
@@ -119,15 +120,24 @@ def errors(model: ModelSpec, gpu: GPUSpec, fitted: dict[str, float], labels: lis
             for label, s, p in zip(labels, seconds, predicted)]
 
 
-def section(model: ModelSpec, nominal: GPUSpec, samples, spec_fit: dict[str, float]) -> dict[str, Any]:
-    """The calibration file's `measured` part: the fitted curves and host line, and each step's error."""
+def section(model: ModelSpec, nominal: GPUSpec, samples, spec_fit: dict[str, float], held=()) -> dict[str, Any]:
+    """The calibration file's `measured` part: the fitted curves and host line, each step's error, and the error on
+    `held` (samples kept out of the fit, a server's held-out probe). Too few shapes to fit: the reason instead."""
     gpu = replace(nominal, name=nominal.name.removesuffix(" calibrated"))
     batches, seconds = [s.batch for s in samples], [s.seconds for s in samples]
-    fitted = fit(model, gpu, batches, seconds, start(spec_fit))
+    try:
+        fitted = fit(model, gpu, batches, seconds, start(spec_fit))
+    except SimConfigError as e:
+        return {"not_fitted": str(e)}
     steps = errors(model, gpu, fitted, [s.point.label for s in samples], batches, seconds)
     abs_err = sorted(abs(e["error"]) for e in steps)
-    return {"fitted": fitted, "median_abs_error": float(np.median(abs_err)),
-            "p90_abs_error": float(np.percentile(abs_err, 90)), "steps": steps}
+    out = {"fitted": fitted, "median_abs_error": float(np.median(abs_err)),
+           "p90_abs_error": float(np.percentile(abs_err, 90)), "steps": steps}
+    if held:
+        check = errors(model, gpu, fitted, [s.point.label for s in held], [s.batch for s in held],
+                       [s.seconds for s in held])
+        out["held_out_abs_error"] = float(np.median([abs(e["error"]) for e in check]))
+    return out
 
 
 def applied(cal: dict[str, Any] | None, path: str | None, gpu: GPUSpec,
@@ -139,16 +149,23 @@ def applied(cal: dict[str, Any] | None, path: str | None, gpu: GPUSpec,
     fitted = cal.get("fitted", cal)
     if pricing_name != "measured":
         return gpu.with_calibration(fitted), None
-    return replace(gpu, step_jitter=float(fitted.get("step_jitter", 0.0))), loaded(cal, path)
+    # A file's device may carry the spec fit (its "gpu"): the spec pricing's own step terms are the curves' and the
+    # host line's business here, so they go back to the roofline's neutral values.
+    gpu = replace(gpu, step_overhead_s=0.0, mixed_step_factor=1.0, decode_attention_fraction=1.0,
+                  step_jitter=float(fitted.get("step_jitter", 0.0)))
+    return gpu, loaded(cal, path)
 
 
 def loaded(cal: dict[str, Any], path: str | None) -> dict[str, float]:
     """A calibration file's measured-form fit, or a one-line refusal naming why there is none."""
     part = cal.get("measured")
     fitted = part.get("fitted") if isinstance(part, dict) else None
+    if isinstance(part, dict) and part.get("not_fitted"):
+        raise SimConfigError(f"--calibration {path or ''} with --sim-pricing measured: the measured pricing's terms "
+                             f"were not fitted ({part['not_fitted']}); calibrate without --quick")
     if not isinstance(fitted, dict) or any(not isinstance(fitted.get(k), (int, float)) for k in PARAMS):
         raise SimConfigError(f"--calibration {path or ''} with --sim-pricing measured: the file holds no fit of the "
-                             "measured pricing's terms (a file from before them, or a server's); run calibrate again")
+                             "measured pricing's terms (a file from before them); run calibrate again")
     out = {k: float(fitted[k]) for k in PARAMS}
     # the fit works in log space: exp(log(bound)) may land a rounding off the bound
     bad = [k for k, v in out.items() if not BOUNDS[k][0] * (1 - 1e-9) <= v <= BOUNDS[k][1] * (1 + 1e-9)]
@@ -158,4 +175,4 @@ def loaded(cal: dict[str, Any], path: str | None) -> dict[str, float]:
     return out
 
 
-__all__ = ["BOUNDS", "PARAMS", "applied", "curves", "engine", "errors", "fit", "loaded", "price", "pricing", "section", "start"]
+__all__ = ["BOUNDS", "PARAMS", "applied", "cost_model", "curves", "engine", "errors", "fit", "loaded", "price", "pricing", "section", "start"]
