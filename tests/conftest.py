@@ -30,6 +30,21 @@ def tiny_folder(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A tiny random Llama (seeded) saved as a transformers checkpoint, its positions 1,024: calibrate sweeps it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tiny_models import tiny_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("llama", max_position_embeddings=1024))
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf_path(tmp_path_factory) -> str:
     """tiny_gguf.tiny_llama() (seed 0) as a float32 GGUF file: the same weights as a fresh tiny_llama()."""
     from tiny_gguf import tiny_llama, write_gguf

@@ -17,9 +17,7 @@ def synthetic_samples(model, gpu, truth):
     cm = CostModel(model, gpu.with_calibration(truth))
     out = []
     for p in sweep_points(2048):
-        chunks = ((p.chunk[0], p.chunk[1], True),) if p.chunk else ()
-        batch = Batch(chunks, (p.ctx,) * p.n_decodes)
-        out.append(Sample(p, batch, cm.seconds(batch)))
+        out.append(Sample(p, p.batch, cm.seconds(p.batch)))
     return out
 
 
@@ -102,20 +100,6 @@ def test_bad_calibration_file(tmp_path):
     path.write_text(json.dumps({"fitted": {"compute_fraction": 0.5}}))
     with pytest.raises(SimConfigError, match="has no fitted"):
         load_calibration(path)
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from tiny_models import tiny_config
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config("llama", max_position_embeddings=1024))
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    return path
 
 
 def test_calibrate_on_a_tiny_torch_model_then_run_the_sim(tiny_checkpoint, tmp_path, capsys):

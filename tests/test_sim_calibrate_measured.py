@@ -22,10 +22,6 @@ TRUTH = {"gemm_compute_eff": 0.6, "gemm_memory_eff": 0.7, "gemm_sharpness": 3.0,
 SPEC_FIT = {"compute_fraction": 0.8, "memory_fraction": 0.85, "step_overhead_s": 1e-4, "decode_attention_fraction": 1.0}
 
 
-def batches_of(points) -> list[Batch]:
-    return [Batch(((p.chunk[0], p.chunk[1], True),) if p.chunk else (), (p.ctx,) * p.n_decodes) for p in points]
-
-
 def random_batches(n: int, seed: int, offset: int = 1024, chunk: int = 512, decodes: int = 24,
                    context: int = 1500) -> list[Batch]:
     rng = random.Random(seed)
@@ -45,7 +41,7 @@ def test_the_fit_prices_steps_it_never_saw_as_the_device_does():
     a term the sweep never made bind is not pinned: here prefill attention's compute share (0.392 for 0.4), which
     a chunk of 475 at offset 855 beside 8 decodes feels (+0.09%)."""
     model, gpu = load_model_spec("llama-13b"), load_gpu_spec("a100")
-    fit_batches = batches_of(sweep_points(2048))
+    fit_batches = [p.batch for p in sweep_points(2048)]
     truth_s = measured_cal.price(model, gpu, TRUTH, fit_batches)
     fitted = measured_cal.fit(model, gpu, fit_batches, list(truth_s), measured_cal.start(SPEC_FIT))
     held_out = random_batches(40, 7, offset=768, chunk=512, decodes=8, context=768)
@@ -82,18 +78,6 @@ def test_a_file_without_the_measured_fit_is_refused_under_measured_pricing_in_on
     zero = {**old, "measured": {"fitted": {**TRUTH, "gemm_compute_eff": 0.0}}}
     with pytest.raises(SimConfigError, match="gemm_compute_eff = 0 is outside"):
         SimBackend(model, gpu, calibration=zero, calibration_path="zero.json", pricing="measured")
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from tiny_models import tiny_config
-
-    model = AutoModelForCausalLM.from_config(tiny_config("llama", max_position_embeddings=1024))
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    return path
 
 
 def test_calibrate_fits_both_pricings_and_the_sim_runs_measured_on_the_calibration(tiny_checkpoint, tmp_path, capsys):

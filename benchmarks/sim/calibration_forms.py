@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
-
 from prefillbench.backends import load_backend
 from prefillbench.backends.sim import calibration_measured as measured_form
-from prefillbench.backends.sim.calibration import Point, Sample, errors, fit, measure, medians, sweep_points
-from prefillbench.backends.sim.cost import Batch
+from prefillbench.backends.sim.calibration import (Point, Sample, error_stats, errors, fit, measure, medians,
+                                                   sweep_points)
 from prefillbench.commands.calibrate import sim_specs_for
 
 from benchmarks.lib import cli
@@ -45,8 +43,7 @@ def _load(path: str) -> list[Sample]:
     out = []
     for r in json.load(open(path))["samples"]:
         point = Point(tuple(r["chunk"]) if r["chunk"] else None, r["n_decodes"], r["ctx"])
-        chunks = ((point.chunk[0], point.chunk[1], True),) if point.chunk else ()
-        out.append(Sample(point, Batch(chunks, (point.ctx,) * point.n_decodes), r["seconds"]))
+        out.append(Sample(point, point.batch, r["seconds"]))
     return out
 
 
@@ -60,16 +57,16 @@ def _both_forms(spec, nominal, fit_half: list[Sample], test_half: list[Sample]) 
                                measured_form.start(spec_fit))
 
     def errs(half):
-        price = measured_form.price(spec, nominal, curves, [s.batch for s in half])
-        return list(price / np.array([s.seconds for s in half]) - 1)
+        return [e["error"] for e in measured_form.errors(spec, nominal, curves, [s.point.label for s in half],
+                                                          [s.batch for s in half], [s.seconds for s in half])]
 
     out["measured (10 curve terms)"] = (errs(fit_half), errs(test_half))
     return out
 
 
 def _stat(errs: list[float]) -> str:
-    a = np.abs(np.array(errs))
-    return f"{np.median(a):.1%} / {np.percentile(a, 90):.1%}"
+    st = error_stats(errs)
+    return f"{st['median_abs_error']:.1%} / {st['p90_abs_error']:.1%}"
 
 
 def main(args: argparse.Namespace) -> None:

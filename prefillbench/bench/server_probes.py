@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from prefillbench.backends.sim import calibration_measured
 from prefillbench.backends.sim.calibration import JITTER_KEY, Point, Sample, document, fit, medians
 from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.specs import GPUSpec, ModelSpec
@@ -325,8 +326,6 @@ def fit_probes(measured: Measured, model: ModelSpec, nominal: GPUSpec, p: ProbeP
         rows.append({"point": s.point.label, "probe": kind_of(s.point), "held_out": is_held(s),
                      "measured_ms": s.seconds * 1e3, "predicted_ms": predicted * 1e3, "error": predicted / s.seconds - 1})
     held_out_error = float(np.median([abs(r["error"]) for r in rows if r["held_out"]])) if check else None
-    from prefillbench.backends.sim import calibration_measured
-
     return document(model, gpu, nominal, fitted, rows, [r["error"] for r in rows if not r["held_out"]],
                     tail={"held_out_abs_error": held_out_error,
                           "measured": calibration_measured.section(model, nominal, fit_set, fitted, check),

@@ -86,6 +86,11 @@ class Point:
     ctx: int
 
     @property
+    def batch(self) -> Batch:
+        """The step this point times, every decode at context `ctx` (a sweep's first repeat)."""
+        return Batch(((self.chunk[0], self.chunk[1], True),) if self.chunk else (), (self.ctx,) * self.n_decodes)
+
+    @property
     def label(self) -> str:
         parts = []
         if self.chunk:
@@ -358,7 +363,7 @@ def calibrate(backend, model: ModelSpec, nominal: GPUSpec, *, quick: bool = Fals
     fitted[JITTER_KEY] = jitter(measured)
     gpu = nominal.with_calibration(fitted)
     errs = errors(model, gpu, samples)
-    from prefillbench.backends.sim import calibration_measured
+    from prefillbench.backends.sim import calibration_measured  # here: it imports this module's error_stats
 
     return document(model, gpu, nominal, fitted, errs, [e["error"] for e in errs],
                     head={"backend": backend.label, "backend_model": backend.model_name,
@@ -366,12 +371,17 @@ def calibrate(backend, model: ModelSpec, nominal: GPUSpec, *, quick: bool = Fals
                     tail={"measured": calibration_measured.section(model, nominal, samples, fitted)})
 
 
+def error_stats(errors: list[float]) -> dict[str, float]:
+    """The median and 90th percentile of |error| over a fit's steps, as a calibration file holds them."""
+    abs_err = np.abs(np.asarray(errors, dtype=float))
+    return {"median_abs_error": float(np.median(abs_err)), "p90_abs_error": float(np.percentile(abs_err, 90))}
+
+
 def document(model: ModelSpec, gpu: GPUSpec, nominal: GPUSpec, fitted: dict, steps: list[dict],
              fit_errors: list[float], *, head: dict | None = None, tail: dict | None = None) -> dict:
     """The calibration file the sim reads, whatever was probed (a stepping backend here, a server in
     bench/server_probes.py): the fit and its errors over the steps it was fitted on (`fit_errors`), with what each
     kind of calibration adds about where it came from before (`head`) and after (`tail`) the common part."""
-    abs_err = sorted(abs(e) for e in fit_errors)
     return {
         "version": 1,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -380,8 +390,7 @@ def document(model: ModelSpec, gpu: GPUSpec, nominal: GPUSpec, fitted: dict, ste
         "gpu": asdict(gpu),
         "nominal_gpu": nominal.name,
         "fitted": fitted,
-        "median_abs_error": float(np.median(abs_err)),
-        "p90_abs_error": float(np.percentile(abs_err, 90)),
+        **error_stats(fit_errors),
         "steps": steps,
         **(tail or {}),
     }

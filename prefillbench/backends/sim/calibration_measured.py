@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from prefillbench.backends.sim.calibration import error_stats
 from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.pricing import MeasuredPricing
 from prefillbench.backends.sim.specs import GPUSpec, ModelSpec, SimConfigError
@@ -123,20 +124,17 @@ def errors(model: ModelSpec, gpu: GPUSpec, fitted: dict[str, float], labels: lis
 def section(model: ModelSpec, nominal: GPUSpec, samples, spec_fit: dict[str, float], held=()) -> dict[str, Any]:
     """The calibration file's `measured` part: the fitted curves and host line, each step's error, and the error on
     `held` (samples kept out of the fit, a server's held-out probe). Too few shapes to fit: the reason instead."""
-    gpu = replace(nominal, name=nominal.name.removesuffix(" calibrated"))
     batches, seconds = [s.batch for s in samples], [s.seconds for s in samples]
     try:
-        fitted = fit(model, gpu, batches, seconds, start(spec_fit))
+        fitted = fit(model, nominal, batches, seconds, start(spec_fit))
     except SimConfigError as e:
         return {"not_fitted": str(e)}
-    steps = errors(model, gpu, fitted, [s.point.label for s in samples], batches, seconds)
-    abs_err = sorted(abs(e["error"]) for e in steps)
-    out = {"fitted": fitted, "median_abs_error": float(np.median(abs_err)),
-           "p90_abs_error": float(np.percentile(abs_err, 90)), "steps": steps}
+    steps = errors(model, nominal, fitted, [s.point.label for s in samples], batches, seconds)
+    out = {"fitted": fitted, **error_stats([e["error"] for e in steps]), "steps": steps}
     if held:
-        check = errors(model, gpu, fitted, [s.point.label for s in held], [s.batch for s in held],
+        check = errors(model, nominal, fitted, [s.point.label for s in held], [s.batch for s in held],
                        [s.seconds for s in held])
-        out["held_out_abs_error"] = float(np.median([abs(e["error"]) for e in check]))
+        out["held_out_abs_error"] = error_stats([e["error"] for e in check])["median_abs_error"]
     return out
 
 
