@@ -18,6 +18,7 @@ import json
 
 from prefillbench.backends import load_backend
 from prefillbench.backends.sim import calibration_measured as measured_form
+from prefillbench.backends.sim.cost import Batch
 from prefillbench.backends.sim.calibration import (Point, Sample, error_stats, errors, fit, measure, medians,
                                                    sweep_points)
 from prefillbench.commands.calibrate import sim_specs_for
@@ -33,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _save(path: str, samples: list[Sample], spec, nominal) -> None:
-    rows = [{"chunk": s.point.chunk, "n_decodes": s.point.n_decodes, "ctx": s.point.ctx, "seconds": s.seconds}
-            for s in samples]
+    # the step as timed: the median repeat's decodes sat a few positions past the point's context
+    rows = [{"chunk": s.point.chunk, "n_decodes": s.point.n_decodes, "ctx": s.point.ctx, "seconds": s.seconds,
+             "batch_chunks": s.batch.chunks, "batch_decodes": s.batch.decodes} for s in samples]
     with open(path, "w") as f:
         json.dump({"model": spec.name, "device": nominal.name, "samples": rows}, f, indent=1)
 
@@ -43,7 +45,8 @@ def _load(path: str) -> list[Sample]:
     out = []
     for r in json.load(open(path))["samples"]:
         point = Point(tuple(r["chunk"]) if r["chunk"] else None, r["n_decodes"], r["ctx"])
-        out.append(Sample(point, point.batch, r["seconds"]))
+        batch = Batch(tuple(map(tuple, r["batch_chunks"])), tuple(r["batch_decodes"]))
+        out.append(Sample(point, batch, r["seconds"]))
     return out
 
 
