@@ -85,6 +85,11 @@ class Sequence:
     session: int | None = None  # a multi-turn session's id, and the turn
     turn: int = 0
     kv_arrival: float | None = None  # a handed-off prompt: when its KV arrived (the clock's); None: prefilled here
+    #: Generated tokens now at the end of `prompt`: a preempted sequence recomputes its output so far as prompt
+    #: (vLLM's and SGLang's recompute), and `generated` keeps every token it made, so positions subtract these.
+    earlier: int = 0
+    preemptions: int = 0  # times its KV was freed and it went back to waiting (preempted or retracted)
+    recomputed: int = 0  # tokens whose KV was computed, freed by a preemption, and must be computed again
 
     @classmethod
     def admit(cls, seq_id: int, request: "Request", arrival: float, start: float = 0.0) -> "Sequence":
@@ -107,6 +112,26 @@ class Sequence:
         self.token_times.append(time)
         return self.finished
 
+    def preempt(self) -> None:
+        """Its KV is gone (preempted or retracted): it goes back to waiting with its output so far as prompt, every
+        token computed again (the prefix cache, where on, may find some). Its first token's time stays its TTFT."""
+        computed = self.n_prefilled + (max(len(self.generated) - self.earlier - 1, 0) if self.prefill_done else 0)
+        self.recomputed += computed
+        self.preemptions += 1
+        self.prompt = self.prompt + tuple(self.generated[self.earlier:])
+        self.earlier = len(self.generated)
+        self.n_prefilled = self.n_cached = 0
+
+    @property
+    def request_prompt_len(self) -> int:
+        """The request's own prompt, without output moved there by a preemption."""
+        return len(self.prompt) - self.earlier
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the sequence: prompt and output (vLLM's Request.num_tokens)."""
+        return len(self.prompt) + len(self.generated) - self.earlier
+
     @property
     def prompt_len(self) -> int:
         return len(self.prompt)
@@ -124,4 +149,4 @@ class Sequence:
     @property
     def position(self) -> int:
         """Position of the next token to feed: the newest generated one."""
-        return len(self.prompt) + len(self.generated) - 1
+        return len(self.prompt) + len(self.generated) - self.earlier - 1

@@ -42,12 +42,21 @@ class DecodeToken(NamedTuple):
     position: int
 
 
+class Preemption(NamedTuple):
+    """A running sequence whose KV the step frees before it runs (vLLM's preemption, SGLang's retraction): it goes
+    back to waiting, at the head or the tail, and computes its tokens so far again as prompt."""
+
+    seq_id: int
+    to_head: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
-    """The contents of one forward pass: prefill chunks, then decodes."""
+    """The contents of one forward pass: prefill chunks, then decodes; and the sequences preempted before it."""
 
     prefills: tuple[PrefillChunk, ...] = ()
     decodes: tuple[DecodeToken, ...] = ()
+    preempted: tuple[Preemption, ...] = ()
 
     @property
     def n_prefill_tokens(self) -> int:

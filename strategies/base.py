@@ -21,6 +21,16 @@ class Strategy(ABC):
     #: Whether `chunk_size` was asked for, or is DEFAULT_BUDGET standing in for none (make_strategy): a serving
     #: engine given none runs at its own default budget, not at ours.
     budget_given: bool = True
+    #: How its engine holds KV memory: "reserve", each sequence's whole length from admission (Orca's,
+    #: FasterTransformer's; the engine admits only what fits that way), or "paged", blocks as tokens are computed,
+    #: the strategy admitting by free blocks and preempting when a running sequence cannot grow (vLLM, SGLang).
+    kv_policy: str = "reserve"
+    #: Tokens a block of its engine's KV memory holds (vLLM's 16; SGLang's pages are one token).
+    kv_block_size: int = 1
+    #: The engine's KV memory (engine/memory.py: free blocks, blocks each sequence holds), to read; set by attach.
+    memory = None
+    #: The engine's cap on running sequences (vLLM's max_num_seqs) where the backend stands for an engine; None: none.
+    engine_max_num_seqs: int | None = None
 
     def __init__(self, chunk_size: int = 256) -> None:
         if chunk_size < 1:
@@ -44,6 +54,12 @@ class Strategy(ABC):
     def reset(self) -> None:
         """Forget what an earlier run left behind; the engine calls it as a run starts."""
 
+    def attach(self, memory, engine_max_num_seqs: int | None = None) -> None:
+        """The run's KV memory and engine cap, to read (never to change: the engine carries a step's preemptions
+        and allocations out); the engine calls it after reset."""
+        self.memory = memory
+        self.engine_max_num_seqs = engine_max_num_seqs
+
 
 def prefill_chunk(seq: Sequence, max_tokens: int | None = None, pad_to: int | None = None) -> PrefillChunk:
     """The next piece of `seq`'s prompt, at most `max_tokens` long."""
@@ -66,5 +82,5 @@ _new_tuple = tuple.__new__
 def decode_tokens(running: Seq[Sequence]) -> tuple[DecodeToken, ...]:
     # Once per decoding sequence per step: Sequence.position is inlined, and tuple.__new__ builds each DecodeToken
     # without the NamedTuple's Python-level __new__ (a third of this function's time on the sim).
-    return tuple([_new_tuple(DecodeToken, (s.seq_id, s.generated[-1], len(s.prompt) + len(s.generated) - 1))
+    return tuple([_new_tuple(DecodeToken, (s.seq_id, s.generated[-1], len(s.prompt) + len(s.generated) - s.earlier - 1))
                   for s in running])

@@ -48,7 +48,7 @@ What it leaves out, and why:
 from __future__ import annotations
 
 from prefillbench.sequence import Sequence
-from prefillbench.step import PrefillChunk, Step
+from prefillbench.step import Preemption, PrefillChunk, Step
 
 from .base import Strategy, decode_tokens, prefill_chunk
 
@@ -57,45 +57,102 @@ class VllmV1(Strategy):
     name = "vllm-v1"
     uses_chunk_size = True
     steady_decodes = True  # the step is a function of which sequences wait and run and how far each prompt is
+    kv_policy = "paged"  # blocks as tokens are computed; admission by free blocks; preemption of RUNNING's tail
+    kv_block_size = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py)
     #: SchedulerConfig.long_prefill_token_threshold: the most tokens of one prompt a step (0: no cap, vLLM's default)
     long_prefill_token_threshold: int = 0
-    #: SchedulerConfig.max_num_seqs as a cap on started sequences (None: the engine's concurrency cap plays it)
+    #: SchedulerConfig.max_num_seqs as a cap on running sequences (None: the engine's, where the backend stands for
+    #: one, else the run's concurrency cap plays it)
     max_num_seqs: int | None = None
+    #: SchedulerConfig.scheduler_reserve_full_isl: a waiting (or preempted) request is admitted only if its whole
+    #: current sequence fits in free blocks, not only its first chunk (vLLM PR #37307; see MEMORY_RULES)
+    reserve_full_isl: bool = True
+
+    def __init__(self, chunk_size: int = 256) -> None:
+        super().__init__(chunk_size)
+        self.reset()
+
+    def reset(self) -> None:
+        # RUNNING's order: vLLM appends a request to `running` when it is scheduled from WAITING, FCFS, so seq_id
+        # order; a preempted request that resumes goes to the tail: numbered past every seq_id as it resumes
+        self._order: dict[int, int] = {}
+        self._next = 0
 
     def next_step(self, waiting, running):
         budget = self.chunk_size
         threshold = self.long_prefill_token_threshold if len(waiting) + len(running) > 1 else 0
         in_progress = [s for s in waiting if s.n_prefilled > 0]
+        memory = self.memory
+        bounded = memory is not None and memory.total_blocks is not None
+        order = self._order
         prefills: list[PrefillChunk] = []
         decodes: list[Sequence] = []
-        if not in_progress and len(running) <= budget:
-            # The common case in one pass: RUNNING holds decodes only, and all of them fit the budget.
+        preempted: list[Preemption] = []
+        free = memory.free_blocks if bounded else 0
+        if not in_progress and len(running) <= budget and (not bounded or self._decodes_fit(running, free)):
+            # The common case in one pass: RUNNING holds decodes only, and all of them fit the budget and memory.
             decodes = running
             budget -= len(running)
+            if bounded:
+                free -= sum([memory.needed(s.seq_id, s.n_tokens) for s in running])
             new = waiting
         else:
-            # vLLM's RUNNING list: every request scheduled once already, decoding or mid-prompt, in the order it
-            # was first scheduled, which is FCFS admission order: seq_id order.
-            for seq in sorted([*running, *in_progress], key=lambda s: s.seq_id):
-                if budget <= 0:
-                    break
-                if seq.n_prefilled < len(seq.prompt):
-                    chunk = prefill_chunk(seq, self._cap(budget, threshold))
+            # vLLM's RUNNING list: every request scheduled from WAITING and not preempted since, decoding or
+            # mid-prompt, in the order it was (last) scheduled from WAITING.
+            queue = sorted([*running, *in_progress], key=lambda s: order.get(s.seq_id, s.seq_id))
+            i = 0
+            while i < len(queue) and budget > 0:
+                seq = queue[i]
+                mid_prompt = seq.n_prefilled < len(seq.prompt)
+                n = min(len(seq.prompt) - seq.n_prefilled, self._cap(budget, threshold)) if mid_prompt else 1
+                if bounded:
+                    need = memory.needed(seq.seq_id, (seq.n_prefilled if mid_prompt else seq.n_tokens - 1) + n)
+                    # allocate_slots failed: preempt RUNNING's last request until it fits, perhaps this one
+                    while need > free:
+                        victim = queue.pop()
+                        free += memory.held_blocks(victim.seq_id)
+                        preempted.append(Preemption(victim.seq_id, True))
+                        order.pop(victim.seq_id, None)
+                        if victim is seq:
+                            break
+                    if preempted and preempted[-1].seq_id == seq.seq_id:
+                        break
+                    free -= need
+                if mid_prompt:
+                    chunk = prefill_chunk(seq, n)
                     prefills.append(chunk)
                     budget -= len(chunk.tokens)
                 else:
                     decodes.append(seq)
                     budget -= 1
+                i += 1
             new = [s for s in waiting if s.n_prefilled == 0]
-        n_running = len(running) + len(in_progress)
-        for seq in new:  # the WAITING queue, FCFS
-            if budget <= 0 or (self.max_num_seqs is not None and n_running >= self.max_num_seqs):
+        n_running = len(running) + len(in_progress) - len(preempted)
+        cap = self.max_num_seqs if self.max_num_seqs is not None else self.engine_max_num_seqs
+        if preempted:
+            new = []  # a step that preempted admits no one
+        for seq in new:  # the WAITING queue, FCFS (preempted requests at its head)
+            if budget <= 0 or (cap is not None and n_running >= cap):
                 break
             chunk = prefill_chunk(seq, self._cap(budget, threshold))
+            if bounded:
+                if self.reserve_full_isl and memory.blocks_for(len(seq.prompt)) > free:
+                    break  # head of line: no preemption on behalf of a waiting request
+                need = memory.blocks_for(chunk.end)
+                if need > free:
+                    break
+                free -= need
             prefills.append(chunk)
             budget -= len(chunk.tokens)
             n_running += 1
-        return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes))
+            if seq.preemptions:  # resumed: at RUNNING's tail, after every request never preempted (seq_id order)
+                order[seq.seq_id] = self._next + 1_000_000_000
+                self._next += 1
+        return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes), preempted=tuple(preempted))
+
+    def _decodes_fit(self, running, free) -> bool:
+        memory = self.memory
+        return sum([memory.needed(s.seq_id, s.n_tokens) for s in running]) <= free
 
     @staticmethod
     def _cap(budget: int, threshold: int) -> int:
@@ -104,4 +161,3 @@ class VllmV1(Strategy):
     def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:
         # every token of a step comes out of the one budget, decodes included
         return max(1, min(prompt_len * concurrency + concurrency, self.chunk_size))
-

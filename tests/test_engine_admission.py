@@ -15,6 +15,8 @@ class Cache:
     """A backend whose cache holds `room` tokens, steps included: n sequences of `seq_len` fit beside a step of
     `step_tokens` when n * seq_len + step_tokens <= room."""
 
+    kv_cache_tokens = None  # no --kv-cache-tokens
+
     def __init__(self, room: int) -> None:
         self.cache_room = room
         self.asked: list[int] = []

@@ -19,7 +19,8 @@ import json
 from prefillbench.backends import load_backend
 from prefillbench.backends.sim import calibration_measured as measured_form
 from prefillbench.backends.sim.cost import Batch
-from prefillbench.backends.sim.calibration import (Point, Sample, error_stats, errors, fit, measure, medians,
+from prefillbench.backends.sim.fit_errors import error_stats
+from prefillbench.backends.sim.calibration import (Point, Sample, errors, fit, measure, medians,
                                                    sweep_points)
 from prefillbench.commands.calibrate import sim_specs_for
 

@@ -129,6 +129,28 @@ class Backend(ABC):
         """What `--verify` may accept between strategies on this backend; None: it computes no logits."""
         return None
 
+    #: --kv-cache-tokens: the KV cache shrunk to this many tokens (None: the backend's own), so that memory pressure,
+    #: admission by free blocks and preemption can be studied where the cache would never fill (a CPU).
+    kv_cache_tokens: int | None = None
+
+    def kv_capacity_tokens(self, max_step_tokens: int) -> int | None:
+        """Tokens of KV cache a run has beside a step of `max_step_tokens` (None: unbounded), --kv-cache-tokens
+        included: the engine's KV memory (engine/memory.py) is this big."""
+        own = self.own_kv_capacity_tokens(max_step_tokens)
+        given = self.kv_cache_tokens
+        return given if own is None else own if given is None else min(own, given)
+
+    def own_kv_capacity_tokens(self, max_step_tokens: int) -> int | None:
+        """The backend's own KV capacity in tokens; None: no bound of its own (a real backend sizes its cache to
+        the run)."""
+        return None
+
+    @property
+    def engine_max_num_seqs(self) -> int | None:
+        """The engine's cap on running sequences (vLLM's max_num_seqs) where the backend stands for an engine with
+        one (the sim); None: none beyond the run's concurrency."""
+        return None
+
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int) -> int | None:
         """How many sequences of `max_seq_len` fit in the KV cache; None: as many as asked."""
         return None

@@ -27,8 +27,9 @@ from strategies import strategy_label
 from prefillbench.bench import stats
 from prefillbench.errors import BackendError
 from prefillbench.engine import RequestRecord, RunRecord
-from prefillbench.bench.stats import mean_std
+from prefillbench.bench.stats import mean_std, percentile
 from prefillbench.bench.stalls import stall_columns
+from prefillbench.bench.engine_columns import engine_columns, memory_columns
 from prefillbench.bench.deployment_figures import deployment_columns
 from prefillbench.bench.workloads import TestSpec
 from prefillbench.backends.base import Backend
@@ -158,6 +159,12 @@ class ResultRow:
     # prompt had, never evicted, at the cache's block size). NaN: no cache, or none reported.
     prefix_hit_rate: float = math.nan
     prefix_hit_implied: float = math.nan
+    # KV memory (engine/memory.py): how the engine held it ("reserve", "paged"; "" served), requests preempted or
+    # retracted and tokens computed again for them (means per repetition), the most of it held at once in %.
+    kv_policy: str = ""
+    preemptions: float = math.nan
+    recomputed_tokens: float = math.nan
+    kv_peak_pct: float = math.nan
     # Multi-turn sessions: the TTFT p50 of turns after the first (their prompts resend the history); NaN without.
     ttft_later_turns_p50_ms: float = math.nan
     # Decode stalls (bench/stalls.py): TBT p99 split into its time in steps that computed prompt tokens, in
@@ -303,16 +310,6 @@ def ttfts_ms(run: RunRecord) -> list[float]:
 def tbts_ms(run: RunRecord) -> np.ndarray:
     """Every gap between two tokens of one request, in ms (arrays: a capacity probe has ~10^5 of them)."""
     return np.concatenate([request_tbts_ms(r) for r in run.requests]) if run.requests else np.zeros(0)
-
-
-def percentile(values: list[float] | np.ndarray, q: float, method: str = "linear") -> float:
-    """The q-th percentile (numpy's linear interpolation by default) of the values that are not NaN; NaN if none is.
-    `method="inverted_cdf"`: the smallest value with at least q% at or below it, the sample whose bucket a
-    Prometheus histogram_quantile interpolates in (rank q x count), so the figure an engine histogram's p50 estimates.
-    The two differ by half the gap between the middle samples: with four requests, by a quarter of their spread."""
-    known = np.asarray(values, dtype=float)
-    known = known[~np.isnan(known)]
-    return float(np.percentile(known, q, method=method)) if known.size else math.nan
 
 
 def offered_rate(run: RunRecord) -> float:
@@ -463,6 +460,7 @@ def summarize(
         ttft_p50_rank_ms=percentile(ttft, 50, "inverted_cdf"),
         tbt_p50_rank_ms=percentile(tbt, 50, "inverted_cdf"),
         **engine_columns(runs, reqs),
+        **memory_columns(runs),
         prefix_hit_rate=prefix_hit_rate(reqs),
         prefix_hit_implied=prefix_implied,
         ttft_later_turns_p50_ms=percentile([ttft_ms(r) for r in reqs if r.turn > 0], 50),
@@ -492,56 +490,3 @@ def _implied_rate(prompts: tuple[tuple[int, ...], ...], block: int, capacity: in
     # Kept: every probe of a capacity search replays the same prompts (the seed's), only at another rate.
     cached, total = implied_hits(prompts, block, capacity)
     return cached / total if total else math.nan
-
-
-def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:
-    """The row's engine-clock columns: what the server's /metrics counted over the runs (their deltas summed), and
-    where the engine sent its clock with every token (llama-server's timings), per request and per token, exact:
-    its prefill (the prompt's start to its first token), its queue (arrival to the prompt's start, which its
-    progress events date), their sum its TTFT, and the gaps between its times of the tokens."""
-    from prefillbench.backends.server.engine_clock import figures
-
-    readings = [run.engine_clock for run in runs if run.engine_clock is not None]
-    per_token = [r.server_token_times for r in reqs if r.server_token_times]
-    if not readings and not per_token:
-        return {}
-    total = readings[0]
-    for more in readings[1:]:
-        total = total.plus(more)
-    f = figures(total) if readings else None
-    out = {}
-    if f is not None and f.source:
-        out = {"engine_clock": f.source, "engine_requests": f.requests, "engine_ttft_mean_ms": f.ttft_mean,
-               "engine_itl_mean_ms": f.itl_mean, "engine_queue_mean_ms": f.queue_mean,
-               "engine_prefill_mean_ms": f.prefill_mean, "engine_decode_mean_ms": f.decode_mean,
-               "engine_e2e_mean_ms": f.e2e_mean}
-        for name, (p50, low, high) in (("ttft", f.ttft_p50), ("itl", f.itl_p50)):
-            out.update({f"engine_{name}_p50_ms": p50, f"engine_{name}_p50_low_ms": low,
-                        f"engine_{name}_p50_high_ms": high})
-        if not math.isnan(f.queue_mean) and not math.isnan(f.prefill_mean):
-            out["engine_ttft_other_mean_ms"] = f.ttft_mean - f.queue_mean - f.prefill_mean
-    if readings:
-        out["engine_net_ms"] = total.net_ms
-    if per_token:
-        # llama-server's clock starts when a prompt's first tokens enter a batch (update_slots); the wait before it
-        # is dated only by its progress events, on the client's clock (the least delayed of them): its queue; its
-        # prefill is its own.
-        served = [r for r in reqs if r.server_token_times]
-        prefill = [r.server_token_times[0] for r in served]
-        queue = [1e3 * (r.first_scheduled - r.arrival) if r.first_scheduled is not None else 0.0 for r in served]
-        ttfts = [q + p for q, p in zip(queue, prefill)]
-        gaps = np.concatenate([np.diff(r.server_token_times) for r in served])
-        out["engine_clock"] = " and ".join(filter(None, [out.get("engine_clock"), "per-token timings"]))
-        if math.isnan(out.get("engine_requests", math.nan)):
-            out["engine_requests"] = len(served)
-        out["engine_ttft_mean_ms"] = float(np.mean(ttfts))
-        out["engine_prefill_mean_ms"] = float(np.mean(prefill))
-        if any(r.first_scheduled is not None for r in served):
-            out["engine_queue_mean_ms"] = float(np.mean(queue))
-        # by a histogram's rank rule, as vLLM's p50s are: one definition for every engine's p50 (ResultRow)
-        for name, p50 in (("ttft", percentile(ttfts, 50, "inverted_cdf")), ("itl", percentile(gaps, 50, "inverted_cdf"))):
-            out.update({f"engine_{name}_p50_ms": p50, f"engine_{name}_p50_low_ms": p50,
-                        f"engine_{name}_p50_high_ms": p50})
-        if math.isnan(out.get("engine_itl_mean_ms", math.nan)) and gaps.size:
-            out["engine_itl_mean_ms"] = float(gaps.mean())
-    return out

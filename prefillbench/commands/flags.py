@@ -84,7 +84,8 @@ SimDtype = Annotated[Optional[str], option(
 SimPricing = Annotated[Optional[str], option(
     "--sim-pricing", panel=SIM_PANEL, callback=choice(*PRICINGS), metavar="|".join(PRICINGS),
     help="sim: price operators by spec sheets (the roofline at flat shares of the peaks) or by curves fitted to "
-    "measured GPU profiles (Vidur's operators, FlashAttention, NCCL; docs/sim.md) (default: spec)")]
+    "measured GPU profiles (Vidur's operators, FlashAttention, NCCL; docs/sim.md) (default: measured where a profile "
+    "covers the GPU, spec on other devices and with --calibration)")]
 SimOverheads = Annotated[Optional[str], option(
     "--sim-overheads", panel=SIM_PANEL, callback=choice(*OVERHEADS), metavar="|".join(OVERHEADS),
     help="sim: whose per-step host time, kernel launches and CUDA graphs each step pays (docs/sim.md, Engine "

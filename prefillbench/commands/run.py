@@ -60,6 +60,8 @@ def cmd_run(options: RunOptions) -> int:
         sys.stdout.flush()
         for note in serving_checks.after_run(rows):
             print(f"prefillbench: warning: {note}", file=sys.stderr)
+        if session.meta.get("engine_clock_missing"):
+            print(f"prefillbench: note: {session.meta['engine_clock_missing']}", file=sys.stderr)
         if not options.no_verdict:
             verdict.write_verdict(rows, options.relative_to, options.output)
         if results_path in session.written():

@@ -32,6 +32,7 @@ from strategies import Strategy
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.engine.admission import Admission, Feed, fit
 from prefillbench.engine.loop import STOP_CHECK_STEPS, Loop, StepFailed
+from prefillbench.engine.memory import KVMemory
 from prefillbench.engine.records import Progress, RequestRecord, RunRecord, StepRecord
 from prefillbench.engine.served import serve
 from prefillbench.sequence import Request
@@ -62,18 +63,33 @@ def run(
     reqs, open_loop, longest_prompt, max_seq_len = _checked(requests, concurrency, backend)
     if getattr(backend, "serves_requests", False):  # a serving engine schedules its own steps
         return serve(backend, strategy, reqs, concurrency, on_tokens, stop)
-    cap = fit(backend, strategy, min(concurrency or len(reqs), len(reqs)), longest_prompt, max_seq_len)
+    asked = min(concurrency or len(reqs), len(reqs))
+    if strategy.kv_policy == "paged":
+        # the strategy admits by free blocks and preempts: every request may wait in its queue, the engine's
+        # max_num_seqs (where the backend stands for an engine) caps those running, as vLLM's does
+        cap = asked
+        memory = KVMemory(backend.kv_capacity_tokens(strategy.max_step_tokens(longest_prompt, cap)),
+                          strategy.kv_block_size)
+        if memory.total_blocks is not None and memory.blocks_for(max_seq_len) > memory.total_blocks:
+            raise BackendError(f"not one sequence of {max_seq_len} tokens fits in {backend.room()} "
+                               f"({memory.capacity_tokens:.0f} tokens)")
+    else:
+        # the whole length reserved as a sequence is admitted (Orca's, FasterTransformer's): at most what fits
+        cap = fit(backend, strategy, asked, longest_prompt, max_seq_len)
+        memory = KVMemory(backend.kv_capacity_tokens(strategy.max_step_tokens(longest_prompt, cap)), 1)
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
     depth = max(1, backend.max_steps_in_flight)
     strategy.reset()
+    strategy.attach(memory, backend.engine_max_num_seqs)
     # Decode runs (Loop.decode_run) skip the strategy and the step-by-step bookkeeping, where the backend can run
     # them; a forced token or kept logits need every step's own.
     steady = (strategy.steady_decodes and backend.runs_decodes and depth == 1 and not keep_logits
               and all(r.forced_tokens is None for r in reqs))
     admission = Admission(reqs if feed is None else [], open_loop, cap, start=backend.now(),
                           reuse=backend.reuse_prefix if backend.caches_prefixes else None,
-                          accept=backend.accept_handoff, feed=feed)
-    return Loop(backend, strategy, admission, depth, steady, keep_logits, on_tokens, stop).run()
+                          accept=backend.accept_handoff, feed=feed,
+                          reserve=memory if strategy.kv_policy != "paged" else None)
+    return Loop(backend, strategy, admission, memory, depth, steady, keep_logits, on_tokens, stop).run()
 
 
 def _checked(requests: Iterable[Request], concurrency: int,

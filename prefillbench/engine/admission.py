@@ -27,7 +27,11 @@ def fit(backend: Backend, strategy: Strategy, asked: int, longest_prompt: int, m
     for that many; the backend is told (note_clamp) when that is fewer than asked."""
 
     def fits(n: int) -> bool:
-        allowed = backend.max_concurrency(max_seq_len, strategy.max_step_tokens(longest_prompt, n))
+        step = strategy.max_step_tokens(longest_prompt, n)
+        allowed = backend.max_concurrency(max_seq_len, step)
+        if backend.kv_cache_tokens is not None:  # --kv-cache-tokens: whole lengths within the shrunk cache too
+            room = backend.kv_capacity_tokens(step) // max(max_seq_len, 1)
+            allowed = room if allowed is None else min(allowed, room)
         return allowed is None or allowed >= n
 
     if fits(asked):
@@ -65,12 +69,13 @@ class Admission:
     moves it on from there and takes it out of all three when it finishes.
     """
 
-    __slots__ = ("pending", "held", "cap", "open_loop", "start", "reuse", "accept", "feed", "live", "waiting", "running", "next_id",
-                 "next_at", "idle_from", "arrival_lags")
+    __slots__ = ("pending", "held", "cap", "open_loop", "start", "reuse", "accept", "feed", "reserve", "live", "waiting",
+                 "running", "next_id", "next_at", "idle_from", "arrival_lags")
 
     def __init__(self, requests: list[Request], open_loop: bool, cap: int, start: float,
                  reuse: Callable[[int, tuple[int, ...]], int] | None = None,
-                 accept: Callable[[int, Request], None] | None = None, feed: Feed | None = None) -> None:
+                 accept: Callable[[int, Request], None] | None = None, feed: Feed | None = None,
+                 reserve=None) -> None:
         # A session's later turns wait for the turn before them to finish (`finished`); the rest queue by arrival.
         self.held = SessionTurns(requests)
         self.pending = deque(self.held.first)
@@ -83,6 +88,9 @@ class Admission:
         self.accept = accept
         #: Requests that arrive from elsewhere as the run goes (a decode instance's handed-off prompts, Feed).
         self.feed = feed
+        #: The KV memory (engine/memory.py) in which each admitted sequence reserves its whole length, for the
+        #: strategies whose engines reserve; None: the strategy's own memory rule (paged) holds it
+        self.reserve = reserve
         self.live: dict[int, Sequence] = {}
         # The strategy's two lists, kept by the loop as sequences move between them rather than rebuilt from `live`
         # every step (a pass over every sequence in flight per step: a tenth of the sim's time). Both in admission order.
@@ -116,6 +124,8 @@ class Admission:
             if open_loop and self.idle_from is not None and arrival >= self.idle_from:
                 self.arrival_lags.append(now - arrival)
             seq = live[self.next_id] = Sequence.admit(self.next_id, req, arrival, start)
+            if self.reserve is not None:  # fit() sized the cap to whole lengths: recorded, never refused here
+                self.reserve.grow(seq.seq_id, len(req.prompt) + req.n_gen, strict=False)
             if req.handoff is not None and self.accept is not None:
                 self.accept(seq.seq_id, req)
             elif self.reuse is not None:

@@ -21,6 +21,7 @@ from strategies import Strategy
 
 from prefillbench.backends.base import Backend, BackendError, Launched
 from prefillbench.engine.admission import Admission
+from prefillbench.engine.memory import KVMemory, OutOfMemory
 from prefillbench.engine.records import Progress, RequestRecord, RunRecord, StepRecord, request_record, step_record
 from prefillbench.sequence import Sequence
 from prefillbench.step import Step
@@ -38,15 +39,18 @@ class StepFailed(BackendError):
 class Loop:
     """One run from its start to its record: the steps in flight and the records of what has come out."""
 
-    __slots__ = ("backend", "strategy", "admission", "depth", "pipelined", "steady", "keep_logits", "on_tokens", "stop",
-                 "start", "live", "waiting", "running", "in_flight", "busy", "done", "done_ids", "steps", "logits")
+    __slots__ = ("backend", "strategy", "admission", "memory", "paged", "depth", "pipelined", "steady", "keep_logits",
+                 "on_tokens", "stop", "start", "live", "waiting", "running", "in_flight", "busy", "done", "done_ids",
+                 "steps", "logits")
 
-    def __init__(self, backend: Backend, strategy: Strategy, admission: Admission, depth: int, steady: bool,
-                 keep_logits: bool, on_tokens: Callable[[int], None] | None,
+    def __init__(self, backend: Backend, strategy: Strategy, admission: Admission, memory: KVMemory, depth: int,
+                 steady: bool, keep_logits: bool, on_tokens: Callable[[int], None] | None,
                  stop: Callable[[Progress], bool] | None) -> None:
         self.backend = backend
         self.strategy = strategy
         self.admission = admission
+        self.memory = memory  # the engine's KV memory: paged, each step's tokens take blocks as they are computed
+        self.paged = strategy.kv_policy == "paged"
         self.depth = depth  # most steps in flight
         self.pipelined = depth > 1  # then sequences in a step in flight are busy
         self.steady = steady  # decode runs allowed
@@ -98,6 +102,10 @@ class Loop:
             ready = bool(ready_waiting or ready_running)
             if ready and len(in_flight) < depth:
                 step = strategy.next_step(ready_waiting, ready_running)
+                if step.preempted:
+                    self.preempt(step)
+                    if not step:  # it preempted and scheduled nothing: ask again with the memory it freed
+                        continue
                 if step:
                     if not (steady and not step.prefills and decode_run(step)):
                         launched = launch(step)
@@ -134,19 +142,51 @@ class Loop:
         backend.end_run()
         done = self.done
         order = sorted(range(len(done)), key=self.done_ids.__getitem__)
+        memory = self.memory
         return RunRecord(self.start, end, [done[i] for i in order], self.steps, stopped,
-                         arrival_lags=self.admission.arrival_lags)
+                         arrival_lags=self.admission.arrival_lags,
+                         kv_peak_fraction=memory.peak_fraction(), kv_policy=self.strategy.kv_policy)
 
     def failed(self, step: Step, e: BackendError) -> StepFailed:
         return StepFailed(f"step {len(self.steps)} ({step.n_tokens} tokens) failed: {e}")
 
+    def preempt(self, step: Step) -> None:
+        """Carry out a step's preemptions (vLLM) or retractions (SGLang) before it runs: each sequence's blocks
+        freed, its KV dropped by the backend, its tokens so far its prompt again, back to waiting at the head or the
+        tail. Heads are put in the step's order, each before the last: vLLM pops its victims from the tail of
+        RUNNING and prepends each, so they end in their running order."""
+        live, waiting, running, memory, backend = self.live, self.waiting, self.running, self.memory, self.backend
+        gone = {p.seq_id for p in step.preempted}
+        running[:] = [s for s in running if s.seq_id not in gone]
+        waiting[:] = [s for s in waiting if s.seq_id not in gone]
+        for p in step.preempted:
+            seq = live[p.seq_id]
+            memory.free(seq.seq_id)
+            backend.release(seq.seq_id)
+            seq.preempt()
+            if p.to_head:
+                waiting.insert(0, seq)
+            else:
+                waiting.append(seq)
+
     def launch(self, step: Step) -> Launched:
         """Hand `step` to the backend and record it; its sequences are busy until it is retired."""
+        if self.paged:  # the blocks its tokens fill, taken before it runs (vLLM's allocate_slots)
+            grow = self.memory.grow
+            try:
+                for c in step.prefills:
+                    grow(c.seq_id, c.end + c.pad)
+                for d in step.decodes:
+                    grow(d.seq_id, d.position + 1)
+            except OutOfMemory as e:
+                raise RuntimeError(f"strategy {self.strategy.name} scheduled past the KV memory: {e}") from None
         try:
             launched = self.backend.launch(step, return_logits=self.keep_logits)
         except BackendError as e:
             raise self.failed(step, e) from None
         record = step_record(step, launched.start, launched.end)
+        if step.preempted:
+            record.preempted = len(step.preempted)
         self.steps.append(record)
         self.admission.idle_from = None
         # A decoding sequence had its prompt in an earlier step: only a prompt chunk can be a first schedule.
@@ -205,12 +245,30 @@ class Loop:
         backend, live, done, done_ids, logits = self.backend, self.live, self.done, self.done_ids, self.logits
         cached = self.admission.reuse is not None
         finish = self.admission.finished
+        free = self.memory.free
         for seq in finished:
+            free(seq.seq_id)
             backend.release(seq.seq_id)
             del live[seq.seq_id]
             finish(seq)
             done_ids.append(seq.seq_id)
             done.append(request_record(seq, logits.pop(seq.seq_id, []), cached))
+
+    def decodes_in_memory(self, step: Step, most: int) -> int:
+        """The most decode steps in a row, up to `most`, whose blocks all fit in the free ones: within them no
+        running sequence fails to grow, so a paged strategy would preempt nothing and (no finish freeing any)
+        admit nothing, and its next step is the same decodes (bisection: the blocks needed grow with the steps)."""
+        memory = self.memory
+        needed, free = memory.needed, memory.free_blocks
+
+        def fits(k: int) -> bool:
+            return sum([needed(d.seq_id, d.position + k) for d in step.decodes]) <= free
+
+        lo, hi = 0, most
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        return lo
 
     def decode_run(self, step: Step) -> bool:
         """Run the decode-only `step` and the same decodes after it, for as long as nothing could change the
@@ -223,6 +281,11 @@ class Loop:
             most = min(most, STOP_CHECK_STEPS - len(steps) % STOP_CHECK_STEPS)
         if most < 2:
             return False
+        memory = self.memory
+        if self.paged and memory.total_blocks is not None:
+            most = self.decodes_in_memory(step, most)
+            if most < 2:
+                return False
         arrival = self.admission.next_arrival()
         try:
             burst = self.backend.run_decodes(step, most, math.inf if arrival is None else arrival)
@@ -237,6 +300,10 @@ class Loop:
         for i, end in enumerate(ends):
             steps.append(StepRecord(begin, end, [], 0, list(map(add, contexts, repeat(i, n)))))
             begin = end
+        if self.paged:
+            grow = memory.grow
+            for d in step.decodes:
+                grow(d.seq_id, d.position + len(ends))
         for seq in seqs:
             seq.generated.extend(tokens[seq.seq_id])
             seq.token_times.extend(ends)

@@ -1,6 +1,8 @@
 """What a run returns: a record of every step and every request, with the backend's timestamps."""
 from __future__ import annotations
 
+import math
+
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,7 @@ class StepRecord:
     chunk_emits: int = 0  # prompt chunks that were their prompt's last, so emitted a token (the decodes all do)
     cached: int = 0  # prompt tokens of this step's first chunks that the prefix cache held (so were not computed)
     instance: int = 0  # the deployment's instance that ran it (deploy/: prefill instances first); 0 colocated
+    preempted: int = 0  # sequences preempted (or retracted) before it ran
 
     @property
     def seconds(self) -> float:
@@ -45,6 +48,9 @@ class RequestRecord:
     #: A disaggregated deployment (deploy/): the instance that decoded it, and when its KV arrived there.
     instance: int = 0
     kv_arrival: float | None = None
+    #: Times its KV was freed before it finished (preempted or retracted), and the tokens computed again for it.
+    preemptions: int = 0
+    recomputed: int = 0
 
 
 @dataclass
@@ -60,6 +66,10 @@ class RunRecord:
     # seconds each open-loop request was taken late: sent after its due time (a server's client; not those that
     # waited for a place in flight), or admitted after arriving while the engine waited idle (a step backend)
     arrival_lags: list[float] = field(default_factory=list)
+    #: the engine's KV memory: the most of it held at once (a share; nan: unbounded) and how it was held ("reserve":
+    #: whole lengths from admission, "paged": blocks as computed, with preemption); "" for a served run
+    kv_peak_fraction: float = math.nan
+    kv_policy: str = ""
 
     @property
     def wall(self) -> float:
@@ -88,6 +98,6 @@ def step_record(step: Step, start: float, end: float) -> StepRecord:
 
 def request_record(seq: Sequence, logits: list, cached: bool = False) -> RequestRecord:
     """A finished sequence's record; `cached`: the run had a prefix cache, so its count of cached tokens is known."""
-    return RequestRecord(seq.prompt_len, seq.arrival, seq.token_times, seq.generated, logits, seq.first_scheduled,
+    return RequestRecord(seq.request_prompt_len, seq.arrival, seq.token_times, seq.generated, logits, seq.first_scheduled,
                          cached_tokens=seq.n_cached if cached else None, session=seq.session, turn=seq.turn,
-                         kv_arrival=seq.kv_arrival)
+                         kv_arrival=seq.kv_arrival, preemptions=seq.preemptions, recomputed=seq.recomputed)

@@ -79,6 +79,7 @@ class ServerBackend(Backend):
         self.warmup_requests = 0  # warm-up probes sent, every launch together
         self.failed_requests = 0
         self.lags: list[float] = []
+        self.clock_missing = ""  # why the server's /metrics could not be read, where it could not
         self.version = ""
         self.key = os.environ.get(API_KEY_VARIABLE) if url else None
         self.extra_buffers: str | None = None  # the llama-server preset's llama.cpp extra buffer types (load)
@@ -197,7 +198,9 @@ class ServerBackend(Backend):
         # The engine's own clock: its /metrics before and after the run (the launch's warm-up before both), and
         # the network's round trip just before and after, what it can add to a client figure (engine_clock.py).
         net_ms = engine_clock.net_round_trip_ms(url + self.engine.health_path, headers)
-        before = engine_clock.scrape(url, headers)
+        before, missing = engine_clock.read_metrics(url, headers)
+        if missing:  # the rows keep the client's clock; the engine's columns stay empty, said once (metadata)
+            self.clock_missing = f"{missing}: the rows have no engine clock (the server's own /metrics) beside the client's"
         run = client.stream_requests(url, self.engine.api, requests, concurrency, model=self.served_model,
                                      headers=headers, watch=watch, alive=alive, on_done=done,
                                      cache=self.caches_prefixes)
@@ -305,6 +308,8 @@ class ServerBackend(Backend):
             meta.update(self.self_description())
             meta.pop("server_threads", None)  # prefillbench's own count; the server's threads are its own
             meta["server_api_key"] = "used" if self.key else "none"
+        if self.clock_missing:
+            meta["engine_clock_missing"] = self.clock_missing
         if self.extra_buffers is not None:
             meta["llama_extra_buffers"] = self.extra_buffers
         if self.lags:  # each request's send time behind its due time (its arrival), those that waited for no place

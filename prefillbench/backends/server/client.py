@@ -234,11 +234,20 @@ async def _post(session, url: str, api: Api, model: str, s: Streamed, headers: d
             except json.JSONDecodeError:
                 s.error = "a malformed event in the stream"
                 return
+            if not isinstance(event, dict):
+                s.error = "an event in the stream that is not a JSON object"
+                return
             if "error" in event:
                 s.error = f"the server's error: {str(event['error'])[:200]}"
                 return
             s.events += 1
-            finished = api.read(event, arrived, s) or finished
+            try:
+                finished = api.read(event, arrived, s) or finished
+            except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+                # a field of another shape than the API's (a server of another version): this request failed, the
+                # run goes on and counts it
+                s.error = f"an event the client could not read ({type(e).__name__}: {str(e)[:120]})"
+                return
         if not finished:
             s.error = "the stream ended before its last event"
 

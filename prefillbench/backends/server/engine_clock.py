@@ -210,14 +210,28 @@ def _get(url: str, headers: dict[str, str] | None = None, timeout: float = SCRAP
 
 def scrape(url: str, headers: dict[str, str] | None = None) -> Snapshot | None:
     """The server's /metrics now; None where it has none (llama-server without --metrics answers 501) or it is not
-    Prometheus text."""
-    text = _get(url + "/metrics", headers)
-    if text is None:
-        return None
+    Prometheus text (metrics_missing says which)."""
+    snapshot, _ = read_metrics(url, headers)
+    return snapshot
+
+
+def read_metrics(url: str, headers: dict[str, str] | None = None) -> tuple[Snapshot | None, str]:
+    """The server's /metrics now and, where there is none to read, why, in words for a one-line note: the HTTP status
+    it answered (llama-server without --metrics: 501; a server with no such route: 404), no answer, or a body that
+    is not Prometheus text."""
     try:
-        return parse(text)
-    except (ValueError, KeyError, TypeError):
-        return None
+        with urllib.request.urlopen(urllib.request.Request(url + "/metrics", headers=headers or {}),
+                                    timeout=SCRAPE_TIMEOUT_S) as r:
+            text = r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return None, f"{url}/metrics answered HTTP {e.code}"
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return None, f"{url}/metrics did not answer ({getattr(e, 'reason', e)})"
+    try:
+        snapshot = parse(text)
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None, f"{url}/metrics is not Prometheus text"
+    return snapshot, ""
 
 
 def net_round_trip_ms(url: str, headers: dict[str, str] | None = None, probes: int = NET_PROBES) -> float:
@@ -271,7 +285,8 @@ def describe(url: str, api: str, headers: dict[str, str] | None = None) -> dict[
     if api == "llama":
         props = doc("/props")
         if props is not None:
-            settings = props.get("default_generation_settings") or {}
+            settings = props.get("default_generation_settings")
+            settings = settings if isinstance(settings, dict) else {}
             out["server_n_ctx_per_slot"] = settings.get("n_ctx")
             out["server_total_slots"] = props.get("total_slots")
             out["server_model_path"] = props.get("model_path")
@@ -281,7 +296,8 @@ def describe(url: str, api: str, headers: dict[str, str] | None = None) -> dict[
     else:
         models = doc("/v1/models")
         if models is not None:
-            data = [m for m in models.get("data") or [] if isinstance(m, dict)]
+            data = models.get("data")
+            data = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
             out["server_models"] = ",".join(str(m.get("id")) for m in data)
             lengths = {m.get("max_model_len") for m in data if m.get("max_model_len") is not None}
             if lengths:

@@ -21,7 +21,7 @@ from prefillbench.backends.sim.calibration import calibration_specs, load_calibr
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
 from prefillbench.backends.sim.pipeline import Pipeline
-from prefillbench.backends.sim.pricing import engine_overheads, pricing_for
+from prefillbench.backends.sim.pricing import default_pricing, engine_overheads, pricing_for
 from prefillbench.backends.sim.specs import (GiB, GPUSpec, ModelSpec, SimConfigError, kv_format, precision_words,
                                              weight_format, with_precision)
 from prefillbench.backends.sim.step_trace import StepTrace
@@ -74,11 +74,12 @@ class SimBackend(Backend):
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
                  trace: str | Path | None = None, pricing: str = "spec", overheads: str | None = None,
-                 prefix: PrefixSettings = PrefixSettings(), max_num_seqs: int | None = None) -> None:
+                 prefix: PrefixSettings = PrefixSettings(), max_num_seqs: int | None = None,
+                 pricing_why: str = "--sim-pricing") -> None:
         self.spec_gpu = gpu
         # what another instance of this deployment needs (instance): all but the parallelism and the trace file
         self._settings = dict(calibration=calibration, calibration_path=calibration_path, pricing=pricing,
-                              overheads=overheads, prefix=prefix, max_num_seqs=max_num_seqs)
+                              overheads=overheads, prefix=prefix, max_num_seqs=max_num_seqs, pricing_why=pricing_why)
         # a calibration holds both pricings' terms: the spec fractions, and the measured curves and host line
         gpu, measured_fit = calibration_measured.applied(calibration, calibration_path, gpu, pricing)
         self.model, self.gpu = model, gpu
@@ -87,6 +88,13 @@ class SimBackend(Backend):
         self.overheads = (calibration_measured.engine(measured_fit, gpu.name) if measured_fit and not overheads else
                           engine_overheads(overheads or ("vllm" if pricing == "measured" else "none"), gpu, tp))
         self.cost = CostModel(model, gpu, tp, pp, ep, self.pricing, self.overheads)
+        # the header line of every sim run: which pricing and whose overheads priced it, and why those
+        ran = "measured curves" if self.pricing is not None else "spec sheets"
+        host = (f"{self.overheads.name}'s overheads" if self.overheads is not None else "no engine overheads")
+        host_why = "--sim-overheads" if overheads else ("the calibration's host line" if measured_fit else
+                                                        "measured pricing's default" if self.pricing is not None else
+                                                        "spec pricing's default")
+        self.pricing_line = f"priced by {ran} ({pricing_why}) with {host} ({host_why})"
         self.cost.check_fits()
         self.max_num_seqs, self.max_num_seqs_source = self._sequence_cap(max_num_seqs, tp)
         # A windowed model's sequences hold fewer positions on its windowed layers: its cache is counted in
@@ -126,6 +134,7 @@ class SimBackend(Backend):
         self.prefix = prefix
         self.prefix_capacity = prefix.blocks(self._kv_capacity) if prefix.on else None
         self.prefixes: PrefixStore | None = None  # the current run's cache, with --prefix-cache on
+        say_once(self.pricing_line)
         for line in self.approximations():
             say_once(line)
 
@@ -199,8 +208,13 @@ class SimBackend(Backend):
             prefix = PrefixSettings.from_options(prefix_cache, prefix_block)
         except ValueError as e:
             raise SimConfigError(str(e)) from None
+        why = "--sim-pricing"
+        if sim_pricing is None:
+            sim_pricing, why = default_pricing(gpu_spec, cal is not None)
+            why = f"the default: {why}"
         return cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration, trace=trace,
-                   pricing=sim_pricing or "spec", overheads=sim_overheads, prefix=prefix, max_num_seqs=max_num_seqs)
+                   pricing=sim_pricing, overheads=sim_overheads, prefix=prefix, max_num_seqs=max_num_seqs,
+                   pricing_why=why)
 
     def instance(self, tp: int) -> "SimBackend":
         """Another GPU instance of the same model, device, pricing and cache at tensor parallelism `tp` (a
@@ -212,6 +226,13 @@ class SimBackend(Backend):
         """Sequences of `max_seq_len` whose KV cache fits beside the weights, at most the engine's max_num_seqs;
         the engine clamps to it."""
         return min(self.cost.max_sequences(max_seq_len, max_step_tokens), self.max_num_seqs)
+
+    def own_kv_capacity_tokens(self, max_step_tokens: int) -> int:
+        return self.cost.kv_capacity_tokens(max_step_tokens)
+
+    @property
+    def engine_max_num_seqs(self) -> int:
+        return self.max_num_seqs
 
     def clamp_kind(self, allowed: int) -> str:
         return "engine" if allowed >= self.max_num_seqs else "kv"
@@ -226,8 +247,10 @@ class SimBackend(Backend):
         return f"{self.gpu.name}'s KV cache beside {self.model.name}'s weights"
 
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
+        # The engine keeps the sequences in flight within the cache (engine.admission.fit reserves each at its
+        # whole length; a paged strategy admits and preempts by the engine's KV memory): here, only that one fits.
         fits = self.max_concurrency(max_seq_len, max_step_tokens)
-        if max_sequences > fits:
+        if fits < 1:
             held = max_seq_len if not self._windows else self.model.kv_positions(max_seq_len) / self.model.n_layers
             kv = max_sequences * held * self.cost.kv_bytes_per_token_per_gpu() / GiB / self.cost.dp
             raise BackendError(
@@ -532,6 +555,7 @@ class SimBackend(Backend):
             "sim_step_jitter": self.gpu.step_jitter,
             "sim_pricing": "measured" if self.pricing is not None else "spec",
             "sim_pricing_profile": self.pricing.profile if self.pricing is not None else None,
+            "sim_pricing_line": self.pricing_line,
             "sim_overheads": self.overheads.name if self.overheads is not None else "none",
             "sim_overheads_source": self.overheads.source if self.overheads is not None else None,
             "sim_kv_capacity_tokens": self.cost.kv_capacity_tokens(),

@@ -27,8 +27,10 @@ import numpy as np
 
 from prefillbench.step import DecodeToken, PrefillChunk, Step
 
+from prefillbench.backends.sim import calibration_measured
 from prefillbench.backends.sim.configs import model_from_config
 from prefillbench.backends.sim.cost import Batch, CostModel
+from prefillbench.backends.sim.fit_errors import error_stats
 from prefillbench.backends.sim.specs import GPUSpec, ModelSpec, SimConfigError
 
 FITTED_KEYS = ("compute_fraction", "memory_fraction", "step_overhead_s")
@@ -106,7 +108,9 @@ def sweep_points(context_length: int, quick: bool = False) -> list[Point]:
         chunks, offsets, decodes, ctxs, mixed = [16, 64, 128, 256], [(256, 64), (256, 256)], [1, 4], [64, 320], [
             (32, 4), (128, 4)]
     else:
-        chunks, offsets, decodes, ctxs, mixed = [8, 32, 64, 128, 256, 512], [(256, 64), (256, 256), (768, 256)], [
+        # (512, 512): a chunk whose attention is compute-bound, the one shape that pins prefill attention's compute
+        # share (without it any share below the roofline's knee fits every other point, and longer chunks are mispriced)
+        chunks, offsets, decodes, ctxs, mixed = [8, 32, 64, 128, 256, 512], [(256, 64), (256, 256), (512, 512), (768, 256)], [
             1, 2, 4, 8], [32, 256, 768], [(32, 2), (128, 2), (256, 2), (32, 8), (128, 8), (256, 8)]
     pts = [Point((0, n), 0, 0) for n in chunks if n <= limit]
     pts += [Point((s, n), 0, 0) for s, n in offsets if s + n <= limit]
@@ -363,18 +367,10 @@ def calibrate(backend, model: ModelSpec, nominal: GPUSpec, *, quick: bool = Fals
     fitted[JITTER_KEY] = jitter(measured)
     gpu = nominal.with_calibration(fitted)
     errs = errors(model, gpu, samples)
-    from prefillbench.backends.sim import calibration_measured  # here: it imports this module's error_stats
-
     return document(model, gpu, nominal, fitted, errs, [e["error"] for e in errs],
                     head={"backend": backend.label, "backend_model": backend.model_name,
                           "backend_weights": backend.weights},
                     tail={"measured": calibration_measured.section(model, nominal, samples, fitted)})
-
-
-def error_stats(errors: list[float]) -> dict[str, float]:
-    """The median and 90th percentile of |error| over a fit's steps, as a calibration file holds them."""
-    abs_err = np.abs(np.asarray(errors, dtype=float))
-    return {"median_abs_error": float(np.median(abs_err)), "p90_abs_error": float(np.percentile(abs_err, 90))}
 
 
 def document(model: ModelSpec, gpu: GPUSpec, nominal: GPUSpec, fitted: dict, steps: list[dict],

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from prefillbench.backends.sim.calibration import error_stats
 from prefillbench.backends.sim.cost import Batch, CostModel
+from prefillbench.backends.sim.fit_errors import error_stats
 from prefillbench.backends.sim.pricing import MeasuredPricing
 from prefillbench.backends.sim.specs import GPUSpec, ModelSpec, SimConfigError
 

@@ -139,6 +139,22 @@ def _curves(profile: str):
     return gemm, elementwise, attention.fitted_attention()
 
 
+def default_pricing(gpu: GPUSpec, calibrated: bool) -> tuple[str, str]:
+    """The pricing a run gets with no --sim-pricing, and why: the measured curves wherever a profile covers the GPU
+    (its preset or its family; 51 of 58 published rows within 25% against the spec sheets' 20, docs/sim.md), the
+    spec sheets where none does (a CPU, a device whose name no profile's family holds) and for a calibration (its
+    spec fit is the file's own device; --sim-pricing measured takes its measured fit)."""
+    if calibrated:
+        return "spec", "a calibration prices by its spec fit unless --sim-pricing measured"
+    try:
+        profile, how = profile_of(gpu)
+    except SimConfigError:
+        return "spec", f"no measured profile covers {gpu.name}"
+    if how == "preset" or how.endswith("...)"):
+        return "measured", f"{PROFILED[profile]}'s measured profile covers {gpu.name}"
+    return "spec", f"no measured profile covers {gpu.name} (its name is of no profiled family)"
+
+
 def pricing_for(name: str, gpu: GPUSpec) -> MeasuredPricing | None:
     """None for spec (cost.py's roofline), else the measured pricing for gpu."""
     if name not in PRICINGS:
