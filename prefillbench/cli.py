@@ -25,7 +25,7 @@ from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
 from prefillbench.commands import ab, calibrate, capacity, compare, designs, plot, run, tune
 from prefillbench.commands.flags import (CAPACITY_PANEL, DEPLOY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
-                                         EngineName, ExpertParallel, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimOverheads, SimPricing, MaxNumSeqs, Url,
+                                         EngineName, ExpertParallel, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimOverheads, SimPricing, MaxNumSeqs, KvCacheTokens, Url,
                                          Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
                                          MaxQueueGrowth, MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
@@ -151,6 +151,7 @@ def _model_and_backend(
     sim_pricing: SimPricing = None,
     sim_overheads: SimOverheads = None,
     max_num_seqs: MaxNumSeqs = None,
+    kv_cache_tokens: KvCacheTokens = None,
     calibration: Calibration = None,
     prefix_cache: PrefixCache = None,
     prefix_block: PrefixBlock = None,

@@ -91,7 +91,7 @@ class VllmV1(Strategy):
         free = memory.free_blocks if bounded else 0
         if not in_progress and len(running) <= budget and (not bounded or self._decodes_fit(running, free)):
             # The common case in one pass: RUNNING holds decodes only, and all of them fit the budget and memory.
-            decodes = running
+            decodes = sorted(running, key=lambda s: order.get(s.seq_id, s.seq_id)) if order else running
             budget -= len(running)
             if bounded:
                 free -= sum([memory.needed(s.seq_id, s.n_tokens) for s in running])

@@ -103,7 +103,13 @@ def load_backend(name: str, model: str | None, **options: Any) -> Backend:
     if name not in ("sim", "fake") and not options.get("url"):
         # a server at --url serves its own model: no default is named for it (its requests would name that one)
         model = model or default_model_path()
-    return backend_class(name).load(model, **taken)
+    kv_cache_tokens = taken.pop("kv_cache_tokens", None)
+    if kv_cache_tokens is not None and kv_cache_tokens < 1:
+        raise BackendError(f"--kv-cache-tokens must be at least 1, got {kv_cache_tokens}")
+    backend = backend_class(name).load(model, **taken)
+    if kv_cache_tokens is not None:  # the engine's KV memory reads it (Backend.kv_capacity_tokens)
+        backend.kv_cache_tokens = kv_cache_tokens
+    return backend
 
 
 __all__ = ["Backend", "BackendError", "SlotTable", "BACKENDS", "BACKEND_CHOICES", "HIDDEN_BACKENDS", "backend_class", "check_options",

@@ -98,7 +98,7 @@ PREFIX_CACHE_CELLS = 8192
 class GGUFBackend(Backend):
     name = "gguf"
     sequence_limit = 256  # llama.cpp's LLAMA_MAX_SEQ: n_seq_max above it fails at context creation
-    options = frozenset({"device", "threads", "n_gpu_layers", "n_ubatch", "n_ctx", "kv_type", "flash_attn", "kv_unified",
+    options = frozenset({"kv_cache_tokens", "device", "threads", "n_gpu_layers", "n_ubatch", "n_ctx", "kv_type", "flash_attn", "kv_unified",
                          "prefix_cache", "prefix_block"})
 
     @classmethod

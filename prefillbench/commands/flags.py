@@ -94,6 +94,11 @@ MaxNumSeqs = Annotated[Optional[int], option(
     "--max-num-seqs", panel=SIM_PANEL, metavar="N",
     help="sim: the engine's cap on sequences in flight (vLLM's max_num_seqs); more wait in its queue (default: the "
     "--sim-overheads engine's own default on this GPU, 1024 with none; the KV cache may hold fewer)")]
+KvCacheTokens = Annotated[Optional[int], option(
+    "--kv-cache-tokens", panel=MODEL_PANEL, metavar="N",
+    help="the KV cache shrunk to N tokens on any step backend (sim, gguf, torch), so admission by free blocks and "
+    "preemption can be studied where the cache would never fill (default: the backend's own; the sim's is the GPU's "
+    "memory beside the weights and the largest step)")]
 KvDtype = Annotated[Optional[str], option(
     "--kv-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8", help="sim: KV cache precision to price (default: bf16)")]
 ExpertParallel = Annotated[int, option(

@@ -156,6 +156,7 @@ class Loop:
         tail. Heads are put in the step's order, each before the last: vLLM pops its victims from the tail of
         RUNNING and prepends each, so they end in their running order."""
         live, waiting, running, memory, backend = self.live, self.waiting, self.running, self.memory, self.backend
+        reuse = self.admission.reuse
         gone = {p.seq_id for p in step.preempted}
         running[:] = [s for s in running if s.seq_id not in gone]
         waiting[:] = [s for s in waiting if s.seq_id not in gone]
@@ -164,6 +165,8 @@ class Loop:
             memory.free(seq.seq_id)
             backend.release(seq.seq_id)
             seq.preempt()
+            if reuse is not None:  # resumed, it looks its tokens up again (vLLM's get_computed_blocks)
+                seq.n_prefilled = seq.n_cached = reuse(seq.seq_id, seq.prompt)
             if p.to_head:
                 waiting.insert(0, seq)
             else:
@@ -297,9 +300,12 @@ class Loop:
         contexts = [d.position + 1 for d in step.decodes]
         n = len(contexts)
         begin = burst.start
+        first = len(steps)
         for i, end in enumerate(ends):
             steps.append(StepRecord(begin, end, [], 0, list(map(add, contexts, repeat(i, n)))))
             begin = end
+        if step.preempted:  # carried out before the run's first step (Loop.preempt)
+            steps[first].preempted = len(step.preempted)
         if self.paged:
             grow = memory.grow
             for d in step.decodes:

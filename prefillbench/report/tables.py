@@ -125,6 +125,8 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
         columns = columns + [("prefix hits % (implied)", prefix_cell, True)]
     if any(r.tbt_p99_behind_prefill_ms > 0 for r in rows):  # which prefill made the decodes wait (NaN: unknown)
         columns = columns + [("TBT p99 behind prefill ms (prompt t)", stall_cell, True)]
+    if any(r.preemptions > 0 or r.kv_peak_pct >= MEMORY_BINDS_PCT for r in rows):  # where memory bound
+        columns = columns + [("KV peak % / preempted (recomputed t)", memory_cell, True)]
     if any(r.deployment for r in rows):  # prefill apart from decode: the layout, the KV's transfer, the pools' use
         at = next(i for i, c in enumerate(columns) if c[0] == "strategy") + 1
         columns = columns[:at] + [("deployment", lambda r: r.deployment or "colocated", False)] + columns[at:]
@@ -133,6 +135,19 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
     if any(r.failed_requests for r in rows):  # a server's failed requests: counted, in no figure
         columns = columns + [("failed", lambda r: f"{r.failed_requests}/{r.requests * r.repetitions}", True)]
     return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
+
+
+#: KV memory at least this full at its peak: memory may have decided what ran, and the table says how full it got.
+MEMORY_BINDS_PCT = 90.0
+
+
+def memory_cell(row: ResultRow) -> str:
+    """'97 / 12 (40960)': the KV memory's peak use in %, the requests preempted (or retracted) per repetition and
+    the tokens computed again for them; '-' where the engine kept its own memory (a server)."""
+    if not row.kv_policy:
+        return "-"
+    out = f"{fmt_number(row.kv_peak_pct, 0)} / {fmt_number(row.preemptions, 0)}"
+    return out + (f" ({row.recomputed_tokens:.0f})" if row.preemptions else "")
 
 
 def stall_cell(row: ResultRow) -> str:

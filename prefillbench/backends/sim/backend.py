@@ -68,7 +68,7 @@ class SimBackend(Backend):
     sequence_limit = None
     # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
-    options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
+    options = frozenset({"kv_cache_tokens", "sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
                          "trace", "sim_pricing", "sim_overheads", "max_num_seqs", "prefix_cache", "prefix_block"})
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,

@@ -51,7 +51,7 @@ LOGIT_TOLERANCE = {
 
 class TorchBackend(Backend):
     name = "torch"
-    options = frozenset({"device", "dtype", "threads", "tp", "tune_linear", "cuda_graphs", "compile_decode", "decode_plan",
+    options = frozenset({"kv_cache_tokens", "device", "dtype", "threads", "tp", "tune_linear", "cuda_graphs", "compile_decode", "decode_plan",
                          "attention", "kernels", "prefix_cache", "prefix_block"})
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,
