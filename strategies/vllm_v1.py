@@ -74,7 +74,8 @@ class VllmV1(Strategy):
 
     def reset(self) -> None:
         # RUNNING's order: vLLM appends a request to `running` when it is scheduled from WAITING, FCFS, so seq_id
-        # order; a preempted request that resumes goes to the tail: numbered past every seq_id as it resumes
+        # order until a preempted request resumes at the tail; from then on every request scheduled from WAITING is
+        # numbered as it is, past every seq_id
         self._order: dict[int, int] = {}
         self._next = 0
 
@@ -145,7 +146,7 @@ class VllmV1(Strategy):
             prefills.append(chunk)
             budget -= len(chunk.tokens)
             n_running += 1
-            if seq.preemptions:  # resumed: at RUNNING's tail, after every request never preempted (seq_id order)
+            if seq.preemptions or order:  # RUNNING's tail, after every request in it: numbered from the first resume
                 order[seq.seq_id] = self._next + 1_000_000_000
                 self._next += 1
         return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes), preempted=tuple(preempted))

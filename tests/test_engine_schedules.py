@@ -209,7 +209,25 @@ def test_vllm_v1_on_the_sim_runs_every_step_a_real_vllm_ran(tmp_path):
     assert any(s.ctx_tokens and s.gen_tokens for s in vllm)  # prompt chunks beside decodes
     assert max(s.ctx_tokens + s.gen_tokens for s in vllm) == 64  # the budget filled, never passed
     # the comparison can tell schedules apart: Orca's whole prompts are not vLLM's steps
-    assert sim_steps(trace, starts, 64, 8, "orca") != vllm
+    assert sim_steps(trace, starts, 64, 8, "orca")[0] != vllm
+    assert not vllm_processes()
+
+
+def test_vllm_v1_preempts_where_a_real_vllm_with_a_small_cache_preempts(tmp_path):
+    """vLLM launched with 20 KV blocks of 32 tokens (--num-gpu-blocks-override, its own knob for testing preemption)
+    and the sim's KV memory as big: every step equal, recomputed prompts included (vLLM's log counts them as
+    generation), and vLLM's own vllm:num_preemptions_total equal to the preemptions prefillbench's engine carried
+    out. Without the memory rules the sim would preempt nothing and admit the prompts vLLM held back."""
+    from benchmarks.server.vllm_steps import compare, make_trace, sim_steps
+
+    trace = make_trace(seed=1, rounds=12)
+    result, starts = compare(trace, budget=64, max_num_seqs=8, workdir=tmp_path, num_gpu_blocks=20)
+    assert not result.differing(), result.summary(starts)
+    assert len(result.vllm) >= 300 and result.vllm_preemptions >= 5
+    assert result.sim_preemptions == result.vllm_preemptions
+    assert any(s.gen_tokens > s.gen_requests for s in result.vllm)  # a recompute, counted as generation
+    unbounded, none = sim_steps(trace, starts, 64, 8)
+    assert none == 0 and unbounded != result.vllm
     assert not vllm_processes()
 
 

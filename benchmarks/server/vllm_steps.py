@@ -51,6 +51,10 @@ from benchmarks.lib import cli
 #: prefix cache, which preempts every running request (recomputed later: steps that are no schedule's)
 PAUSE = "/pause?mode=keep&clear_cache=false"
 SCRATCH = Path.home() / ".cache" / "prefillbench" / "vllm-scratch"
+#: The KV block the comparison launches vLLM with and gives vllm-v1 (--block-size): vLLM's GPUs default to 16
+#: (CacheConfig.DEFAULT_BLOCK_SIZE), its CPU platform to 128 and its CPU attention takes multiples of 32 only. A
+#: cache of N blocks holds (N - 1) blocks of requests: BlockPool keeps one back as its null_block.
+BLOCK = 32
 ITERATION = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
                        r"(\d+) generation requests, (\d+) generation tokens")
 TINY_CONFIG = {  # a Llama small enough to start and step fast on a CPU; head size 64, which vLLM's CPU attention takes
@@ -153,7 +157,8 @@ def parse_steps(log: str) -> list[StepCounts]:
 class Vllm:
     """One vLLM launch for the comparison, stopped with its whole process group."""
 
-    def __init__(self, workdir: Path, model: Path | None, budget: int, max_num_seqs: int, threshold: int = 0) -> None:
+    def __init__(self, workdir: Path, model: Path | None, budget: int, max_num_seqs: int, threshold: int = 0,
+                 num_gpu_blocks: int | None = None) -> None:
         command, python = vllm_command(workdir)
         model = model or tiny_model(workdir / "tiny-llama", python)
         self.port = free_port()
@@ -163,6 +168,9 @@ class Vllm:
                 "--max-num-batched-tokens", str(budget), "--no-enable-prefix-caching", "--enforce-eager",
                 "--enable-logging-iteration-details", "--dtype", "bfloat16", "--skip-tokenizer-init",
                 "--long-prefill-token-threshold", str(threshold)]
+        if num_gpu_blocks is not None:  # vLLM's own knob for testing preemption; a context the cache can hold
+            argv += ["--num-gpu-blocks-override", str(num_gpu_blocks), "--block-size", str(BLOCK), "--max-model-len",
+                     str(min(TINY_CONFIG["max_position_embeddings"], (num_gpu_blocks - 1) * BLOCK))]
         home = workdir / "home"
         home.mkdir(exist_ok=True)
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
@@ -194,6 +202,15 @@ class Vllm:
             if now == n:
                 return n
             n = now
+
+    def preemptions(self) -> float:
+        """vLLM's own count of preemptions (/metrics: vllm:num_preemptions_total, summed over its label sets)."""
+        from prefillbench.backends.server.engine_clock import scrape
+
+        snapshot = scrape(self.url)
+        if snapshot is None:
+            raise BackendError("vLLM's /metrics could not be read")
+        return snapshot.counters.get("vllm:num_preemptions_total", 0.0)
 
     def post(self, path: str) -> None:
         req = urllib.request.Request(self.url + path, data=b"", method="POST")
@@ -258,12 +275,16 @@ async def drive(server: Vllm, trace: list[Round]) -> list[int]:
 # --- the sim's side ------------------------------------------------------------------------------------------------
 
 def sim_counts(record) -> list[StepCounts]:
-    return [StepCounts(len(s.prefill_chunks), sum(n for _, n in s.prefill_chunks), len(s.decode_contexts),
-                       len(s.decode_contexts)) for s in record.steps]
+    """Each step as vLLM's iteration log counts it: a prompt chunk that recomputes a preempted request (its output
+    tokens not 0: compute_iteration_details) is a generation request there, its tokens generation tokens."""
+    return [StepCounts(len(s.prefill_chunks) - s.resumed_chunks,
+                       sum(n for _, n in s.prefill_chunks) - s.resumed_tokens,
+                       len(s.decode_contexts) + s.resumed_chunks, len(s.decode_contexts) + s.resumed_tokens)
+            for s in record.steps]
 
 
 def sim_runs(rounds: list[list[Request]], starts: list[int], budget: int, cap: int, strategy: str = "vllm-v1",
-             **settings):
+             kv_cache_tokens: int | None = None, **settings):
     """Prefillbench's engine on the sim, the requests of round i arriving at step `starts[i]`: in a sim run of
     the earlier rounds, inside the step before that one (seen when it ends), or after the last step where that
     run had no more steps. `settings`: attributes set on the strategy (vllm-v1's long_prefill_token_threshold).
@@ -273,7 +294,9 @@ def sim_runs(rounds: list[list[Request]], starts: list[int], budget: int, cap: i
         chosen = make_strategy(strategy, budget)
         for name, value in settings.items():
             setattr(chosen, name, value)
-        return engine.run(SimBackend.load(), chosen, reqs, cap)
+        backend = SimBackend.load()
+        backend.kv_cache_tokens = kv_cache_tokens
+        return engine.run(backend, chosen, reqs, cap)
 
     arrivals: list[float] = []
     for i, start in enumerate(starts):
@@ -291,16 +314,23 @@ def sim_runs(rounds: list[list[Request]], starts: list[int], budget: int, cap: i
 
 
 def sim_steps(trace: list[Round], starts: list[int], budget: int, max_num_seqs: int,
-              strategy: str = "vllm-v1", threshold: int = 0) -> list[StepCounts]:
-    """The trace on prefillbench's engine on the sim, each round arriving at its step boundary."""
+              strategy: str = "vllm-v1", threshold: int = 0, num_gpu_blocks: int | None = None):
+    """The trace on prefillbench's engine on the sim, each round arriving at its step boundary: its steps and its
+    preemptions. With `num_gpu_blocks`, the engine's KV memory is what vLLM's holds of it."""
     settings = {"long_prefill_token_threshold": threshold} if threshold else {}
-    return sim_counts(sim_runs([r.requests for r in trace], starts, budget, max_num_seqs, strategy, **settings))
+    kv = None if num_gpu_blocks is None else (num_gpu_blocks - 1) * BLOCK
+    if kv is not None:
+        settings["kv_block_size"] = BLOCK
+    record = sim_runs([r.requests for r in trace], starts, budget, max_num_seqs, strategy, kv, **settings)
+    return sim_counts(record), sum(r.preemptions for r in record.requests)
 
 
 @dataclass
 class Comparison:
     vllm: list[StepCounts]
     sim: list[StepCounts]
+    vllm_preemptions: float = 0.0
+    sim_preemptions: int = 0
 
     @property
     def compared(self) -> int:
@@ -319,7 +349,9 @@ class Comparison:
                  f"decode tokens: vLLM {sum(s.gen_tokens for s in self.vllm)}, sim {sum(s.gen_tokens for s in self.sim)}; "
                  f"steps with prompt tokens split across steps: "
                  f"{sum(1 for a, b in zip(self.vllm, self.vllm[1:]) if a.ctx_tokens and b.ctx_tokens)}; "
-                 f"most running at once: {max((s.ctx_requests + s.gen_requests for s in self.vllm), default=0)}"]
+                 f"most running at once: {max((s.ctx_requests + s.gen_requests for s in self.vllm), default=0)}",
+                 f"preemptions: vLLM {self.vllm_preemptions:.0f} (vllm:num_preemptions_total), "
+                 f"sim {self.sim_preemptions}"]
         for i, a, b in bad[:20]:
             lines.append(f"  step {i}: vLLM {a}  sim {b}")
         if len(bad) > 20:
@@ -328,14 +360,18 @@ class Comparison:
 
 
 def compare(trace: list[Round], budget: int, max_num_seqs: int, model: Path | None = None,
-            workdir: Path | None = None, strategy: str = "vllm-v1", threshold: int = 0) -> tuple[Comparison, list[int]]:
-    """Run the trace on a real vLLM and on the sim; both step lists and the rounds' arrival steps."""
+            workdir: Path | None = None, strategy: str = "vllm-v1", threshold: int = 0,
+            num_gpu_blocks: int | None = None) -> tuple[Comparison, list[int]]:
+    """Run the trace on a real vLLM and on the sim; both step lists and preemption counts, and the rounds' arrival
+    steps."""
     folder = Path(workdir or tempfile.mkdtemp(prefix="vllm-steps-"))
-    with Vllm(folder, model, budget, max_num_seqs, threshold) as server:
+    with Vllm(folder, model, budget, max_num_seqs, threshold, num_gpu_blocks) as server:
         starts = asyncio.run(drive(server, trace))
         server.settled_steps()
         steps = server.steps()
-    return Comparison(steps, sim_steps(trace, starts, budget, max_num_seqs, strategy, threshold)), starts
+        preempted = server.preemptions()
+    sim, sim_preempted = sim_steps(trace, starts, budget, max_num_seqs, strategy, threshold, num_gpu_blocks)
+    return Comparison(steps, sim, preempted, sim_preempted), starts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -346,6 +382,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="a Hugging Face folder (default: a tiny random Llama)")
     parser.add_argument("--workdir", default=None, help="where the log and the tiny model go (default: a temp dir)")
     parser.add_argument("--strategy", default="vllm-v1", help="the sim's strategy (another one: the contrast)")
+    parser.add_argument("--num-gpu-blocks", type=int, default=None,
+                        help="vLLM's --num-gpu-blocks-override: a KV cache small enough to preempt (the sim's KV "
+                        "memory the same: (N - 1) x 16 tokens)")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=0,
                         help="vLLM's, and vllm-v1's (0: off, the default; on, prompts in progress go in RUNNING order)")
 
@@ -355,15 +394,15 @@ def main(args: argparse.Namespace) -> int:
     try:
         result, starts = compare(trace, args.budget, args.max_num_seqs, Path(args.model) if args.model else None,
                                  Path(args.workdir) if args.workdir else None, args.strategy,
-                                 args.long_prefill_token_threshold)
+                                 args.long_prefill_token_threshold, args.num_gpu_blocks)
     except BackendError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"{sum(len(r.requests) for r in trace)} requests in {len(trace)} rounds, budget {args.budget}, "
           f"max-num-seqs {args.max_num_seqs}, long-prefill-token-threshold {args.long_prefill_token_threshold}, "
-          f"seed {args.seed}, sim strategy {args.strategy}")
+          f"seed {args.seed}, sim strategy {args.strategy}, KV blocks {args.num_gpu_blocks or 'vLLM own'}")
     print(result.summary(starts))
-    return 0 if not result.differing() else 1
+    return 0 if not result.differing() and result.vllm_preemptions == result.sim_preemptions else 1
 
 
 if __name__ == "__main__":

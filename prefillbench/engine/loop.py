@@ -190,6 +190,8 @@ class Loop:
         record = step_record(step, launched.start, launched.end)
         if step.preempted:
             record.preempted = len(step.preempted)
+        if self.paged:
+            record.kv_blocks = self.memory.used
         self.steps.append(record)
         self.admission.idle_from = None
         # A decoding sequence had its prompt in an earlier step: only a prompt chunk can be a first schedule.
@@ -198,6 +200,9 @@ class Loop:
             if seq.first_scheduled is None:
                 seq.first_scheduled = launched.start
                 record.cached += seq.n_cached
+            elif seq.earlier:
+                record.resumed_chunks += 1
+                record.resumed_tokens += len(chunk.tokens)
         if self.pipelined:
             self.busy.update([c.seq_id for c in step.prefills])
             self.busy.update([d.seq_id for d in step.decodes])

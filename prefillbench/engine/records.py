@@ -22,6 +22,11 @@ class StepRecord:
     cached: int = 0  # prompt tokens of this step's first chunks that the prefix cache held (so were not computed)
     instance: int = 0  # the deployment's instance that ran it (deploy/: prefill instances first); 0 colocated
     preempted: int = 0  # sequences preempted (or retracted) before it ran
+    #: prompt chunks (and their tokens) that recompute a preempted sequence's KV, output included: vLLM's iteration
+    #: log counts these as generation, not context, requests (its output tokens are not 0)
+    resumed_chunks: int = 0
+    resumed_tokens: int = 0
+    kv_blocks: int = 0  # the engine's KV blocks held while it ran (a paged strategy's; 0 where not tracked per step)
 
     @property
     def seconds(self) -> float:
