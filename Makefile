@@ -28,7 +28,7 @@ BENCH_AB_OUT ?= results/bench-ab
 TP ?= 3
 TP_ARGS ?= -p 0 -n 0 --pg 64,8 -c 1,2 -s sequential,chunked --chunk-size 32 -r 1
 
-.PHONY: install server vllm run test clean bench-ci bench-ci-baseline tp-check
+.PHONY: install server vllm run test test-lower-isa clean bench-ci bench-ci-baseline tp-check
 
 install: $(STAMP)
 
@@ -55,6 +55,14 @@ run: $(STAMP)
 
 test: $(STAMP) server vllm
 	$(PY) -m pytest
+
+# The numerical tests again with the lower ISA forced (tests/conftest.py NUMERICS): torch's ATen kernels at AVX2,
+# MKL (torch's BLAS) and oneDNN no higher, OpenBLAS (numpy's, scipy's) at its Haswell kernels. An AVX-512 or AMX
+# machine then also computes what an AVX2 one does; .ci/lower_isa_check.py fails the pass if any did not take.
+LOWER_ISA_ENV := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell
+test-lower-isa: $(STAMP)
+	$(LOWER_ISA_ENV) $(PY) .ci/lower_isa_check.py
+	$(LOWER_ISA_ENV) $(PY) -m pytest -m numerics -p no:cacheprovider
 
 bench-ci: $(STAMP)
 ifneq ($(strip $(BASE)),)

@@ -33,6 +33,8 @@ class Request:
     think_s: float = 0.0
     #: Its prompt's KV came from a prefill instance: `arrival_s` is when the KV arrived here (decode only).
     handoff: Handoff | None = None
+    #: A name for the request's kind (a trace's `class` column, a `mix:` workload's class): TTFT is reported per class.
+    length_class: str | None = None
 
     @property
     def follows(self) -> bool:
@@ -90,6 +92,7 @@ class Sequence:
     earlier: int = 0
     preemptions: int = 0  # times its KV was freed and it went back to waiting (preempted or retracted)
     recomputed: int = 0  # tokens whose KV was computed, freed by a preemption, and must be computed again
+    length_class: str | None = None  # the request's class (Request.length_class), carried to its record
 
     @classmethod
     def admit(cls, seq_id: int, request: "Request", arrival: float, start: float = 0.0) -> "Sequence":
@@ -98,10 +101,11 @@ class Sequence:
         h = request.handoff
         if h is None:
             return cls(seq_id, request.prompt, request.n_gen, arrival, forced_tokens=request.forced_tokens,
-                       session=request.session, turn=request.turn)
+                       session=request.session, turn=request.turn, length_class=request.length_class)
         return cls(seq_id, request.prompt, request.n_gen, start + h.arrival_s, len(request.prompt),
                    [h.first_token], [start + h.first_token_s], start + h.first_scheduled_s,
-                   request.forced_tokens, session=request.session, turn=request.turn, kv_arrival=arrival)
+                   request.forced_tokens, session=request.session, turn=request.turn, kv_arrival=arrival,
+                   length_class=request.length_class)
 
     def append_token(self, token: int, time: float) -> bool:
         """Record the next token, which is fed back on the next step; a forced token replaces the model's.

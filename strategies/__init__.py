@@ -21,14 +21,30 @@ STRATEGIES: dict[str, type[Strategy]] = {
 DEFAULT_BUDGET = 256
 
 
+def split_spec(spec: str) -> tuple[str, dict[str, int]]:
+    """A strategy as -s names it: its name, then settings of its engine's scheduler after colons
+    ('vllm-v1:threshold=512:partial=2'), each a whole number of at least 0. ValueError where a part is not one."""
+    name, *parts = spec.split(":")
+    settings: dict[str, int] = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or not key or not value.isdigit():
+            raise ValueError(f"strategy {spec!r}: {part!r} is not a setting; write {name}:SETTING=N")
+        settings[key] = int(value)
+    return name, settings
+
+
 def make_strategy(name: str, chunk_size: int | None = None) -> Strategy:
-    """The strategy `name` at token budget `chunk_size` (DEFAULT_BUDGET where None: those that ignore it)."""
+    """The strategy `name` (with its settings, split_spec) at token budget `chunk_size` (DEFAULT_BUDGET where None:
+    those that ignore it)."""
+    base, settings = split_spec(name)
     try:
-        cls = STRATEGIES[name]
+        cls = STRATEGIES[base]
     except KeyError:
-        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}") from None
+        raise ValueError(f"unknown strategy {base!r}; choose from {', '.join(STRATEGIES)}") from None
     strategy = cls(DEFAULT_BUDGET if chunk_size is None else chunk_size)
     strategy.budget_given = chunk_size is not None
+    strategy.configure(settings)
     return strategy
 
 
@@ -44,4 +60,4 @@ def strategy_label(name: str, budget: int | None) -> str:
     return f"{name} ({budget})" if budget else name
 
 
-__all__ = ["DEFAULT_BUDGET", "STRATEGIES", "Strategy", "configurations", "make_strategy", "strategy_label"]
+__all__ = ["DEFAULT_BUDGET", "STRATEGIES", "Strategy", "configurations", "make_strategy", "split_spec", "strategy_label"]

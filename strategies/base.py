@@ -32,6 +32,21 @@ class Strategy(ABC):
     #: The engine's cap on running sequences (vLLM's max_num_seqs) where the backend stands for an engine; None: none.
     engine_max_num_seqs: int | None = None
 
+    #: Settings -s may give after the name ('vllm-v1:threshold=512'): each one's attribute and what it is.
+    settings: dict[str, tuple[str, str]] = {}
+
+    def configure(self, given: dict[str, int]) -> None:
+        """Set what -s gave after the name; ValueError naming the settings it takes where one is not among them."""
+        for key, value in given.items():
+            if key not in self.settings:
+                takes = ", ".join(f"{k} ({what})" for k, (_, what) in self.settings.items()) or "none"
+                raise ValueError(f"{self.name} has no setting {key!r}; it takes {takes}")
+            setattr(self, self.settings[key][0], value)
+        self.check_settings()
+
+    def check_settings(self) -> None:
+        """Refuse settings that contradict each other (ValueError)."""
+
     def __init__(self, chunk_size: int = 256) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk size must be at least 1, got {chunk_size}")

@@ -33,15 +33,31 @@ at most one prompt is in progress and it is the youngest running request, so RUN
 then new prompts; the two part where a threshold (or preemption, or more sequences than budget) puts an older
 prompt in progress ahead of a younger decode.
 
+KV memory (the engine's, engine/memory.py, read here; blocks of 16 tokens, vLLM's GPU default): RUNNING first, each
+request's new tokens need `needed` blocks more (`KVCacheManager.allocate_slots`); where the free ones do not cover
+them, RUNNING's last request is preempted (`self.running[-1]`, `_preempt_request`: its blocks freed, its computed
+tokens 0, back at the head of WAITING), until they do or the request being scheduled is the one preempted. A step that
+preempted admits no one. A WAITING request is admitted only if its whole current sequence fits in the free blocks
+(`scheduler_reserve_full_isl`, on by default in 0.32: `full_sequence_must_fit`) and its first chunk does; no room for
+its output is kept, and no watermark (0.0 by default). A resumed request goes to RUNNING's tail. Proven with a cache
+that preempts (`benchmarks/server/vllm_steps.py --num-gpu-blocks 20`, vLLM launched with --num-gpu-blocks-override and
+--block-size 32, its CPU attention's smallest): every step equal and vLLM's vllm:num_preemptions_total equal to the
+engine's count (tests/test_engine_schedules.py).
+
+With a prefix cache on, a request's cached prefix counts among the blocks it holds, as the backends hold it (the sim
+and llama.cpp copy it into the sequence's own cache): vLLM shares those blocks between the requests that hit them,
+so where many running requests share a long prefix the memory here fills sooner than vLLM's (docs/memory.md).
+
+Settings (-s vllm-v1:threshold=N:partial=N:long-partial=N): `threshold`, SchedulerConfig.long_prefill_token_threshold
+(launched on vLLM as --long-prefill-token-threshold); `partial` and `long-partial`, V0's max_num_partial_prefills and
+max_long_partial_prefills (vllm#10235; gone from V1, proposed again in vllm#41399 and #49075): at most `partial`
+prompts in progress at once, at most `long-partial` of them longer than `threshold`, a long prompt that may not start
+letting the shorter ones behind it start, and each prompt of a step at most the budget divided by the prompts it
+holds (V0's partial_prefill_budget_lookup_list). V0's rules as read, on the sim only: no vLLM here runs them.
+
 What it leaves out, and why:
-- Preemption (`allocate_slots` returns None: the youngest running request, `self.running.pop()`, is preempted and
-  recomputed later): a strategy cannot see the KV cache. The engine here admits only as many sequences as the cache
-  holds with their whole length (`engine.admission.fit`), as vLLM's `scheduler_reserve_full_isl` (default on)
-  admits a request only if its whole prompt fits; where the cache holds every sequence in flight at its full
-  length, neither preempts.
-- `max_num_seqs`: the engine's concurrency cap admits at most that many sequences, and the strategy only sees those;
-  vLLM counts only requests already scheduled, but since it schedules FCFS the same requests start in the same steps.
-  `max_num_seqs` here sets an extra cap on running sequences where a caller wants one (None: the engine's cap).
+- `max_num_seqs`: where the backend stands for an engine (the sim) its cap on running requests; elsewhere the run's
+  concurrency cap plays it.
 - Prefix caching, KV connectors, encoder inputs, spec decode, Mamba alignment, structured output, pause states:
   off in the preset, or not what prefillbench measures.
 """
@@ -57,7 +73,6 @@ class VllmV1(Strategy):
     name = "vllm-v1"
     uses_chunk_size = True
     steady_decodes = True  # the step is a function of which sequences wait and run and how far each prompt is
-    kv_policy = "paged"  # blocks as tokens are computed; admission by free blocks; preemption of RUNNING's tail
     kv_block_size = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py)
     #: SchedulerConfig.long_prefill_token_threshold: the most tokens of one prompt a step (0: no cap, vLLM's default)
     long_prefill_token_threshold: int = 0
@@ -65,8 +80,34 @@ class VllmV1(Strategy):
     #: one, else the run's concurrency cap plays it)
     max_num_seqs: int | None = None
     #: SchedulerConfig.scheduler_reserve_full_isl: a waiting (or preempted) request is admitted only if its whole
-    #: current sequence fits in free blocks, not only its first chunk (vLLM PR #37307; see MEMORY_RULES)
+    #: current sequence fits in free blocks, not only its first chunk (vLLM PR #37307, in 0.32)
     reserve_full_isl: bool = True
+    #: V0's max_num_partial_prefills and max_long_partial_prefills (0: no limit, V1's)
+    max_num_partial_prefills: int = 0
+    max_long_partial_prefills: int = 0
+    #: 1: every sequence's whole length reserved as it is admitted (prefillbench's engine before paged memory,
+    #: Orca's and FasterTransformer's rule), for comparison; 0: vLLM's paged memory
+    reserve_whole_length: int = 0
+    settings = {"threshold": ("long_prefill_token_threshold", "vLLM's long_prefill_token_threshold"),
+                "partial": ("max_num_partial_prefills", "V0's max_num_partial_prefills"),
+                "long-partial": ("max_long_partial_prefills", "V0's max_long_partial_prefills"),
+                "reserve": ("reserve_whole_length", "1: whole lengths reserved from admission, for comparison")}
+
+    @property
+    def kv_policy(self) -> str:
+        """Blocks as tokens are computed, admission by free blocks, preemption of RUNNING's tail ("paged"); or,
+        given reserve=1, whole lengths reserved by the engine ("reserve")."""
+        return "reserve" if self.reserve_whole_length else "paged"
+
+    def check_settings(self) -> None:
+        if self.reserve_whole_length not in (0, 1):
+            raise ValueError("vllm-v1:reserve= is 1 (whole lengths reserved) or 0 (vLLM's paged memory)")
+        if self.max_long_partial_prefills and not self.long_prefill_token_threshold:
+            raise ValueError("vllm-v1:long-partial=N needs :threshold=N, the prompt length past which one is long")
+        if self.max_long_partial_prefills and not self.max_num_partial_prefills:
+            raise ValueError("vllm-v1:long-partial=N needs :partial=N, the prompts in progress at once")
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ValueError("vllm-v1: long-partial cannot exceed partial (V0's SchedulerConfig refuses it)")
 
     def __init__(self, chunk_size: int = 256) -> None:
         super().__init__(chunk_size)
@@ -84,7 +125,7 @@ class VllmV1(Strategy):
         threshold = self.long_prefill_token_threshold if len(waiting) + len(running) > 1 else 0
         in_progress = [s for s in waiting if s.n_prefilled > 0]
         memory = self.memory
-        bounded = memory is not None and memory.total_blocks is not None
+        bounded = memory is not None and memory.total_blocks is not None and not self.reserve_whole_length
         order = self._order
         prefills: list[PrefillChunk] = []
         decodes: list[Sequence] = []
@@ -101,11 +142,12 @@ class VllmV1(Strategy):
             # vLLM's RUNNING list: every request scheduled from WAITING and not preempted since, decoding or
             # mid-prompt, in the order it was (last) scheduled from WAITING.
             queue = sorted([*running, *in_progress], key=lambda s: order.get(s.seq_id, s.seq_id))
+            slot = self._slot_budget(in_progress, waiting)
             i = 0
             while i < len(queue) and budget > 0:
                 seq = queue[i]
                 mid_prompt = seq.n_prefilled < len(seq.prompt)
-                n = min(len(seq.prompt) - seq.n_prefilled, self._cap(budget, threshold)) if mid_prompt else 1
+                n = min(len(seq.prompt) - seq.n_prefilled, self._cap(min(budget, slot), threshold)) if mid_prompt else 1
                 if bounded:
                     need = memory.needed(seq.seq_id, (seq.n_prefilled if mid_prompt else seq.n_tokens - 1) + n)
                     # allocate_slots failed: preempt RUNNING's last request until it fits, perhaps this one
@@ -132,10 +174,13 @@ class VllmV1(Strategy):
         cap = self.max_num_seqs if self.max_num_seqs is not None else self.engine_max_num_seqs
         if preempted:
             new = []  # a step that preempted admits no one
+        limits = self.max_num_partial_prefills > 0
+        if limits:
+            new, slot = self._partial_limits(in_progress, preempted, new, budget, threshold)
         for seq in new:  # the WAITING queue, FCFS (preempted requests at its head)
             if budget <= 0 or (cap is not None and n_running >= cap):
                 break
-            chunk = prefill_chunk(seq, self._cap(budget, threshold))
+            chunk = prefill_chunk(seq, self._cap(min(budget, slot) if limits else budget, threshold))
             if bounded:
                 if self.reserve_full_isl and memory.blocks_for(len(seq.prompt)) > free:
                     break  # head of line: no preemption on behalf of a waiting request
@@ -150,6 +195,35 @@ class VllmV1(Strategy):
                 order[seq.seq_id] = self._next + 1_000_000_000
                 self._next += 1
         return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes), preempted=tuple(preempted))
+
+    def _slot_budget(self, in_progress, waiting) -> int:
+        """V0's share of the budget for one prompt: the budget over the prompts a step holds (no limits: all of it)."""
+        if not self.max_num_partial_prefills:
+            return self.chunk_size
+        prompts = min(self.max_num_partial_prefills, max(len(in_progress), 1) + sum(
+            1 for s in waiting if s.n_prefilled == 0))
+        return max(self.chunk_size // prompts, 1)
+
+    def _partial_limits(self, in_progress, preempted, new, budget: int, threshold_now: int):
+        """The WAITING requests V0's limits let start this step, in order (a long one past the long limit skipped,
+        the shorter ones behind it going first), and each prompt's share of the budget."""
+        threshold = self.long_prefill_token_threshold
+        gone = {p.seq_id for p in preempted}
+        going = [s for s in in_progress if s.seq_id not in gone]
+        partial = len(going)
+        long = sum(1 for s in going if len(s.prompt) > threshold) if threshold else 0
+        chosen = []
+        for seq in new:
+            if partial >= self.max_num_partial_prefills:
+                break
+            if self.max_long_partial_prefills and len(seq.prompt) > threshold:
+                if long >= self.max_long_partial_prefills:
+                    continue
+                long += 1
+            chosen.append(seq)
+            partial += 1
+        prompts = max(len(going) + len(chosen), 1)
+        return chosen, max(self.chunk_size // prompts, 1)
 
     def _decodes_fit(self, running, free) -> bool:
         memory = self.memory

@@ -108,7 +108,7 @@ class WallClockFake(FakeBackend):
     """Real time: steps cost nothing, so any wall time is waiting for arrivals."""
 
     now = staticmethod(time.perf_counter)
-    wait_until = engine.Backend.wait_until  # the real backends' wait: sleep
+    wait_until = engine.StepBackend.wait_until  # the real backends' wait: sleep
 
 
 def test_a_real_backend_waits_for_arrivals_in_wall_time():

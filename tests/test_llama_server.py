@@ -64,3 +64,33 @@ def test_a_budget_below_the_requests_in_flight_launches_as_many_slots_as_the_bud
     assert "-np 4 " in meta["server_command"] and "-b 4" in meta["server_command"] and meta["server_slots"] == 4
     assert "4 slots for 6 requests in flight" in meta["server_slots_capped"] and "4 slots for 6" in err
     assert not servers()
+
+
+def test_url_on_a_llama_server_started_by_hand_without_metrics_keeps_its_rows(run_cli, tmp_path):
+    """The new user's report (issue 57): llama-server started by hand, no --metrics (its /metrics answers 501), then
+    --url. Rows come back with the client's clock, the engine's /metrics columns empty, llama-server's own per-token
+    timings still beside them, and one line saying why; exit 0, no traceback."""
+    from prefillbench.backends.server.process import ServerProcess, free_port
+    from prefillbench.models import default_model_path
+
+    port = free_port()
+    argv = [str(llama_tool("llama-server")), "-m", default_model_path(), "--port", str(port), "-np", "4", "-c",
+            "4096", "-t", "2"]
+    server = ServerProcess(argv, f"http://127.0.0.1:{port}/health")
+    server.start()
+    try:
+        export = tmp_path / "u.json"
+        code, out, err = run_cli("run", "--backend", "server", "--url", f"http://127.0.0.1:{port}", "-p", "0", "-n",
+                                 "0", "--pg", "64,8", "-c", "1,2", "-r", "1", "--no-progress", "--no-results-file",
+                                 "--export", str(export))
+    finally:
+        server.stop()
+    assert code == 0, err
+    assert "Traceback" not in err
+    rows = json.loads(export.read_text())["results"]
+    assert [r["concurrency"] for r in rows] == [1, 2] and all(r["ttft_p50_ms"] > 0 for r in rows)
+    for r in rows:  # no /metrics: its columns stay empty; the per-token timings llama-server streams remain
+        assert r["engine_clock"] == "per-token timings" and r["engine_net_ms"] is None  # NaN, exported as null
+    notes = [line for line in err.splitlines() if "/metrics" in line]
+    assert len(notes) == 1 and "answered HTTP 501" in notes[0] and "no engine clock" in notes[0]
+    assert not servers()

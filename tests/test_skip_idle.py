@@ -10,7 +10,7 @@ import pytest
 from strategies import make_strategy
 
 from prefillbench import cli, engine
-from prefillbench.backends.base import Backend
+from prefillbench.backends.base import StepBackend
 from prefillbench.backends.fake import FakeBackend
 from prefillbench.sequence import Request
 
@@ -18,14 +18,14 @@ STEP_S = 0.004
 
 
 class TimedSteps(FakeBackend):
-    """Wall time like a real backend: each step sleeps STEP_S, waits go through Backend's own clock."""
+    """Wall time like a real backend: each step sleeps STEP_S, waits go through StepBackend's own clock."""
 
     def execute(self, step, return_logits=False):
         time.sleep(STEP_S)
         return super().execute(step, return_logits)
 
-    now = Backend.now
-    wait_until = Backend.wait_until
+    now = StepBackend.now
+    wait_until = StepBackend.wait_until
 
 
 ARRIVALS = (0.0, 0.4, 0.8, 1.2)

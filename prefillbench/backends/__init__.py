@@ -7,7 +7,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
-from prefillbench.backends.base import Backend, BackendError, SlotTable
+from prefillbench.backends.base import Backend, BackendError, SlotTable, StepBackend
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,11 @@ def backend_class(name: str) -> type[Backend]:
     return entry.load_class()
 
 
+#: Options every step backend takes because the engine acts on them, not its loader: --kv-cache-tokens sizes the
+#: engine's KV memory (StepBackend.kv_capacity_tokens). A serving engine keeps its own memory: named as ignored.
+STEP_ENGINE_OPTIONS = frozenset({"kv_cache_tokens"})
+
+
 def check_options(name: str, options: dict[str, Any]) -> dict[str, str]:
     """The options among `options` (by load keyword) that backend `name` will not use, each with why.
 
@@ -87,7 +92,8 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, str]:
     if pp > 1 and name != "sim":
         raise BackendError(f"--pp {pp} runs on the sim only (--backend sim); see the README's \"Past one machine\"")
     cls = backend_class(name)
-    unused = {k: "" for k in options if k not in cls.options}
+    engine_side = STEP_ENGINE_OPTIONS if issubclass(cls, StepBackend) else frozenset()
+    unused = {k: "" for k in options if k not in cls.options and k not in engine_side}
     unusable = cls.unusable_options()
     return unused | {k: why for k, why in unusable.items() if k in options}
 
@@ -107,7 +113,7 @@ def load_backend(name: str, model: str | None, **options: Any) -> Backend:
     if kv_cache_tokens is not None and kv_cache_tokens < 1:
         raise BackendError(f"--kv-cache-tokens must be at least 1, got {kv_cache_tokens}")
     backend = backend_class(name).load(model, **taken)
-    if kv_cache_tokens is not None:  # the engine's KV memory reads it (Backend.kv_capacity_tokens)
+    if kv_cache_tokens is not None:  # the engine's KV memory reads it (StepBackend.kv_capacity_tokens)
         backend.kv_cache_tokens = kv_cache_tokens
     return backend
 

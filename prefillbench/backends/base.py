@@ -1,17 +1,27 @@
-"""The backend interface: execute one step, own the KV cache, keep the clock."""
+"""The backend contracts: what every backend is (Backend), and the two ways one runs a case: executing the engine's
+steps, owning the KV cache and keeping the clock (StepBackend), or serving whole requests as an engine that
+schedules its own steps (ServingBackend)."""
 from __future__ import annotations
 
 import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from prefillbench.backends.prefix import PrefixSettings
 from prefillbench.errors import BackendError
 from prefillbench.step import Step, StepResult
 
-__all__ = ["Backend", "BackendError", "DecodeRun", "Launched", "LogitTolerance", "SlotTable", "check_cache_room"]
+if TYPE_CHECKING:
+    from collections import deque
+    from collections.abc import Callable
+
+    from prefillbench.backends.server.client import StreamRun, Streamed
+    from prefillbench.sequence import Request
+
+__all__ = ["Backend", "BackendError", "DecodeRun", "Launched", "LogitTolerance", "ServingBackend", "SlotTable",
+           "StepBackend", "check_cache_room"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,7 @@ class Launched:
 
 @dataclass
 class DecodeRun:
-    """Decode-only steps of the same sequences one after another (Backend.run_decodes): the clock when the first
+    """Decode-only steps of the same sequences one after another (StepBackend.run_decodes): the clock when the first
     began, when each ended (the next began then), and each sequence's tokens, one a step."""
 
     start: float
@@ -51,6 +61,13 @@ class DecodeRun:
 
 
 class Backend(ABC):
+    """What every backend is, whichever way it runs a case: a model on a device, with the options it takes.
+
+    A backend either executes the steps the engine's strategy makes (StepBackend: torch, gguf, the sim) or is a
+    serving engine that schedules its own and is measured from outside (ServingBackend: backends/server). The
+    engine, bench and the commands tell the two apart by type.
+    """
+
     #: Short name used on the command line and in reports: "torch", "gguf", "sim".
     name: str = ""
     #: Where it runs, as shown in the table's backend column: "CPU", "CUDA", ...
@@ -66,19 +83,60 @@ class Backend(ABC):
     #: The keyword options `load` takes beyond the model; `load_backend` passes these and no others, and the
     #: CLI warns about a flag whose option is not here (prefillbench.backends.check_options reads both).
     options: ClassVar[frozenset[str]] = frozenset()
-    #: (asked, allowed) concurrencies the engine clamped to (`note_clamp`); replaced, never appended to in place.
-    clamped: list[tuple[int, int]] = []
     #: When nothing runs until the next arrival, the clock jumps there rather than sleeping (`--skip-idle`): a run
     #: at low load then takes the time its steps take, not its arrivals' span. Every step is still measured; what
     #: it leaves out is whatever idling does to the step after it (a cold cache, a clock ramping back up).
+    #: Here, not on StepBackend alone, because the session sets it and records it for every backend; only a step
+    #: backend's clock acts on it (StepBackend.wait_until): a serving engine keeps its own, and the options turn
+    #: it off there.
     skip_idle: bool = False
-    #: Seconds the clock has jumped over so far (added to every reading of it).
-    idle_skipped: float = 0.0
 
     @classmethod
     def unusable_options(cls) -> dict[str, str]:
         """Declared options this installation cannot act on, each with why (e.g. GPU layers without a GPU build)."""
         return {}
+
+    #: --prefix-cache and --prefix-block as this backend runs them; a backend with a prefix cache sets it at load
+    #: (a serving engine's own cache too: its flags follow it, and the hit rate a workload implies is read from it).
+    prefix: PrefixSettings = PrefixSettings()
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether runs reuse cached prompt prefixes."""
+        return self.prefix.on
+
+    @property
+    def prefix_block(self) -> int | None:
+        """The cache's block in tokens (prompts share cached KV in whole blocks); None without a cache."""
+        return self.prefix.block if self.prefix.on else None
+
+    #: The most blocks it caches (None: no bound), for the hit rate a workload implies beside the measured one.
+    prefix_capacity: int | None = None
+
+    def logit_tolerance(self) -> LogitTolerance | None:
+        """What `--verify` may accept between strategies on this backend; None: it computes no logits (asked of
+        every backend, so that `--verify` is refused in one line where there are none to compare)."""
+        return None
+
+    @property
+    def label(self) -> str:
+        """The table's backend column."""
+        return f"{self.name} {self.device}"
+
+    def metadata(self) -> dict[str, Any]:
+        return {"weights": self.weights}
+
+    def close(self) -> None:
+        pass
+
+
+class StepBackend(Backend):
+    """A backend the engine drives step by step: execute one step, own the KV cache, keep the clock."""
+
+    #: (asked, allowed) concurrencies the engine clamped to (`note_clamp`); replaced, never appended to in place.
+    clamped: list[tuple[int, int]] = []
+    #: Seconds the clock has jumped over so far (added to every reading of it; see `skip_idle`).
+    idle_skipped: float = 0.0
 
     @abstractmethod
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
@@ -91,22 +149,6 @@ class Backend(ABC):
     @abstractmethod
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence and free its KV cache."""
-
-    #: --prefix-cache and --prefix-block as this backend runs them; a backend with a prefix cache sets it at load.
-    prefix: PrefixSettings = PrefixSettings()
-
-    @property
-    def caches_prefixes(self) -> bool:
-        """Whether runs reuse cached prompt prefixes (`reuse_prefix`)."""
-        return self.prefix.on
-
-    @property
-    def prefix_block(self) -> int | None:
-        """The cache's block in tokens (prompts share cached KV in whole blocks); None without a cache."""
-        return self.prefix.block if self.prefix.on else None
-
-    #: The most blocks it caches (None: no bound), for the hit rate a workload implies beside the measured one.
-    prefix_capacity: int | None = None
 
     def reuse_prefix(self, seq_id: int, prompt: tuple[int, ...]) -> int:
         """Asked as a sequence is admitted, where `caches_prefixes`: how many leading tokens of its prompt the
@@ -124,10 +166,6 @@ class Backend(ABC):
         now finds more of itself cached than when it looked (a prompt sharing its prefix has computed it since):
         seq_id -> tokens cached. A cache is consulted when a prompt starts, as vLLM's scheduler does."""
         return {}
-
-    def logit_tolerance(self) -> LogitTolerance | None:
-        """What `--verify` may accept between strategies on this backend; None: it computes no logits."""
-        return None
 
     #: --kv-cache-tokens: the KV cache shrunk to this many tokens (None: the backend's own), so that memory pressure,
     #: admission by free blocks and preemption can be studied where the cache would never fill (a CPU).
@@ -187,6 +225,13 @@ class Backend(ABC):
     #: How many steps may be in flight at once (pipeline stages); the engine never puts a sequence in two.
     max_steps_in_flight: int = 1
 
+    @property
+    def schedules_ahead(self) -> bool:
+        """Whether the engine this backend stands for chooses a step before the last one's tokens are in (vLLM V1's
+        async scheduling, SGLang's overlap loop): a finished request's KV memory is then freed a step late. A real
+        backend here runs one step after another: no."""
+        return False
+
     def launch(self, step: Step, return_logits: bool = False) -> Launched:
         """Start `step`; return when the backend can take the next one.
 
@@ -238,16 +283,41 @@ class Backend(ABC):
         self.synchronize()
         return time.perf_counter() + self.idle_skipped
 
-    @property
-    def label(self) -> str:
-        """The table's backend column."""
-        return f"{self.name} {self.device}"
 
-    def metadata(self) -> dict[str, Any]:
-        return {"weights": self.weights}
+class ServingBackend(Backend):
+    """A serving engine measured from outside: it takes whole requests, schedules its own steps and streams tokens
+    back, so what is measured is its scheduler (the engine's `run` hands it the requests: `serve`)."""
+
+    @abstractmethod
+    def serve(self, strategy_name: str, budget: int | None, requests: list[Request], concurrency: int,
+              on_tokens: Callable[[int], None] | None = None,
+              watch: Callable[[StreamRun, list[Streamed], deque], bool] | None = None) -> StreamRun:
+        """Submit `requests` (at their arrival times, or `concurrency` in flight) to the engine configured for
+        (strategy, budget; None: the engine's own) and report when each token arrived: the stream run, every
+        request in it, with the engine's own clock over the run where it could be read (`engine_clock`).
+        `on_tokens`: called as each request finishes, with its tokens; `watch`: asked as requests finish whether
+        the run's outcome is already known (True ends it, `stopped`)."""
+
+    @property
+    def reports_scheduling(self) -> bool:
+        """Whether the engine tells when each prompt started (a token stream alone tells when tokens came)."""
+        return False
+
+    @property
+    def as_served(self) -> bool:
+        """Whether it runs one configuration, its own, whatever the case asks (a server prefillbench did not
+        launch): its rows say so."""
+        return False
+
+    def self_description(self) -> dict[str, Any]:
+        """What the engine says of itself (its version, its settings), for the metadata; {}: nothing."""
+        return {}
+
+    def stop(self) -> None:
+        """Stop the engine it launched, if any (the next `serve` launches one anew)."""
 
     def close(self) -> None:
-        pass
+        self.stop()
 
 
 def check_cache_room(step: Step, max_len: int) -> None:

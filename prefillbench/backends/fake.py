@@ -12,7 +12,7 @@ import os
 import signal
 from typing import Any, ClassVar
 
-from prefillbench.backends.base import Backend, SlotTable
+from prefillbench.backends.base import SlotTable, StepBackend
 from prefillbench.errors import BackendError
 from prefillbench.step import Step, StepResult
 
@@ -25,7 +25,7 @@ def _step_number(variable: str) -> int | None:
     return int(value) if value else None
 
 
-class FakeBackend(Backend):
+class FakeBackend(StepBackend):
     name = "fake"
     model_name = "fake-model"
     context_length = 4096

@@ -69,7 +69,7 @@ import numpy as np
 
 from prefillbench.step import Step, StepResult, pack
 
-from prefillbench.backends.base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
+from prefillbench.backends.base import BackendError, LogitTolerance, SlotTable, StepBackend, check_cache_room
 from prefillbench.backends import gguf_lib
 from prefillbench.backends.gguf_lib import (FLASH_ATTN_TYPES, KV_TYPES, DEFAULT_FLASH_ATTN, FLASH_ATTN_CHOICES,
                                             check_gguf_file, ggml_version, install_log, last_error, llama,
@@ -95,10 +95,10 @@ PREFIX_ENTRY_IDS = 32
 PREFIX_CACHE_CELLS = 8192
 
 
-class GGUFBackend(Backend):
+class GGUFBackend(StepBackend):
     name = "gguf"
     sequence_limit = 256  # llama.cpp's LLAMA_MAX_SEQ: n_seq_max above it fails at context creation
-    options = frozenset({"kv_cache_tokens", "device", "threads", "n_gpu_layers", "n_ubatch", "n_ctx", "kv_type", "flash_attn", "kv_unified",
+    options = frozenset({"device", "threads", "n_gpu_layers", "n_ubatch", "n_ctx", "kv_type", "flash_attn", "kv_unified",
                          "prefix_cache", "prefix_block"})
 
     @classmethod

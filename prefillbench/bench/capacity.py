@@ -26,6 +26,7 @@ from strategies import configurations, make_strategy
 from prefillbench import engine
 from prefillbench.backends.base import Backend
 from prefillbench.bench.cases import BenchConfig, Case, warm_up, request_tokens
+from prefillbench.bench.engine_columns import memory_note
 from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, implied_hit_rate, percentile, queue_growth, row_strategy,
                                         sched_delay_ms, summarize, tbts_ms, tpot_ms, ttft_ms, ttfts_ms)
 from prefillbench.bench.pricing import Pricer, priced_by_kind
@@ -282,7 +283,11 @@ class SearchResult:
     def limited_by(self) -> str:
         """What the first rate over capacity missed ('TBT', 'scheduling delay', ...); '' when none failed."""
         top = self.failed_above
-        return ", ".join(LIMITS[k] for k in top.limited_by) if top is not None else ""
+        if top is None:
+            return ""
+        missed = ", ".join(LIMITS[k] for k in top.limited_by)
+        memory = memory_note(top.row)  # what made it miss, where the KV memory was full or preempting
+        return f"{missed} ({memory})" if memory and missed else memory or missed
 
 
 def search(probe: Callable[[float], Probe], start_rate: float = DEFAULT_START_RATE,

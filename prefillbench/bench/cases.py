@@ -11,7 +11,7 @@ import numpy as np
 from strategies import Strategy, configurations, make_strategy, strategy_label
 
 from prefillbench import engine
-from prefillbench.backends.base import Backend, LogitTolerance
+from prefillbench.backends.base import Backend, LogitTolerance, ServingBackend
 from prefillbench.engine import RunRecord
 from prefillbench.bench.metrics import SLO, Load, ResultRow, implied_hit_rate, row_strategy, summarize
 from prefillbench.deploy import Disaggregation, run_requests
@@ -151,7 +151,7 @@ def warm_up(backend: Backend, strategy: Strategy, case: Case, config: BenchConfi
     """One untimed closed-loop pass at the case's concurrency: the first pass after load, and the first
     at a new batch shape, pay for allocation and kernel selection; keep that out of the numbers. A server warms
     itself after each launch (its flags follow the case), so nothing is sent here."""
-    if getattr(backend, "serves_requests", False):
+    if isinstance(backend, ServingBackend):
         return
     c = case.concurrency or WARMUP_OPEN_LOOP_CONCURRENCY
     sessions = case.test.sessions

@@ -24,6 +24,26 @@ def memory_columns(runs: list[RunRecord]) -> dict:
             "kv_peak_pct": 100 * max(peaks) if peaks else math.nan}
 
 
+#: KV memory at least this full at its peak (in %): memory may have decided what ran (the table's column, the
+#: verdict's line and capacity's "limited by" say so).
+MEMORY_BINDS_PCT = 90.0
+
+
+def memory_note(row) -> str:
+    """Where a row's KV memory bound, in words ('KV memory: peak 98%, 12 preempted'); '' where it did not."""
+    if row is None:  # a probe kept without its row
+        return ""
+    preempted = row.preemptions if row.preemptions == row.preemptions else 0.0  # NaN: a served row
+    if not (preempted > 0 or row.kv_peak_pct >= MEMORY_BINDS_PCT):
+        return ""
+    out = f"KV memory: peak {row.kv_peak_pct:.0f}%"
+    if preempted > 0:
+        out += f", {preempted:.0f} preempted ({row.recomputed_tokens:,.0f} tokens recomputed)"
+    elif row.kv_policy == "reserve":
+        out += " reserved at whole lengths"
+    return out
+
+
 def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:
     """The row's engine-clock columns: what the server's /metrics counted over the runs (their deltas summed), and
     where the engine sent its clock with every token (llama-server's timings), per request and per token, exact:

@@ -30,6 +30,7 @@ from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.stats import mean_std, percentile
 from prefillbench.bench.stalls import stall_columns
 from prefillbench.bench.engine_columns import engine_columns, memory_columns
+from prefillbench.bench.class_columns import class_columns
 from prefillbench.bench.deployment_figures import deployment_columns
 from prefillbench.bench.workloads import TestSpec
 from prefillbench.backends.base import Backend
@@ -167,6 +168,8 @@ class ResultRow:
     kv_peak_pct: float = math.nan
     # Multi-turn sessions: the TTFT p50 of turns after the first (their prompts resend the history); NaN without.
     ttft_later_turns_p50_ms: float = math.nan
+    # Request classes (bench/class_columns.py): JSON text, each class's n and TTFT p50/p99 ms; "" where none has one.
+    ttft_by_class: str = ""
     # Decode stalls (bench/stalls.py): TBT p99 split into its time in steps that computed prompt tokens, in
     # decode-only steps and in no step (the three add up to it), the prompt tokens computed during it, the share of
     # the gaps at or above it that waited behind a prefill, and the p99s of the gaps without and with prompt tokens
@@ -464,6 +467,7 @@ def summarize(
         prefix_hit_rate=prefix_hit_rate(reqs),
         prefix_hit_implied=prefix_implied,
         ttft_later_turns_p50_ms=percentile([ttft_ms(r) for r in reqs if r.turn > 0], 50),
+        **class_columns(reqs),
         **stall_columns(runs),
         deployment=deployment,
         **deployment_columns(runs),

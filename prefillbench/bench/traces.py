@@ -1,7 +1,8 @@
 """Workload files: request traces, read by their own columns.
 
 Three formats, told apart by their columns (or named with `--trace-format`):
-- prefillbench's own, CSV or JSON lines: `prompt_len`, `gen_len`, optional `arrival_s` (seconds);
+- prefillbench's own, CSV or JSON lines: `prompt_len`, `gen_len`, optional `arrival_s` (seconds) and `class` (a
+  name per request, e.g. short or long: the rows' TTFT is reported per class);
 - Mooncake's (kvcache-ai/Mooncake, FAST25-release/traces), JSON lines: `timestamp` (ms from the trace's start),
   `input_length`, `output_length`, `hash_ids` (remapped hashes of the prompt's 512-token blocks: requests that
   share a prefix share its leading ids);
@@ -28,6 +29,10 @@ FORMATS = ("auto", "prefillbench", "mooncake", "azure")
 COLUMNS = {"prefillbench": ("prompt_len", "gen_len", "arrival_s"),
            "mooncake": ("input_length", "output_length", "timestamp"),
            "azure": ("ContextTokens", "GeneratedTokens", "TIMESTAMP")}
+
+
+#: The optional column naming each request's class (prefillbench's format; read from any file that has it).
+CLASS_COLUMN = "class"
 
 
 #: Samples shipped with the package (samples/README.md: their sources and licences), named instead of a path.
@@ -60,6 +65,8 @@ class WorkloadFile:
     block_size: int = 0
     source: str = "prefillbench"  # the format it was read as
     dropped: int = 0  # requests the length cap left out
+    #: Per request, its class (the `class` column, or a `mix:` workload's); None: the file names none.
+    classes: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_lens)
@@ -168,6 +175,17 @@ def _hash_ids(where: str, record: dict, prompt_len: int) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def _class(where: str, record: dict) -> str | None:
+    """The request's class: a name (text, or a number read as its text); None where the cell is empty or absent."""
+    value = record.get(CLASS_COLUMN)
+    if value is None or isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        if value is not None:
+            raise WorkloadError(f"{where}: {CLASS_COLUMN} must be a name, got {value!r}")
+        return None
+    name = str(value).strip()
+    return name or None
+
+
 def load_workload(path: str | Path, reading: TraceReading = TraceReading()) -> WorkloadFile:
     """Read a workload or trace file as `reading` says."""
     p = workload_path(path)
@@ -186,13 +204,16 @@ def load_workload(path: str | Path, reading: TraceReading = TraceReading()) -> W
         arrival = record.get(time_col)
         arrival = None if arrival in (None, "") else _seconds(where, fmt, arrival)
         ids = _hash_ids(where, record, prompt) if fmt == "mooncake" and "hash_ids" in record else None
-        rows.append((prompt, gen, arrival, ids))
+        rows.append((prompt, gen, arrival, ids, _class(where, record)))
     timed = [r[2] is not None for r in rows]
     if any(timed) and not all(timed):
         raise WorkloadError(f"{path}: {time_col} is given for {sum(timed)} of {len(rows)} requests (all or none)")
+    named = [r[4] is not None for r in rows]
+    if any(named) and not all(named):
+        raise WorkloadError(f"{path}: {CLASS_COLUMN} is given for {sum(named)} of {len(rows)} requests (all or none)")
     if all(timed):
         first = min(r[2] for r in rows)
-        rows = [(pl, g, a - first, ids) for pl, g, a, ids in rows]
+        rows = [(pl, g, a - first, ids, c) for pl, g, a, ids, c in rows]
         rows.sort(key=lambda r: r[2])  # stable: a trace's ties keep their order
         if reading.span is not None:
             rows = [r for r in rows if r[2] < reading.span]
@@ -200,7 +221,7 @@ def load_workload(path: str | Path, reading: TraceReading = TraceReading()) -> W
         raise WorkloadError(f"{path}: --trace-span needs arrival times, and this file has no {time_col}")
     if reading.first is not None:
         rows = rows[:reading.first]
-    scaled = [(reading.scaled(pl), reading.scaled(g), a, ids) for pl, g, a, ids in rows]
+    scaled = [(reading.scaled(pl), reading.scaled(g), a, ids, c) for pl, g, a, ids, c in rows]
     kept = [r for r in scaled if reading.max_len is None or r[0] + r[1] <= reading.max_len]
     if not kept:
         raise WorkloadError(f"{path}: no request is within --trace-max-len {reading.max_len} tokens")
@@ -212,4 +233,4 @@ def load_workload(path: str | Path, reading: TraceReading = TraceReading()) -> W
         tuple(r[2] * reading.time_scale for r in kept) if all(timed) else None,
         tuple(r[3] for r in kept) if with_blocks else None,
         reading.scaled(MOONCAKE_BLOCK) if with_blocks else 0,
-        fmt, len(scaled) - len(kept))
+        fmt, len(scaled) - len(kept), tuple(r[4] for r in kept) if all(named) else None)

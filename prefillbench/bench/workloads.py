@@ -3,7 +3,8 @@
 Lengths are fixed by default; `spread` R draws each request's prompt and
 generation lengths uniformly from [L(1-R), L(1+R)] (vLLM's --random-range-ratio);
 a workload file (traces.py: ours, Mooncake's, Azure's) replays a production trace,
-its shared prefix blocks as shared tokens; sessions.py makes multi-turn sessions.
+its shared prefix blocks as shared tokens (and its `class` column, a name per request);
+sessions.py makes multi-turn sessions; mix.py a seeded mix of length classes.
 Arrivals are a closed loop (none), a Poisson process or a gamma process of a given
 rate and burstiness (vLLM's convention), seeded, or a trace's own times.
 """
@@ -183,7 +184,9 @@ def make_requests(test: TestSpec, count: int, vocab_size: int, seed: int,
     if arrivals is not None and len(arrivals) != len(prompts):
         raise ValueError(f"{len(arrivals)} arrival times for {len(prompts)} requests")
     times = arrivals if arrivals is not None else [None] * len(prompts)
-    return [Request(prompt, g, t) for (prompt, g), t in zip(prompts, times)]
+    # a workload's classes (its `class` column, a mix's), one a request; none elsewhere
+    classes = test.workload.classes if test.workload is not None and test.workload.classes else [None] * len(prompts)
+    return [Request(prompt, g, t, length_class=c) for (prompt, g), t, c in zip(prompts, times, classes)]
 
 
 # ---- arrivals ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from strategies import make_strategy
 
 from prefillbench import engine
 from prefillbench.backends import load_backend
+from prefillbench.backends.base import ServingBackend
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.commands.options import CalibrateOptions
 from prefillbench.models import default_model_path
@@ -62,7 +63,7 @@ def sim_specs_for(real, model: str | None, sim_model: str | None = None, sim_gpu
         spec = load_model_spec(sim_model)
     elif real.name == "gguf":
         spec = load_model_spec(model or default_model_path())  # shapes from the GGUF metadata
-    elif getattr(real, "serves_requests", False):
+    elif isinstance(real, ServingBackend):
         # the served model's own file: a GGUF's metadata (llama-server), a Hugging Face folder's config.json (vLLM)
         path = real.model_path if real.launch or model else None
         if not path or not (Path(path).is_file() or (Path(path) / "config.json").is_file()):
@@ -81,7 +82,7 @@ def cmd_calibrate(options: CalibrateOptions) -> int:
         if path:
             check_writable(path)  # before minutes of sweeping, not after
     real = load_backend(backend, model, **options.load.load_options())
-    if getattr(real, "serves_requests", False):
+    if isinstance(real, ServingBackend):
         try:
             return _calibrate_server(options, real)
         finally:

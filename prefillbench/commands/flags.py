@@ -190,9 +190,12 @@ LenSpread = Annotated[float, option(
 Workload = Annotated[Optional[str], option(
     "--workload", panel=TESTS_PANEL, metavar="FILE",
     help="replay a trace instead of -p/-n/--pg: CSV or JSON lines with prompt_len, gen_len and optional arrival_s "
-    "(with arrival_s and no --arrival, its arrival times are replayed); Mooncake's JSONL (timestamp, input_length, "
-    "output_length, hash_ids) and Azure's LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens) are read by "
-    "their own columns; mooncake-sample and azure-conv-sample name the shipped samples")]
+    "(with arrival_s and no --arrival, its arrival times are replayed) and class (a name per request: TTFT is "
+    "reported per class); Mooncake's JSONL (timestamp, input_length, output_length, hash_ids) and Azure's LLM "
+    "inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens) are read by their own columns; mooncake-sample and "
+    "azure-conv-sample name the shipped samples. sessions:n=8,turns=4,... makes multi-turn sessions; "
+    "mix:n=200,short=0.9:128-1024,long=0.1:16384-32768,gen=128,seed=0 a seeded mix of length classes (each a "
+    "share of the requests and a prompt length range)")]
 TraceFormat = Annotated[str, option(
     "--trace-format", panel=TESTS_PANEL, callback=choice(*TRACE_FORMATS), metavar="|".join(TRACE_FORMATS),
     help="the --workload file's format (auto: told by its columns)")]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefillbench.backends import load_backend
-from prefillbench.backends.base import Backend
+from prefillbench.backends.base import Backend, ServingBackend
 from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.calibration import at_speed, calibrate, calibration_specs, load_calibration, workload_points
@@ -159,7 +159,7 @@ def _calibration(o: TuneOptions, real: Backend, err) -> dict:
     test = o.settings.test
     budgets = sorted({c.budget for c in o.configs if c.budget})
     stepped = real
-    if getattr(real, "serves_requests", False) and o.calibrate_on != "gguf":
+    if isinstance(real, ServingBackend) and o.calibrate_on != "gguf":
         # A server is calibrated on itself: probes whose steps are known, this workload's prompt and budgets among
         # them, then the sim predicts the server's own scheduling with the server's own step times.
         plan = server_probes.plan(quick=True, prompt=test.n_prompt, n_gen=test.n_gen, budgets=tuple(budgets),
@@ -170,7 +170,7 @@ def _calibration(o: TuneOptions, real: Backend, err) -> dict:
               f"held out, {cal['probes']['held_out']}: " + (f"{held:.1%}" if held is not None else "no sample")
               + " (prefillbench calibrate --backend server lists every probe)", file=err)
         return cal
-    if getattr(real, "serves_requests", False):
+    if isinstance(real, ServingBackend):
         # --calibrate-on gguf: the proxy, the gguf backend stepping the same llama.cpp on the same model, whose
         # calibration then predicts the server's own scheduling of it.
         stepped = load_backend("gguf", o.load.model, threads=real.threads)

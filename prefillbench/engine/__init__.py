@@ -7,11 +7,11 @@ Requests enter in one of two ways:
 - open loop (every request has `arrival_s`, seconds after the run starts): a
   request is admitted once it has arrived and fewer than `concurrency` are in
   flight (0: no cap; later ones queue). When nothing can run before the next
-  arrival the backend waits for it (`Backend.wait_until`: wall time on a real
+  arrival the backend waits for it (`StepBackend.wait_until`: wall time on a real
   backend, the virtual clock on the sim).
 
 A backend may hold several steps at once (the sim's pipeline stages,
-`Backend.max_steps_in_flight`): a sequence whose step has not come out yet is
+`StepBackend.max_steps_in_flight`): a sequence whose step has not come out yet is
 not offered to the strategy again, since its next token does not exist yet.
 A strategy sees only `waiting` and `running`, never arrivals.
 
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 
 from strategies import Strategy
 
-from prefillbench.backends.base import Backend, BackendError
+from prefillbench.backends.base import Backend, BackendError, ServingBackend, StepBackend
 from prefillbench.engine.admission import Admission, Feed, fit
 from prefillbench.engine.loop import STOP_CHECK_STEPS, Loop, StepFailed
 from prefillbench.engine.memory import KVMemory
@@ -37,11 +37,12 @@ from prefillbench.engine.records import Progress, RequestRecord, RunRecord, Step
 from prefillbench.engine.served import serve
 from prefillbench.sequence import Request
 
-__all__ = ["STOP_CHECK_STEPS", "Backend", "Progress", "RequestRecord", "RunRecord", "StepFailed", "StepRecord", "run"]
+__all__ = ["STOP_CHECK_STEPS", "Backend", "Progress", "RequestRecord", "RunRecord", "ServingBackend", "StepBackend",
+           "StepFailed", "StepRecord", "run"]
 
 
 def run(
-    backend: Backend,
+    backend: StepBackend | ServingBackend,
     strategy: Strategy,
     requests: Iterable[Request],
     concurrency: int,
@@ -59,9 +60,12 @@ def run(
     every STOP_CHECK_STEPS steps whether the run's outcome is already known; True ends it there (`stopped`).
     `feed`: the requests come from it as the run goes (admission.Feed); `requests` are the same ones beforehand,
     for the run's size (their lengths and count), never admitted from the list.
+
+    A ServingBackend is handed the requests whole (`serve`): its engine schedules its own steps, so the strategy
+    only names the configuration it is launched with, and `keep_logits` and `feed` do not apply.
     """
     reqs, open_loop, longest_prompt, max_seq_len = _checked(requests, concurrency, backend)
-    if getattr(backend, "serves_requests", False):  # a serving engine schedules its own steps
+    if isinstance(backend, ServingBackend):
         return serve(backend, strategy, reqs, concurrency, on_tokens, stop)
     asked = min(concurrency or len(reqs), len(reqs))
     if strategy.kv_policy == "paged":

@@ -39,9 +39,9 @@ class StepFailed(BackendError):
 class Loop:
     """One run from its start to its record: the steps in flight and the records of what has come out."""
 
-    __slots__ = ("backend", "strategy", "admission", "memory", "paged", "depth", "pipelined", "steady", "keep_logits",
-                 "on_tokens", "stop", "start", "live", "waiting", "running", "in_flight", "busy", "done", "done_ids",
-                 "steps", "logits")
+    __slots__ = ("backend", "strategy", "admission", "memory", "paged", "ahead", "late", "depth", "pipelined", "steady",
+                 "keep_logits", "on_tokens", "stop", "start", "live", "waiting", "running", "in_flight", "busy", "done",
+                 "done_ids", "steps", "logits")
 
     def __init__(self, backend: Backend, strategy: Strategy, admission: Admission, memory: KVMemory, depth: int,
                  steady: bool, keep_logits: bool, on_tokens: Callable[[int], None] | None,
@@ -51,6 +51,11 @@ class Loop:
         self.admission = admission
         self.memory = memory  # the engine's KV memory: paged, each step's tokens take blocks as they are computed
         self.paged = strategy.kv_policy == "paged"
+        # Async scheduling (vLLM V1's on GPUs, SGLang's overlap loop): the engine chooses the next step before the
+        # last one's tokens are in, so a request that finished in it still holds its blocks when the next is chosen:
+        # its memory is freed a step late (`late`, freed once the next step is chosen).
+        self.ahead = self.paged and backend.schedules_ahead
+        self.late: list[int] = []
         self.depth = depth  # most steps in flight
         self.pipelined = depth > 1  # then sequences in a step in flight are busy
         self.steady = steady  # decode runs allowed
@@ -105,6 +110,12 @@ class Loop:
                 if step.preempted:
                     self.preempt(step)
                     if not step:  # it preempted and scheduled nothing: ask again with the memory it freed
+                        continue
+                if self.late:  # chosen: what finished before it is seen now
+                    for seq_id in self.late:
+                        self.memory.free(seq_id)
+                    self.late.clear()
+                    if not step:  # the memory they held was all that kept the rest waiting
                         continue
                 if step:
                     if not (steady and not step.prefills and decode_run(step)):
@@ -190,8 +201,6 @@ class Loop:
         record = step_record(step, launched.start, launched.end)
         if step.preempted:
             record.preempted = len(step.preempted)
-        if self.paged:
-            record.kv_blocks = self.memory.used
         self.steps.append(record)
         self.admission.idle_from = None
         # A decoding sequence had its prompt in an earlier step: only a prompt chunk can be a first schedule.
@@ -253,7 +262,7 @@ class Loop:
         backend, live, done, done_ids, logits = self.backend, self.live, self.done, self.done_ids, self.logits
         cached = self.admission.reuse is not None
         finish = self.admission.finished
-        free = self.memory.free
+        free = self.late.append if self.ahead else self.memory.free
         for seq in finished:
             free(seq.seq_id)
             backend.release(seq.seq_id)

@@ -26,7 +26,6 @@ class StepRecord:
     #: log counts these as generation, not context, requests (its output tokens are not 0)
     resumed_chunks: int = 0
     resumed_tokens: int = 0
-    kv_blocks: int = 0  # the engine's KV blocks held while it ran (a paged strategy's; 0 where not tracked per step)
 
     @property
     def seconds(self) -> float:
@@ -56,6 +55,7 @@ class RequestRecord:
     #: Times its KV was freed before it finished (preempted or retracted), and the tokens computed again for it.
     preemptions: int = 0
     recomputed: int = 0
+    length_class: str | None = None  # the request's class (Request.length_class); None: none given
 
 
 @dataclass
@@ -105,4 +105,5 @@ def request_record(seq: Sequence, logits: list, cached: bool = False) -> Request
     """A finished sequence's record; `cached`: the run had a prefix cache, so its count of cached tokens is known."""
     return RequestRecord(seq.request_prompt_len, seq.arrival, seq.token_times, seq.generated, logits, seq.first_scheduled,
                          cached_tokens=seq.n_cached if cached else None, session=seq.session, turn=seq.turn,
-                         kv_arrival=seq.kv_arrival, preemptions=seq.preemptions, recomputed=seq.recomputed)
+                         kv_arrival=seq.kv_arrival, preemptions=seq.preemptions, recomputed=seq.recomputed,
+                         length_class=seq.length_class)

@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 from strategies import Strategy
 
+from prefillbench.backends.base import ServingBackend
 from prefillbench.engine.records import Progress, RequestRecord, RunRecord
 from prefillbench.sequence import Request, Sequence
 
 
-def serve(backend, strategy: Strategy, requests: list[Request], concurrency: int,
+def serve(backend: ServingBackend, strategy: Strategy, requests: list[Request], concurrency: int,
           on_tokens: Callable[[int], None] | None, stop: Callable[[Progress], bool] | None) -> RunRecord:
     # no budget where the configuration has none (tune's baseline of vLLM, SGLang or TGI: the engine's own default)
     budget = strategy.chunk_size if strategy.uses_chunk_size and strategy.budget_given else None
@@ -32,7 +33,7 @@ def serve(backend, strategy: Strategy, requests: list[Request], concurrency: int
     records = [_record(s) for s in run.done]
     return RunRecord(run.start, run.end, [r for r in records if r.error is None], [], stopped=run.stopped,
                      failed=[r for r in records if r.error is not None],
-                     engine_clock=getattr(run, "engine_clock", None),
+                     engine_clock=run.engine_clock,
                      arrival_lags=[s.lag for s in run.done if not s.queued])
 
 
@@ -40,7 +41,7 @@ def _record(s) -> RequestRecord:
     return RequestRecord(len(s.request.prompt), s.scheduled, s.token_times, s.tokens, [], s.first_scheduled,
                          error=s.error, server_token_times=s.server_token_times or None,
                          cached_tokens=s.cached_tokens if s.error is None else None, session=s.request.session,
-                         turn=s.request.turn)
+                         turn=s.request.turn, length_class=s.request.length_class)
 
 
 def _live(live) -> list[Sequence]:

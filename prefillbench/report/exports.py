@@ -20,9 +20,11 @@ from prefillbench.writers import SUFFIX_FORMATS
 KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "rate")
 
 _INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions", "capacity_probes", "failed_requests"}
-_TEXT_FIELDS = {"arrival", "slo", "engine_clock"}
 _KEY_TEXT = {"model", "backend", "strategy", "test"}
 _ALL_FIELDS = {f.name: f for f in fields(ResultRow)}
+# Every text column of the row read back as text (a list kept by hand missed the ones added later: kv_policy,
+# deployment, ttft_by_class); the rest are numbers.
+_TEXT_FIELDS = {name for name, f in _ALL_FIELDS.items() if f.type in ("str", str)} - _KEY_TEXT
 # Columns every export has had since the first version; the statistics came later.
 REQUIRED = [f.name for f in fields(ResultRow) if f.default is MISSING]
 

@@ -12,6 +12,8 @@ from typing import Any
 import pandas as pd
 from tabulate import tabulate
 
+from prefillbench.bench.class_columns import parse_ttft_by_class
+from prefillbench.bench.engine_columns import MEMORY_BINDS_PCT
 from prefillbench.bench.metrics import ResultRow, results_frame, strategy_label
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
 from prefillbench.writers import csv_text, format_for_path, json_text, jsonl_text, write_atomic
@@ -121,6 +123,8 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
                                   f"{fmt_number(r.engine_prefill_mean_ms, 1)}", True)]
     if any(not math.isnan(r.ttft_later_turns_p50_ms) for r in rows):  # sessions: what resending the history costs
         columns = columns + [("TTFT turns 2+ p50 ms", lambda r: fmt_number(r.ttft_later_turns_p50_ms, 1), True)]
+    if any(parse_ttft_by_class(r.ttft_by_class) for r in rows):  # request classes: short ones behind long?
+        columns = columns + [("TTFT p99 ms by class", class_cell, True)]
     if any(not math.isnan(r.prefix_hit_rate) for r in rows):  # prefix caching: measured beside what the workload implies
         columns = columns + [("prefix hits % (implied)", prefix_cell, True)]
     if any(r.tbt_p99_behind_prefill_ms > 0 for r in rows):  # which prefill made the decodes wait (NaN: unknown)
@@ -137,10 +141,6 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
     return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
 
 
-#: KV memory at least this full at its peak: memory may have decided what ran, and the table says how full it got.
-MEMORY_BINDS_PCT = 90.0
-
-
 def memory_cell(row: ResultRow) -> str:
     """'97 / 12 (40960)': the KV memory's peak use in %, the requests preempted (or retracted) per repetition and
     the tokens computed again for them; '-' where the engine kept its own memory (a server)."""
@@ -148,6 +148,19 @@ def memory_cell(row: ResultRow) -> str:
         return "-"
     out = f"{fmt_number(row.kv_peak_pct, 0)} / {fmt_number(row.preemptions, 0)}"
     return out + (f" ({row.recomputed_tokens:.0f})" if row.preemptions else "")
+
+
+def class_cell(row: ResultRow) -> str:
+    """'short 640 / long 1403': each request class's TTFT p99 in ms, shortest prompts first; '-' where none."""
+    figures = parse_ttft_by_class(row.ttft_by_class)
+    if not figures:
+        return "-"
+    cells = []
+    for name, f in figures.items():
+        p99 = f.get("ttft_p99_ms") if isinstance(f, dict) else None
+        p99 = float(p99) if isinstance(p99, (int, float)) else math.nan
+        cells.append(f"{name} {fmt_number(p99, 0 if p99 >= 100 else 1)}")
+    return " / ".join(cells)
 
 
 def stall_cell(row: ResultRow) -> str:

@@ -26,6 +26,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from prefillbench.bench.engine_columns import memory_note
 from prefillbench.bench.metrics import AS_SERVED, ResultRow, higher_is_better, results_frame, strategy_label
 from prefillbench.report.relative import ratio, reference_values
 from prefillbench.report.tables import TABLE_FORMATS
@@ -277,11 +278,23 @@ def clock_line(rows: list[ResultRow]) -> str:
 def render_verdict(rows: list[ResultRow], reference: str | None = None) -> str:
     """The verdict as text: a heading and a sentence per strategy, and the engine clock's line where it disagrees
     with the client's; empty when nothing compares and the clocks agree."""
-    clocks = clock_line(rows)
+    clocks = clock_line(rows) + memory_line(rows)
     compared = _strategy_verdict(rows, reference)
     if clocks and not compared:
         return "\nVerdict:\n" + clocks
     return compared + clocks
+
+
+def memory_line(rows: list[ResultRow]) -> str:
+    """One line where the KV memory decided rows: which, and how (preempted, or full at its peak)."""
+    bound = [(r, note) for r in rows if (note := memory_note(r))]
+    if not bound:
+        return ""
+    r, note = max(bound, key=lambda b: (b[0].preemptions, b[0].kv_peak_pct))
+    more = f"; {len(bound) - 1} more row(s) too" if len(bound) > 1 else ""
+    return (f"- memory decided: {strategy_label(r.strategy, r.chunk_size)} at {r.test} {load_label(r)}: {note}{more}"
+            " (the KV cache bounds what runs at once there: a bigger cache, fewer tokens per request, or another "
+            "GPU count changes the answer)\n")
 
 
 def _strategy_verdict(rows: list[ResultRow], reference: str | None) -> str:

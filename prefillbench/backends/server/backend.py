@@ -18,14 +18,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from prefillbench.backends.base import Backend
+from prefillbench.backends.base import ServingBackend
 from prefillbench.backends.prefix import DEFAULT_BLOCK_SIZE, PrefixSettings
 from prefillbench.backends.server import client, engine_clock
 from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, VLLM_LENGTH, Engine, parse_template
 from prefillbench.backends.server.process import START_TIMEOUT_S, ServerProcess, free_port
 from prefillbench.errors import BackendError
 from prefillbench.sequence import Request
-from prefillbench.step import Step, StepResult
 
 #: Warm-up probes after each launch, not measured (ServerBackend._warm_up): at least WARMUP_REQUESTS, at most
 #: WARMUP_MAX, until two in a row have median token gaps within WARMUP_TOLERANCE (or WARMUP_FLOOR_S) of each other.
@@ -45,11 +44,10 @@ VLLM_ARGS_VARIABLE = "PREFILLBENCH_VLLM_ARGS"
 MAX_SLOTS = 256
 
 
-class ServerBackend(Backend):
+class ServerBackend(ServingBackend):
     """A serving engine measured from outside: it schedules its own steps."""
 
     device = "CPU"
-    serves_requests = True
     options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "server_cmd", "engine", "url", "context",
                                                    "server_timeout", "prefix_cache"})
 
@@ -151,18 +149,6 @@ class ServerBackend(Backend):
         return backend
 
     # ---- the contract a server keeps ------------------------------------------------------------------
-    def prepare(self, max_sequences, max_seq_len, max_step_tokens):
-        raise BackendError(f"{self.name} schedules its own steps; it serves requests (serve)")
-
-    def execute(self, step: Step, return_logits: bool = False) -> StepResult:
-        raise BackendError(f"{self.name} schedules its own steps; it serves requests (serve)")
-
-    def release(self, seq_id: int) -> None:
-        pass
-
-    def wait_until(self, t, *, stalled=False, idle=False):  # the client keeps the arrivals itself
-        pass
-
     @property
     def reports_scheduling(self) -> bool:
         """Whether the engine tells when each prompt started (llama-server's progress events)."""
@@ -233,7 +219,7 @@ class ServerBackend(Backend):
                 return
         self.stop()
         self.port = free_port()
-        launched_budget = budget if self.engine.strategies[strategy_name].uses_budget else None
+        launched_budget = budget if self.engine.expression(strategy_name).uses_budget else None
         asked, slots = slots, self.engine.slots_for(slots, launched_budget)
         if slots < asked:
             note = (f"{self.engine.name} at budget {launched_budget}: {slots} slots for {asked} requests in flight, the "
@@ -332,9 +318,6 @@ class ServerBackend(Backend):
         if self.server is not None:
             self.server.stop()
             self.server = None
-
-    def close(self) -> None:
-        self.stop()
 
 
 class LlamaServerBackend(ServerBackend):

@@ -54,6 +54,8 @@ class StreamRun:
     end: float
     done: list[Streamed]  # in the order they finished
     stopped: bool = False
+    # the engine's own clock over the run (engine_clock.Reading), set by the backend where its /metrics could be read
+    engine_clock: Any = None
 
 
 class Api:

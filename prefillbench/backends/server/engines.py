@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from prefillbench.errors import BackendError
+from strategies import split_spec
 
 #: ctx: every slot's context together (llama-server's -c); max_len: one request's (the longest, rounded up to 256)
 PLACEHOLDERS = ("bin", "model", "port", "budget", "slots", "threads", "ctx", "max_len")
@@ -24,6 +25,8 @@ class Expression:
     flags: tuple[str, ...]
     uses_budget: bool = True
     note: str = ""
+    #: the strategy's settings (-s NAME:SETTING=N) the engine takes, each the flag its value follows
+    settings: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,12 @@ class Engine:
         return min(asked, budget) if self.slots_within_budget and budget is not None else asked
 
     def expresses(self, strategy: str) -> bool:
-        return strategy in self.strategies
+        name, settings = split_spec(strategy)
+        return name in self.strategies and set(settings) <= dict(self.strategies[name].settings).keys()
+
+    def expression(self, strategy: str) -> Expression:
+        """How the engine runs `strategy` (its name, settings aside)."""
+        return self.strategies[split_spec(strategy)[0]]
 
     @property
     def listed_strategies(self) -> list[str]:
@@ -66,6 +74,11 @@ class Engine:
         return out
 
     def refuse(self, strategy: str) -> BackendError:
+        name, settings = split_spec(strategy)
+        if name in self.strategies:
+            takes = ", ".join(k for k, _ in self.strategies[name].settings) or "none"
+            return BackendError(f"{self.name} cannot run {strategy}: of {name}'s settings it takes {takes}; "
+                                f"--backend sim runs them all")
         can = ", ".join(self.strategies) or "none"
         return BackendError(f"{self.name} cannot run {strategy} (it expresses {can}); "
                             f"--backend gguf, torch or sim runs every strategy")
@@ -73,12 +86,15 @@ class Engine:
     def argv(self, strategy: str, values: dict[str, object], extra: tuple[str, ...] = (), cache: bool = False) -> list[str]:
         """The command for `strategy` with the placeholders filled, its prefix cache on or off; a flag whose
         placeholder has no value is dropped with its value."""
-        if strategy not in self.strategies:
+        if not self.expresses(strategy):
             raise self.refuse(strategy)
         caching = self.cache_flags(cache)
         if any(flag.startswith("-") and flag in self.template for flag in caching):
             caching = ()  # a --server-cmd that says it already
-        return fill([*self.template, *caching, *self.strategies[strategy].flags, *extra], values)
+        expression = self.expression(strategy)
+        flags_of = dict(expression.settings)
+        given = [arg for key, value in split_spec(strategy)[1].items() for arg in (flags_of[key], str(value))]
+        return fill([*self.template, *caching, *expression.flags, *given, *extra], values)
 
     def cache_flags(self, on: bool) -> tuple[str, ...]:
         """The flags that turn the engine's prefix cache on or off; refused where it cannot be turned on."""
@@ -165,7 +181,8 @@ VLLM = Engine(
     {
         # V1's scheduler: strategies/vllm_v1.py is Scheduler.schedule itself, proven step for step on it
         # (benchmarks/server/vllm_steps.py): running requests first, then waiting prompts, chunked to the budget
-        "vllm-v1": Expression(("--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}")),
+        "vllm-v1": Expression(("--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}"),
+                              settings=(("threshold", "--long-prefill-token-threshold"),)),
         # the same launch: at the preset's defaults (no long_prefill_token_threshold) its steps are Sarathi-Serve's
         "sarathi-serve": Expression(("--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}")),
     },

@@ -27,7 +27,7 @@ from prefillbench.backends.sim.specs import (GiB, GPUSpec, ModelSpec, SimConfigE
 from prefillbench.backends.sim.step_trace import StepTrace
 from prefillbench.step import Step, StepResult
 
-from prefillbench.backends.base import Backend, BackendError, DecodeRun, Launched
+from prefillbench.backends.base import BackendError, DecodeRun, Launched, StepBackend
 
 JITTER_SEED = 7
 #: The engine's cap on sequences in flight where no engine is named: vLLM 0.32's max_num_seqs on an H100 or H200
@@ -61,14 +61,14 @@ def placeholder_run(seq_id: int, length: int, n: int, span: int) -> list[int]:
                     repeat(100, n)))
 
 
-class SimBackend(Backend):
+class SimBackend(StepBackend):
     name = "sim"
     # No refusal of a large -c: the engine's cap on sequences in flight (max_num_seqs) and the KV cache clamp it,
     # and the rest wait in the engine's queue, as on a real server.
     sequence_limit = None
     # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
-    options = frozenset({"kv_cache_tokens", "sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
+    options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
                          "trace", "sim_pricing", "sim_overheads", "max_num_seqs", "prefix_cache", "prefix_block"})
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
@@ -233,6 +233,12 @@ class SimBackend(Backend):
     @property
     def engine_max_num_seqs(self) -> int:
         return self.max_num_seqs
+
+    @property
+    def schedules_ahead(self) -> bool:
+        """The --sim-overheads engine's default: vLLM V1's async scheduling, SGLang's and TensorRT-LLM's overlap
+        schedulers choose the next step while the last runs (the same property that hides their host work)."""
+        return self.overheads is not None and self.overheads.overlapped
 
     def clamp_kind(self, allowed: int) -> str:
         return "engine" if allowed >= self.max_num_seqs else "kv"

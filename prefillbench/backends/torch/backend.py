@@ -21,7 +21,7 @@ from prefillbench.backends.torch.cpu import decode_attention as cpu_decode_atten
 from prefillbench.backends.torch.cpu import layer_ops as cpu_layer_ops
 from prefillbench.backends.torch.cpu import prefill_attention as cpu_prefill_attention
 from prefillbench.backends.torch.cpu import huge_pages
-from prefillbench.backends.base import Backend, BackendError, LogitTolerance, SlotTable, check_cache_room
+from prefillbench.backends.base import BackendError, LogitTolerance, SlotTable, StepBackend, check_cache_room
 from prefillbench.backends.distributed import TensorParallel, check_heads_divide
 from prefillbench.backends.torch.attention import chunk_query_blocks, decode_runs
 from prefillbench.backends.torch import flash, flex
@@ -49,9 +49,9 @@ LOGIT_TOLERANCE = {
 }
 
 
-class TorchBackend(Backend):
+class TorchBackend(StepBackend):
     name = "torch"
-    options = frozenset({"kv_cache_tokens", "device", "dtype", "threads", "tp", "tune_linear", "cuda_graphs", "compile_decode", "decode_plan",
+    options = frozenset({"device", "dtype", "threads", "tp", "tune_linear", "cuda_graphs", "compile_decode", "decode_plan",
                          "attention", "kernels", "prefix_cache", "prefix_block"})
 
     def __init__(self, model, model_name: str, device: str = "cpu", weights: str | None = None,

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from strategies import STRATEGIES
+from strategies import STRATEGIES, make_strategy
 
 from prefillbench.backends import backend_class, check_options, choose_backend
 from prefillbench.backends.distributed import is_rank_zero
+from prefillbench.bench.mix import PREFIX as MIX_PREFIX, MixSpec
 from prefillbench.bench.sessions import PREFIX as SESSIONS_PREFIX
 from prefillbench.bench.workloads import (SessionSpec, TestSpec, TraceReading, load_workload, make_tests, sessions_test,
                                           workload_test)
@@ -76,9 +77,11 @@ def strategy_names(given: list[str] | None, load: "BackendOptions | None" = None
                              f"drop -s {','.join(given)}")
         return [served.default_strategy]
     names = unique(given, "-s") or (served.listed_strategies if served else list(STRATEGIES))
-    unknown = [s for s in names if s not in STRATEGIES]
-    if unknown:
-        raise UsageError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
+    for name in names:  # an unknown name, a setting it has not, settings that contradict: one line each
+        try:
+            make_strategy(name)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if served is not None:
         for name in names:
             if not served.expresses(name):
@@ -247,10 +250,12 @@ def test_specs(n_prompt: list[int] | None, n_gen: list[int] | None, pg: list[tup
         if workload:
             if n_prompt or n_gen or pg or len_spread:
                 raise UsageError("--workload gives the lengths: drop -p, -n, --pg and --len-spread")
-            if workload.startswith(SESSIONS_PREFIX):
+            if workload.startswith((SESSIONS_PREFIX, MIX_PREFIX)):
                 if reading != TraceReading():
                     raise UsageError(f"--workload {workload} makes its own requests: the trace-reading flags do not apply")
-                return [sessions_test(SessionSpec.parse(workload))]
+                if workload.startswith(SESSIONS_PREFIX):
+                    return [sessions_test(SessionSpec.parse(workload))]
+                return [workload_test(MixSpec.parse(workload).workload())]  # a seeded mix of length classes (bench/mix.py)
             loaded = load_workload(workload, reading)
             if loaded.dropped:
                 note(f"{workload}: {loaded.dropped} requests longer than --trace-max-len {reading.max_len} tokens "
