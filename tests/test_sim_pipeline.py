@@ -32,6 +32,12 @@ class Recording:
     def reset(self):
         self.inner.reset()
 
+    def attach(self, memory, engine_max_num_seqs=None):
+        self.inner.attach(memory, engine_max_num_seqs)
+
+    def __getattr__(self, name):  # the rest of the strategy's contract (its memory policy, block size) is the inner's
+        return getattr(self.inner, name)
+
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_a_sequence_is_never_in_two_micro_batches_at_once(name):

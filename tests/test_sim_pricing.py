@@ -121,7 +121,9 @@ def test_an_engines_overheads_are_its_presets_terms():
     assert {"engine_launch", "engine_cpu", "engine_exposed"} <= names
 
 
-def test_the_default_is_the_spec_sheet_and_the_flags_are_named(run_cli, tmp_path):
+def test_the_default_is_the_measured_pricing_where_a_profile_covers_the_gpu_and_says_so(run_cli, tmp_path):
+    """Issue 57: with no --sim-pricing a GPU a profile covers is priced by its measured curves with vLLM's
+    overheads, a device none covers (a CPU) by spec sheets; the first stderr line says which and why."""
     args = ["run", "--backend", "sim", "--sim-model", "llama-3.1-8b", "--sim-gpu", "h200", "--pg", "512,32", "-c", "1,8",
             "-s", "sarathi-serve", "--chunk-size", "256", "-r", "1", "-p", "0", "-n", "0", "--no-results-file",
             "--no-progress", "--no-verdict"]
@@ -132,12 +134,22 @@ def test_the_default_is_the_spec_sheet_and_the_flags_are_named(run_cli, tmp_path
         assert code == 0, err
         docs[name] = (json.loads((tmp_path / f"{name}.json").read_text()), err)
     rows = {k: [r["tbt_p50_ms"] for r in d["results"]] for k, (d, _) in docs.items()}
-    assert rows["default"] == rows["spec"] and rows["measured"] != rows["spec"]
-    meta, err = docs["measured"][0]["metadata"], docs["measured"][1]
+    assert rows["default"] == rows["measured"] and rows["measured"] != rows["spec"]
+    meta, err = docs["measured"][0]["metadata"], docs["default"][1]  # said once a process: by the first run
     assert meta["sim_pricing"] == "measured" and meta["sim_pricing_profile"] == "h100" and meta["sim_overheads"] == "vllm"
     assert "H200 is not profiled; priced by H100-SXM's measured curves" in err  # said, and in the metadata
     assert any("H200 is not profiled" in a for a in meta["sim_approximations"])
-    assert docs["default"][0]["metadata"]["sim_pricing"] == "spec"
+    default_meta, default_err = docs["default"][0]["metadata"], docs["default"][1]
+    assert default_meta["sim_pricing"] == "measured" and default_meta["sim_overheads"] == "vllm"
+    line = ("prefillbench: sim: priced by measured curves (the default: H100-SXM's measured profile covers H200) "
+            "with vllm's overheads (measured pricing's default)")
+    assert line in default_err.splitlines() and default_meta["sim_pricing_line"] == line.split("sim: ", 1)[1]
+    assert "priced by spec sheets (--sim-pricing) with no engine overheads (--sim-overheads)" in docs["spec"][1]
+    code, out, err = run_cli("run", "--backend", "sim", "--sim-model", "mistral-7b", "--sim-dtype", "int4", "--sim-gpu",
+                             "cpu", "--pg", "32,4", "-p", "0", "-n", "0", "-c", "1", "-r", "1", "--no-results-file",
+                             "--no-progress")
+    assert code == 0, err
+    assert "priced by spec sheets (the default: no measured profile covers CPU) with no engine overheads" in err
 
 
 @pytest.mark.parametrize("extra, words", [

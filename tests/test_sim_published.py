@@ -62,10 +62,10 @@ def test_a_cheap_row_runs_end_to_end_and_reads_its_one_steps_price(tmp_path):
     # TensorRT-LLM's first-token latency of one 128-token prompt: the run is one prefill step from t = 0, so the
     # sim's TTFT must be that step's price exactly (no queue, no other request, spec sheets: no jitter).
     row = next(r for r in ROWS if r.id == "trt-ttft-h100-llama2-7b-128")
-    outcome = published.run_row(row, workdir=tmp_path)
+    outcome = published.run_row(row, extra="--sim-pricing spec", workdir=tmp_path)
     assert not math.isnan(outcome.sim), outcome.message
     backend = SimBackend.load(sim_model=str(ROOT / "docs/sim/llama-2-7b.json"), sim_gpu="h100", sim_dtype="fp8",
-                              kv_dtype="fp8")
+                              kv_dtype="fp8", sim_pricing="spec")
     step_ms = 1e3 * backend.cost.seconds(Batch(((0, 128, True),), ()))
     assert outcome.sim == pytest.approx(step_ms, rel=1e-9)
     assert outcome.error == pytest.approx(outcome.sim / row.published - 1)
@@ -105,7 +105,9 @@ def test_under_measured_pricing_each_row_pays_its_own_engines_overheads():
         assert r.source.overheads == named, r.id
         argv = published.row_argv(r, "--sim-pricing measured")
         assert argv[argv.index("--sim-overheads") + 1] == r.source.overheads, r.id
-        # spec pricing has no engine; an engine named in --sim-extra wins
-        assert "--sim-overheads" not in published.row_argv(r)
+        # measured is the default on every row's GPU; spec pricing has no engine; an engine named in --sim-extra wins
+        plain = published.row_argv(r)
+        assert plain[plain.index("--sim-overheads") + 1] == r.source.overheads, r.id
+        assert "--sim-overheads" not in published.row_argv(r, "--sim-pricing spec")
         forced = published.row_argv(r, "--sim-pricing measured --sim-overheads none")
         assert forced.count("--sim-overheads") == 1 and forced[forced.index("--sim-overheads") + 1] == "none"

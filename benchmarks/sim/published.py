@@ -10,8 +10,9 @@ published - 1.
 Every run is `prefillbench run --backend sim -r 1 -p 0 --no-warmup --no-results-file --no-progress --no-verdict
 --export FILE.json` + the row's flags + --sim-extra (the same words on every row). It runs in this process through
 the CLI's own entry point (prefillbench.cli.main), so the flags are parsed exactly as a user's are; --subprocess runs
-each through .venv/bin/prefillbench instead. Spec sheets only unless --sim-extra says otherwise: no row fits anything. With `--sim-pricing measured` in
---sim-extra and no `--sim-overheads`, each row runs with its own engine's overheads (its source's `overheads`).
+each through .venv/bin/prefillbench instead. No row fits anything. Under measured pricing (the sim's default on every
+GPU a row names, or `--sim-pricing measured` in --sim-extra) and no `--sim-overheads`, each row runs with its own
+engine's overheads (its source's `overheads`); `--sim-extra "--sim-pricing spec"` prices by spec sheets alone.
 """
 from __future__ import annotations
 
@@ -61,9 +62,10 @@ class Outcome:
 
 
 def own_engine(row: Row, extra: list[str]) -> list[str]:
-    """Under measured pricing, the row's own engine's overheads (its source's preset) unless --sim-extra names one."""
-    measured = any(w == "--sim-pricing" and extra[i + 1:i + 2] == ["measured"] for i, w in enumerate(extra))
-    if not measured or "--sim-overheads" in extra:
+    """Under measured pricing (the default on a GPU: every row's), the row's own engine's overheads (its source's
+    preset) unless --sim-extra names one."""
+    spec = any(w == "--sim-pricing" and extra[i + 1:i + 2] == ["spec"] for i, w in enumerate(extra))
+    if spec or "--sim-overheads" in extra:
         return []
     return ["--sim-overheads", row.source.overheads]
 

@@ -23,6 +23,10 @@ DEFAULT_TOP_K = 3
 #: the picks, ranked by what they keep with slower steps, pass over it (docs/history/2026-12-02).
 QUICK = dict(pg=(256, 32), slo="tbt=500", requests=20, precision=10.0, budgets=[32, 64, 128, 256], top_k=2,
              strategies=["sequential", "chunked", "sarathi-serve", "packed"], skip_idle=True)
+#: vLLM's scheduler with its head-of-line settings, searched beside the budgets where -s names no strategy (and no
+#: server runs them): a per-request cap on prompt tokens a step (long_prefill_token_threshold), and V0's limits on
+#: prompts in progress, one of them long (docs/memory.md, Short requests behind long prompts).
+VLLM_VARIANTS = ["vllm-v1:threshold=512", "vllm-v1:threshold=2048:partial=4:long-partial=1"]
 #: The flags that, on a real backend, describe the sim that carries tune's search rather than the backend.
 SIM_OF_TUNE = ("sim_model", "sim_gpu", "calibration")
 TUNE_OUTPUTS = ("md", "csv", "json")
@@ -231,8 +235,10 @@ class TuneOptions(Measuring):
             self.settings.capacity_config(self.criteria[0])  # validates requests, concurrency, arrival
         except ValueError as e:
             raise UsageError(str(e)) from None
-        self.configs = tune.grid(strategies, unique(self.chunk_size, "--chunk-size") or DEFAULT_BUDGETS)
         served = self.load.served_engine()
+        if not self.strategy and served is None and "vllm-v1" in strategies:
+            strategies = [*strategies, *VLLM_VARIANTS]
+        self.configs = tune.grid(strategies, unique(self.chunk_size, "--chunk-size") or DEFAULT_BUDGETS)
         if served is not None:
             self._serve_with(served)
         elif self.calibrate_on is not None:
