@@ -75,3 +75,16 @@ def test_a_setting_names_its_row(run_cli, tmp_path):
     assert [r["strategy"] for r in rows] == ["vllm-v1", "vllm-v1:threshold=64"]
     assert "vllm-v1:threshold=64 (256)" in out
     assert rows[0]["ttft_p50_ms"] != rows[1]["ttft_p50_ms"]  # four prompts at once, 64 tokens each a step
+
+
+def test_tune_searches_vllm_v1s_head_of_line_settings_beside_the_budgets():
+    from prefillbench.commands.options import TuneOptions
+    from prefillbench.commands.options.tune import VLLM_VARIANTS
+
+    options = TuneOptions.from_flags(backend="sim", pg=[(512, 32)], slo="tbt=100", chunk_size=[512, 2048])
+    searched = {(c.strategy, c.budget) for c in options.configs}
+    for variant in VLLM_VARIANTS:
+        assert {(variant, 512), (variant, 2048)} <= searched
+    named = TuneOptions.from_flags(backend="sim", pg=[(512, 32)], slo="tbt=100", strategy=["vllm-v1"],
+                                   chunk_size=[512])
+    assert [(c.strategy, c.budget) for c in named.configs] == [("vllm-v1", 512)]  # -s names exactly what is searched
