@@ -207,10 +207,19 @@ class Vllm:
         """vLLM's own count of preemptions (/metrics: vllm:num_preemptions_total, summed over its label sets)."""
         from prefillbench.backends.server.engine_clock import scrape
 
-        snapshot = scrape(self.url)
-        if snapshot is None:
-            raise BackendError("vLLM's /metrics could not be read")
-        return snapshot.counters.get("vllm:num_preemptions_total", 0.0)
+        # The API server folds each step's stats into /metrics as it takes the step's output: on a busy machine the
+        # last steps' may land a moment after the log line. Read until two reads a second apart agree.
+        last = None
+        for _ in range(30):
+            snapshot = scrape(self.url)
+            if snapshot is None:
+                raise BackendError("vLLM's /metrics could not be read")
+            now = snapshot.counters.get("vllm:num_preemptions_total", 0.0)
+            if now == last:
+                return now
+            last = now
+            time.sleep(1.0)
+        return last
 
     def post(self, path: str) -> None:
         req = urllib.request.Request(self.url + path, data=b"", method="POST")
