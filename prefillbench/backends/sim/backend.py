@@ -120,7 +120,8 @@ class SimBackend(StepBackend):
         priced = (f"{model.weight_bytes:.3g} bytes each" if not (model.precision or model.kv_bytes)
                   else precision_words(model))
         self.weights = f"none (roofline model of {model.n_params / 1e9:.3g}B params{active}, {priced}; " + (
-            f"calibrated from {calibration_path})" if self.calibrated else "spec sheets only)")
+            f"calibrated from {calibration_path})" if self.calibrated else
+            "measured curves)" if self.pricing is not None else "spec sheets only)")
         self.clock = 0.0
         self._idle = True  # nothing ran before the next step: its host work cannot hide behind one (cost.step_cost)
         self.n_steps = 0

@@ -141,7 +141,8 @@ def _curves(profile: str):
 
 def default_pricing(gpu: GPUSpec, calibrated: bool) -> tuple[str, str]:
     """The pricing a run gets with no --sim-pricing, and why: the measured curves wherever a profile covers the GPU
-    (its preset or its family; 51 of 58 published rows within 25% against the spec sheets' 20, docs/sim.md), the
+    (its preset or its family; 51 of 58 published rows within 25% against the spec sheets' 22, rerun 2026-12-06:
+    docs/sim.md), the
     spec sheets where none does (a CPU, a device whose name no profile's family holds) and for a calibration (its
     spec fit is the file's own device; --sim-pricing measured takes its measured fit)."""
     if calibrated:
