@@ -121,9 +121,12 @@ def test_an_engines_overheads_are_its_presets_terms():
     assert {"engine_launch", "engine_cpu", "engine_exposed"} <= names
 
 
-def test_the_default_is_the_measured_pricing_where_a_profile_covers_the_gpu_and_says_so(run_cli, tmp_path):
+def test_the_default_is_the_measured_pricing_where_a_profile_covers_the_gpu_and_says_so(run_cli, tmp_path, monkeypatch):
     """Issue 57: with no --sim-pricing a GPU a profile covers is priced by its measured curves with vLLM's
     overheads, a device none covers (a CPU) by spec sheets; the first stderr line says which and why."""
+    from prefillbench.backends.sim import backend as sim_backend
+
+    monkeypatch.setattr(sim_backend, "_SAID", set())  # lines are said once a process: earlier tests said them
     args = ["run", "--backend", "sim", "--sim-model", "llama-3.1-8b", "--sim-gpu", "h200", "--pg", "512,32", "-c", "1,8",
             "-s", "sarathi-serve", "--chunk-size", "256", "-r", "1", "-p", "0", "-n", "0", "--no-results-file",
             "--no-progress", "--no-verdict"]

