@@ -22,6 +22,7 @@ from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
 from prefillbench.backends.sim.pipeline import Pipeline
 from prefillbench.backends.sim.pricing import default_pricing, engine_overheads, pricing_for
+from prefillbench.backends.sim.run_metadata import sim_metadata
 from prefillbench.backends.sim.specs import (GiB, GPUSpec, ModelSpec, SimConfigError, kv_format, precision_words,
                                              weight_format, with_precision)
 from prefillbench.backends.sim.step_trace import StepTrace
@@ -535,46 +536,4 @@ class SimBackend(StepBackend):
             pass
 
     def metadata(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "weights": self.weights,
-            "sim_model": self.model.name,
-            "sim_gpu": self.gpu.name,
-            "sim_tp": self.tp,
-            "sim_pp": self.pp,
-            "sim_ep": self.ep,
-            "sim_architecture": self.model.describe(),
-            "sim_params": self.model.n_params,
-            "sim_active_params": self.model.n_active_params,
-            "sim_precision": precision_words(self.model),
-            "sim_weight_bytes": self.model.weight_bytes,
-            "sim_expert_weight_bytes": self.model.expert_bytes if self.model.is_moe else None,
-            "sim_head_weight_bytes": self.model.head_bytes,
-            "sim_kv_bytes": self.model.kv_elem_bytes,
-            "sim_fp8_tensor_cores": self.cost.fp8,
-            "sim_approximations": self.approximations(),
-            "sim_calibrated": self.calibrated,
-            "sim_calibration": self.calibration_path,
-            "sim_compute_fraction": self.gpu.compute_fraction,
-            "sim_memory_fraction": self.gpu.memory_fraction,
-            "sim_step_overhead_s": self.gpu.step_overhead_s,
-            "sim_decode_attention_fraction": self.gpu.decode_attention_fraction,
-            "sim_mixed_step_factor": self.gpu.mixed_step_factor,
-            "sim_step_jitter": self.gpu.step_jitter,
-            "sim_pricing": "measured" if self.pricing is not None else "spec",
-            "sim_pricing_profile": self.pricing.profile if self.pricing is not None else None,
-            "sim_pricing_line": self.pricing_line,
-            "sim_overheads": self.overheads.name if self.overheads is not None else "none",
-            "sim_overheads_source": self.overheads.source if self.overheads is not None else None,
-            "sim_kv_capacity_tokens": self.cost.kv_capacity_tokens(),
-            "sim_max_num_seqs": self.max_num_seqs,
-            "sim_max_num_seqs_source": self.max_num_seqs_source,
-            "prefix_cache": "on" if self.prefix.on else "off",
-        }
-        if self.prefixes is not None:
-            meta |= self.prefixes.metadata()
-        if self.clamped:
-            meta["sim_concurrency_clamped"] = self.clamp_note()
-        if self.pipeline_stats:
-            meta["sim_median_bubble_ms"] = self.pipeline_stats["median_bubble_per_request_s"] * 1e3
-            meta["sim_stage_busy"] = ",".join(f"{b:.3f}" for b in self.pipeline_stats["stage_busy_fraction"])
-        return meta
+        return sim_metadata(self)
