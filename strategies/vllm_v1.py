@@ -131,12 +131,13 @@ class VllmV1(Strategy):
         decodes: list[Sequence] = []
         preempted: list[Preemption] = []
         free = memory.free_blocks if bounded else 0
-        if not in_progress and len(running) <= budget and (not bounded or self._decodes_fit(running, free)):
+        # the blocks every decode needs, once: the common case below takes them all or none
+        grow = sum([memory.needed(s.seq_id, s.n_tokens) for s in running]) if bounded and not in_progress else 0
+        if not in_progress and len(running) <= budget and grow <= free:
             # The common case in one pass: RUNNING holds decodes only, and all of them fit the budget and memory.
             decodes = sorted(running, key=lambda s: order.get(s.seq_id, s.seq_id)) if order else running
             budget -= len(running)
-            if bounded:
-                free -= sum([memory.needed(s.seq_id, s.n_tokens) for s in running])
+            free -= grow
             new = waiting
         else:
             # vLLM's RUNNING list: every request scheduled from WAITING and not preempted since, decoding or
@@ -224,10 +225,6 @@ class VllmV1(Strategy):
             partial += 1
         prompts = max(len(going) + len(chosen), 1)
         return chosen, max(self.chunk_size // prompts, 1)
-
-    def _decodes_fit(self, running, free) -> bool:
-        memory = self.memory
-        return sum([memory.needed(s.seq_id, s.n_tokens) for s in running]) <= free
 
     @staticmethod
     def _cap(budget: int, threshold: int) -> int:
