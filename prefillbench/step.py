@@ -57,6 +57,9 @@ class Step:
     prefills: tuple[PrefillChunk, ...] = ()
     decodes: tuple[DecodeToken, ...] = ()
     preempted: tuple[Preemption, ...] = ()
+    #: What the strategy's own state was when it chose the step, as (name, value) pairs (SGLang's new_token_ratio,
+    #: slo-budget's prompt-token budget): carried to the step's record and the per-request export, never executed.
+    policy_values: tuple[tuple[str, float], ...] = ()
 
     @property
     def n_prefill_tokens(self) -> int:

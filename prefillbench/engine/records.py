@@ -26,6 +26,7 @@ class StepRecord:
     #: log counts these as generation, not context, requests (its output tokens are not 0)
     resumed_chunks: int = 0
     resumed_tokens: int = 0
+    policy_values: tuple[tuple[str, float], ...] = ()  # the strategy's state as it chose the step (Step.policy_values)
 
     @property
     def seconds(self) -> float:
@@ -96,9 +97,13 @@ class Progress:
 def step_record(step: Step, start: float, end: float) -> StepRecord:
     prefills = step.prefills
     if not prefills:  # most steps on the sim: one record per simulated step
-        return StepRecord(start, end, [], 0, [d.position + 1 for d in step.decodes])
-    return StepRecord(start, end, [(c.start, len(c.tokens)) for c in prefills], step.n_pad_tokens,
-                      [d.position + 1 for d in step.decodes], sum([c.is_last for c in prefills]))
+        record = StepRecord(start, end, [], 0, [d.position + 1 for d in step.decodes])
+    else:
+        record = StepRecord(start, end, [(c.start, len(c.tokens)) for c in prefills], step.n_pad_tokens,
+                            [d.position + 1 for d in step.decodes], sum([c.is_last for c in prefills]))
+    if step.policy_values:
+        record.policy_values = step.policy_values
+    return record
 
 
 def request_record(seq: Sequence, logits: list, cached: bool = False) -> RequestRecord:

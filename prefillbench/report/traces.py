@@ -12,7 +12,9 @@ and `request` (0-based), `prompt_len`, and `arrival`, `token_times` and
 the start of that repetition. Where the run's steps are known (not a served
 run), each gap between two tokens is traced to the steps it spanned
 (bench/stalls.py): `gap_prompt_tokens`, the prompt tokens computed while it
-lasted, and `gap_behind_prefill_ms`, its time in steps that computed them.
+lasted, and `gap_behind_prefill_ms`, its time in steps that computed them. Where the strategy recorded its own
+state with its steps (Step.policy_values), `step_<name>` holds, for each token, the value of the step that made it
+(`step_new_token_ratio` for the SGLang strategies, `step_budget` for slo-budget).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from prefillbench.bench.stalls import request_gaps
+from prefillbench.bench.step_values import token_policy_values
 from prefillbench.report.exports import InputError, json_lines, read_text
 from prefillbench.writers import SUFFIX_FORMATS, jsonl_text, write_atomic
 
@@ -53,6 +56,7 @@ def trace_records(results) -> list[dict[str, Any]]:
         }
         for rep, run in enumerate(result.runs):
             stalls = request_gaps(run)
+            values = token_policy_values(run)
             for i, req in enumerate(run.requests):
                 records.append(
                     {
@@ -68,6 +72,8 @@ def trace_records(results) -> list[dict[str, Any]]:
                 if stalls is not None:
                     records[-1]["gap_prompt_tokens"] = [int(n) for n in stalls[i].prompt_tokens]
                     records[-1]["gap_behind_prefill_ms"] = [round(float(v), 4) for v in stalls[i].behind_ms]
+                if values is not None:  # the strategy's state at each token, by the step that made it
+                    records[-1].update({f"step_{name}": v for name, v in values[i].items()})
     return records
 
 

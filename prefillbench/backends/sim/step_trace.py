@@ -32,6 +32,8 @@ class StepTrace:
                     for k, v in cost.breakdown().items()},
             **extra,
         }
+        if step.policy_values:  # the strategy's state as it chose the step (SGLang's ratio, slo-budget's budget)
+            rec["policy"] = dict(step.policy_values)
         self._file.write(jsonl_text([rec]))
 
     def close(self) -> None:
