@@ -91,6 +91,7 @@ class Sequence:
     #: (vLLM's and SGLang's recompute), and `generated` keeps every token it made, so positions subtract these.
     earlier: int = 0
     preemptions: int = 0  # times its KV was freed and it went back to waiting (preempted or retracted)
+    retractions: int = 0  # of those, the times it went to the queue's tail (SGLang's retraction), not its head
     recomputed: int = 0  # tokens whose KV was computed, freed by a preemption, and must be computed again
     length_class: str | None = None  # the request's class (Request.length_class), carried to its record
 
@@ -116,12 +117,13 @@ class Sequence:
         self.token_times.append(time)
         return self.finished
 
-    def preempt(self) -> None:
+    def preempt(self, to_head: bool = True) -> None:
         """Its KV is gone (preempted or retracted): it goes back to waiting with its output so far as prompt, every
         token computed again (the prefix cache, where on, may find some). Its first token's time stays its TTFT."""
         computed = self.n_prefilled + (max(len(self.generated) - self.earlier - 1, 0) if self.prefill_done else 0)
         self.recomputed += computed
         self.preemptions += 1
+        self.retractions += not to_head
         self.prompt = self.prompt + tuple(self.generated[self.earlier:])
         self.earlier = len(self.generated)
         self.n_prefilled = self.n_cached = 0

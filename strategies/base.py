@@ -35,8 +35,17 @@ class Strategy(ABC):
     #: Settings -s may give after the name ('vllm-v1:threshold=512'): each one's attribute and what it is.
     settings: dict[str, tuple[str, str]] = {}
 
+    #: What -s gave after the name, as given (configure): the spec names the configuration a server is launched with.
+    given_settings: dict[str, int] = {}
+
+    @property
+    def spec(self) -> str:
+        """The strategy as -s names it, its settings included ('vllm-v1:threshold=512')."""
+        return self.name + "".join(f":{k}={v}" for k, v in self.given_settings.items())
+
     def configure(self, given: dict[str, int]) -> None:
         """Set what -s gave after the name; ValueError naming the settings it takes where one is not among them."""
+        self.given_settings = dict(given)
         for key, value in given.items():
             if key not in self.settings:
                 takes = ", ".join(f"{k} ({what})" for k, (_, what) in self.settings.items()) or "none"
@@ -69,11 +78,16 @@ class Strategy(ABC):
     def reset(self) -> None:
         """Forget what an earlier run left behind; the engine calls it as a run starts."""
 
-    def attach(self, memory, engine_max_num_seqs: int | None = None) -> None:
+    def attach(self, memory, engine_max_num_seqs: int | None = None, prefix_cache: bool = False) -> None:
         """The run's KV memory and engine cap, to read (never to change: the engine carries a step's preemptions
-        and allocations out); the engine calls it after reset."""
+        and allocations out), and whether a prefix cache runs (SGLang orders by it); the engine calls it after
+        reset."""
         self.memory = memory
         self.engine_max_num_seqs = engine_max_num_seqs
+
+    def idle(self) -> None:
+        """Nothing is in flight and nothing waits: an engine's scheduler may forget what load taught it (SGLang's
+        new_token_ratio goes back to its start). The engine calls it as it waits for the next arrival."""
 
 
 def prefill_chunk(seq: Sequence, max_tokens: int | None = None, pad_to: int | None = None) -> PrefillChunk:

@@ -344,6 +344,27 @@ def test_a_configuration_without_a_budget_runs_the_engine_at_its_own():
     serve(Server(), make_strategy("sarathi-serve"), [], 1, None, None)
     serve(Server(), make_strategy("sarathi-serve", 256), [], 1, None, None)
     assert asked == [None, 256]
+
+
+def test_a_strategys_settings_reach_the_server_it_is_launched_for():
+    """-s vllm-v1:threshold=64 launches vLLM with --long-prefill-token-threshold 64: the engine is handed the spec,
+    settings and all (handing it the bare name ran vLLM's default under the threshold's label)."""
+    from strategies import make_strategy
+
+    from prefillbench.engine.served import serve
+
+    names = []
+
+    class Server:
+        def serve(self, name, budget, requests, concurrency, on_tokens, watch):
+            names.append(name)
+            return client.StreamRun(0.0, 0.0, [])
+
+    serve(Server(), make_strategy("vllm-v1:threshold=64", 256), [], 1, None, None)
+    serve(Server(), make_strategy("vllm-v1", 256), [], 1, None, None)
+    assert names == ["vllm-v1:threshold=64", "vllm-v1"]
+    argv = VLLM.argv(names[0], {"model": "m", "port": 1, "slots": 2, "budget": 256})
+    assert argv[argv.index("--long-prefill-token-threshold") + 1] == "64"
     assert "--max-num-batched-tokens" not in VLLM.argv("sarathi-serve", {"model": "m", "port": 1, "slots": 2,
                                                                           "budget": None})
 

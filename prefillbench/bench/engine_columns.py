@@ -20,6 +20,7 @@ def memory_columns(runs: list[RunRecord]) -> dict:
     peaks = [run.kv_peak_fraction for run in kept if not math.isnan(run.kv_peak_fraction)]
     return {"kv_policy": kept[0].kv_policy,
             "preemptions": float(np.mean([sum(r.preemptions for r in run.requests) for run in kept])),
+            "retractions": float(np.mean([sum(r.retractions for r in run.requests) for run in kept])),
             "recomputed_tokens": float(np.mean([sum(r.recomputed for r in run.requests) for run in kept])),
             "kv_peak_pct": 100 * max(peaks) if peaks else math.nan}
 
@@ -39,7 +40,10 @@ def memory_note(row) -> str:
     parts = [] if math.isnan(row.kv_peak_pct) else [f"peak {row.kv_peak_pct:.0f}%"]
     if preempted > 0:  # a server's count from its /metrics comes without the tokens it recomputed
         recomputed = "" if math.isnan(row.recomputed_tokens) else f" ({row.recomputed_tokens:,.0f} tokens recomputed)"
-        parts.append(f"{preempted:.0f} preempted{recomputed}")
+        retracted = row.retractions if row.retractions == row.retractions else 0.0
+        word = "retracted" if retracted == preempted else "preempted" if not retracted else (
+            f"preempted ({retracted:.0f} retracted)")
+        parts.append(f"{preempted:.0f} {word}{recomputed}")
     if not preempted and row.kv_policy == "reserve":
         parts[-1] += " reserved at whole lengths"
     return "KV memory: " + ", ".join(parts)

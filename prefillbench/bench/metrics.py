@@ -164,6 +164,7 @@ class ResultRow:
     # retracted and tokens computed again for them (means per repetition), the most of it held at once in %.
     kv_policy: str = ""
     preemptions: float = math.nan
+    retractions: float = math.nan  # of the preemptions, SGLang's retractions (to the waiting queue's tail)
     recomputed_tokens: float = math.nan
     kv_peak_pct: float = math.nan
     # Multi-turn sessions: the TTFT p50 of turns after the first (their prompts resend the history); NaN without.

@@ -84,7 +84,7 @@ def run(
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
     depth = max(1, backend.max_steps_in_flight)
     strategy.reset()
-    strategy.attach(memory, backend.engine_max_num_seqs)
+    strategy.attach(memory, backend.engine_max_num_seqs, prefix_cache=backend.caches_prefixes)
     # Decode runs (Loop.decode_run) skip the strategy and the step-by-step bookkeeping, where the backend can run
     # them; a forced token or kept logits need every step's own.
     steady = (strategy.steady_decodes and backend.runs_decodes and depth == 1 and not keep_logits

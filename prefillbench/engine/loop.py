@@ -140,6 +140,8 @@ class Loop:
                 raise RuntimeError(f"strategy {strategy.name} produced an empty step with work left")
             if not in_flight and admission.idle_from is None:
                 admission.idle_from = backend.now()
+                if not live:
+                    strategy.idle()
             backend.wait_until(min(events), stalled=ready and len(in_flight) >= depth, idle=not in_flight)
         return self.record(stopped)
 
@@ -175,7 +177,7 @@ class Loop:
             seq = live[p.seq_id]
             memory.free(seq.seq_id)
             backend.release(seq.seq_id)
-            seq.preempt()
+            seq.preempt(p.to_head)
             if reuse is not None:  # resumed, it looks its tokens up again (vLLM's get_computed_blocks)
                 seq.n_prefilled = seq.n_cached = reuse(seq.seq_id, seq.prompt)
             if p.to_head:

@@ -56,6 +56,7 @@ class RequestRecord:
     #: Times its KV was freed before it finished (preempted or retracted), and the tokens computed again for it.
     preemptions: int = 0
     recomputed: int = 0
+    retractions: int = 0  # of its preemptions, those that sent it to the queue's tail (SGLang's retraction)
     length_class: str | None = None  # the request's class (Request.length_class); None: none given
 
 
@@ -111,4 +112,5 @@ def request_record(seq: Sequence, logits: list, cached: bool = False) -> Request
     return RequestRecord(seq.request_prompt_len, seq.arrival, seq.token_times, seq.generated, logits, seq.first_scheduled,
                          cached_tokens=seq.n_cached if cached else None, session=seq.session, turn=seq.turn,
                          kv_arrival=seq.kv_arrival, preemptions=seq.preemptions, recomputed=seq.recomputed,
+                         retractions=seq.retractions,
                          length_class=seq.length_class)

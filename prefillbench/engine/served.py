@@ -29,7 +29,8 @@ def serve(backend: ServingBackend, strategy: Strategy, requests: list[Request], 
         seen = len(run.done)
         return stop(Progress(run.start, time.perf_counter(), finished, _live(live), pending))
 
-    run = backend.serve(strategy.name, budget, requests, concurrency, on_tokens, watch if stop is not None else None)
+    # the spec, settings included: they are launch flags (vllm-v1:threshold=N is --long-prefill-token-threshold N)
+    run = backend.serve(strategy.spec, budget, requests, concurrency, on_tokens, watch if stop is not None else None)
     records = [_record(s) for s in run.done]
     return RunRecord(run.start, run.end, [r for r in records if r.error is None], [], stopped=run.stopped,
                      failed=[r for r in records if r.error is not None],
