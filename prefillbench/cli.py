@@ -23,9 +23,9 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 from prefillbench import __version__
 from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
-from prefillbench.commands import ab, calibrate, capacity, compare, designs, plot, run, tune
+from prefillbench.commands import ab, calibrate, capacity, compare, designs, merge, plot, run, tune
 from prefillbench.commands.flags import (CAPACITY_PANEL, DEPLOY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
-                                         EngineName, ExpertParallel, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimOverheads, SimPricing, MaxNumSeqs, KvCacheTokens, Url,
+                                         ClientRay, ClientWorkers, EngineName, ExpertParallel, LatencyFrom, Shard, Strict, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimOverheads, SimPricing, MaxNumSeqs, KvCacheTokens, Url,
                                          Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
                                          MaxQueueGrowth, MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
@@ -36,7 +36,7 @@ from prefillbench.commands.flags import (CAPACITY_PANEL, DEPLOY_PANEL, MODEL_PAN
                                          TraceFormat, TraceMaxLen, TraceSpan, flag, option)
 from prefillbench.bench.traces import TraceReading
 from prefillbench.commands.options import (DEFAULT_PRESET, DEFAULT_TOP_K, QUICK, TUNE_OUTPUTS, ABOptions, BackendOptions,
-                                           CalibrateOptions, CapacityOptions, CompareOptions, PlotOptions, RunOptions,
+                                           CalibrateOptions, CapacityOptions, CompareOptions, MergeOptions, PlotOptions, RunOptions,
                                            TuneOptions)
 from prefillbench.commands.parsers import budgets, choice, five_ints, float_list, str_list, metric_list, metrics_if_given, percent, slo_spec
 from prefillbench.commands.session import close_sessions, error_prefix
@@ -161,6 +161,10 @@ def _model_and_backend(
     engine: EngineName = None,
     url: Url = None,
     server_timeout: ServerTimeout = None,
+    client_workers: ClientWorkers = None,
+    client_ray: ClientRay = False,
+    shard: Shard = None,
+    latency_from: LatencyFrom = None,
     skip_idle: SkipIdle = None,
     disaggregate: Disaggregate = None,
     prefill_tp: PrefillTp = None,
@@ -234,6 +238,7 @@ def run_command(
     verify: Verify = False,
     no_progress: NoProgress = False,
     no_verdict: NoVerdict = False,
+    strict: Strict = False,
     **shared: Any,
 ) -> int:
     return run.cmd_run(RunOptions.from_flags(**flags(locals())))
@@ -266,6 +271,17 @@ def plot_command(
     out: Annotated[str, typer.Option(metavar="DIR", help="where the PNG files go")] = DEFAULT_OUT,
 ) -> int:
     return plot.cmd_plot(PlotOptions.from_flags(**locals()))
+
+
+@command("merge", help="join the exports of one run's shards (run --shard I/N --export X.json) into one report")
+def merge_command(
+    files: Annotated[list[str], typer.Argument(
+        metavar="FILE", show_default=False,
+        help="each shard's .json or .jsonl export, its per-request trace (X.requests.jsonl) beside it")],
+    output: Output = R.output,
+    export: Export = None,
+) -> int:
+    return merge.cmd_merge(MergeOptions.from_flags(**locals()))
 
 
 @command("capacity", help="search each strategy's capacity: the highest Poisson request rate within a P99 TBT SLO "

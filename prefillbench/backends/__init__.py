@@ -32,6 +32,12 @@ BACKENDS: dict[str, BackendEntry] = {
     "fake": BackendEntry("prefillbench.backends.fake", "FakeBackend"),
 }
 HIDDEN_BACKENDS = ("fake",)
+#: The pip extra each model backend needs (pyproject.toml), and the top-level modules it brings: a backend whose
+#: extra is missing says which to install, in one line.
+EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "torch": ("torch", ("torch", "transformers", "accelerate", "huggingface_hub")),
+    "gguf": ("gguf", ("llama_cpp",)),
+}
 #: What --backend offers in its help.
 BACKEND_CHOICES = ("auto", *(b for b in BACKENDS if b not in HIDDEN_BACKENDS))
 
@@ -65,7 +71,14 @@ def backend_class(name: str) -> type[Backend]:
     entry = BACKENDS.get(name)
     if entry is None:
         raise BackendError(f"unknown backend {name!r}; choose from {', '.join(BACKEND_CHOICES)}")
-    return entry.load_class()
+    try:
+        return entry.load_class()
+    except ImportError as e:
+        extra = EXTRAS.get(name)
+        if extra is None or (e.name or "").split(".")[0] not in EXTRAS[name][1]:
+            raise
+        raise BackendError(f"--backend {name} needs the {extra[0]} extra ({e.name} is not installed): "
+                           f"pip install 'prefillbench[{extra[0]}]'") from None
 
 
 #: Options every step backend takes because the engine acts on them, not its loader: --kv-cache-tokens sizes the

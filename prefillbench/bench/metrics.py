@@ -31,6 +31,7 @@ from prefillbench.bench.stats import mean_std, percentile
 from prefillbench.bench.stalls import stall_columns
 from prefillbench.bench.engine_columns import engine_columns, memory_columns
 from prefillbench.bench.class_columns import class_columns
+from prefillbench.bench.client_columns import client_columns
 from prefillbench.bench.deployment_figures import deployment_columns
 from prefillbench.bench.workloads import TestSpec
 from prefillbench.backends.base import Backend
@@ -113,7 +114,13 @@ class ResultRow:
     sched_delay_p50_ms: float = math.nan
     sched_delay_p90_ms: float = math.nan
     sched_delay_p99_ms: float = math.nan
+    arrival_lag_p50_ms: float = math.nan  # how late requests were taken (RunRecord.arrival_lags): a server's send lag
     arrival_lag_p99_ms: float = math.nan  # open loop: how late requests were taken (RunRecord.arrival_lags)
+    # A served row's client (bench/client_columns.py): its CPU in % of one core over the run (every worker's), its
+    # worker processes, and why the row measured the client, not the engine ("" where it kept up)
+    client_cpu_pct: float = math.nan
+    client_workers: int = 0
+    client_late: str = ""
     queue_growth: float = math.nan  # open loop: the wait's growth per second of arrivals, at least (queue_growth)
     request_throughput: float = math.nan  # completed requests per second of the run
     arrival: str = "closed"  # closed, poisson, gamma or trace
@@ -445,7 +452,9 @@ def summarize(
         sched_delay_p50_ms=percentile(sched, 50),
         sched_delay_p90_ms=percentile(sched, 90),
         sched_delay_p99_ms=percentile(sched, 99),
+        arrival_lag_p50_ms=percentile([1000 * lag for run in runs for lag in run.arrival_lags], 50),
         arrival_lag_p99_ms=percentile([1000 * lag for run in runs for lag in run.arrival_lags], 99),
+        **client_columns(runs, percentile(ttft, 50)),
         queue_growth=_mean([queue_growth(run) for run in runs]) if open_loop else math.nan,
         request_throughput=_mean([len(run.requests) / run.wall for run in runs]),
         arrival=load.arrival,

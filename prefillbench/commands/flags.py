@@ -155,6 +155,22 @@ Url = Annotated[Optional[str], option(
 ServerTimeout = Annotated[Optional[float], option(
     "--server-timeout", panel=SERVER_PANEL, metavar="S",
     help="server: seconds each launch may take to load its model and answer its health check (default: 300)")]
+ClientWorkers = Annotated[Optional[str], option(
+    "--client-workers", panel=SERVER_PANEL, metavar="N|auto",
+    help="server: the client's processes, each sending a slice of the same schedule (auto: one per 10k streamed "
+    "tokens a second expected, at most the cores less one; default 1)")]
+ClientRay = Annotated[bool, flag(
+    "--client-ray", SERVER_PANEL,
+    help="server: the client's workers as Ray actors, spread over the cluster at $RAY_ADDRESS (else a local one): "
+    "pip install 'prefillbench[ray]'")]
+Shard = Annotated[Optional[str], option(
+    "--shard", panel=SERVER_PANEL, metavar="I/N",
+    help="server: send slice I (0-based) of N of the schedule, one of N machines; `prefillbench merge` joins the "
+    "N exports into one report")]
+LatencyFrom = Annotated[Optional[str], option(
+    "--latency-from", panel=SERVER_PANEL, callback=choice("scheduled", "sent"), metavar="scheduled|sent",
+    help="server: TTFT and E2E from each request's scheduled time (default; MLPerf loadgen's rule: a late client "
+    "cannot hide delay) or from when it was sent (vLLM bench serve's)")]
 
 # tests
 NPrompt = Annotated[Optional[list[str]], option(
@@ -275,3 +291,7 @@ NoProgress = Annotated[bool, flag("--no-progress", OUTPUT_PANEL, help="no progre
 NoVerdict = Annotated[bool, flag(
     "--no-verdict", OUTPUT_PANEL,
     help="no verdict under the table (each strategy against --relative-to or sequential, in sentences)")]
+Strict = Annotated[bool, flag(
+    "--strict", OUTPUT_PANEL,
+    help="exit 1 when a row's client sent late: its send lag p99 past the bound that distorts what it measures "
+    "(docs/servers.md, the client's capacity)")]

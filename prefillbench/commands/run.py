@@ -67,6 +67,11 @@ def cmd_run(options: RunOptions) -> int:
         if results_path in session.written():
             print(f"prefillbench: wrote {results_path}", file=sys.stderr)
     ended = session.ending("measured row(s)")
+    late = [r for r in rows if r.client_late]
+    if not ended and options.strict and late:
+        print(f"prefillbench: --strict: {len(late)} row(s) measured the client, not the engine (its send lag p99 past "
+              f"the bound: {late[0].client_late})", file=sys.stderr)
+        return 1
     if ended or not options.verify:
         return ended
     return run_verify(backend, config, not options.no_progress and is_rank_zero())

@@ -77,6 +77,10 @@ class RunRecord:
     #: whole lengths from admission, "paged": blocks as computed, with preemption); "" for a served run
     kv_peak_fraction: float = math.nan
     kv_policy: str = ""
+    #: a served run's client (backends/server/client.py): the CPU seconds its processes spent over the run, and how
+    #: many processes sent it (0: no client, a step backend)
+    client_cpu_s: float = math.nan
+    client_workers: int = 0
 
     @property
     def wall(self) -> float:

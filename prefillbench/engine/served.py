@@ -1,14 +1,17 @@
 """A server's run: the engine hands the requests to a backend that schedules its own steps (a serving engine) and
 records when each token arrived, as it does for its own steps. There are no step records: the engine's steps are
-its own; the figures (TTFT, TBT, goodput, capacity) come from the token times alone."""
+its own; the figures (TTFT, TBT, goodput, capacity) come from the token times alone.
+
+A request's latencies start at its scheduled time (MLPerf loadgen's rule: a client that sent it late cannot hide
+the delay), or with the client's `latency_from` "sent", when it went out (vLLM's bench serve's)."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from strategies import Strategy
 
 from prefillbench.backends.base import ServingBackend
+from prefillbench.backends.server.client_records import clock
 from prefillbench.engine.records import Progress, RequestRecord, RunRecord
 from prefillbench.sequence import Request, Sequence
 
@@ -25,21 +28,23 @@ def serve(backend: ServingBackend, strategy: Strategy, requests: list[Request], 
         nonlocal seen
         for s in run.done[seen:]:
             if s.error is None:
-                finished.append(_record(s))
+                finished.append(_record(s, run.latency_from))
         seen = len(run.done)
-        return stop(Progress(run.start, time.perf_counter(), finished, _live(live), pending))
+        return stop(Progress(run.start, clock(), finished, _live(live), pending))
 
     # the spec, settings included: they are launch flags (vllm-v1:threshold=N is --long-prefill-token-threshold N)
     run = backend.serve(strategy.spec, budget, requests, concurrency, on_tokens, watch if stop is not None else None)
-    records = [_record(s) for s in run.done]
+    records = [_record(s, run.latency_from) for s in run.done]
     return RunRecord(run.start, run.end, [r for r in records if r.error is None], [], stopped=run.stopped,
                      failed=[r for r in records if r.error is not None],
                      engine_clock=run.engine_clock,
-                     arrival_lags=[s.lag for s in run.done if not s.queued])
+                     arrival_lags=[s.lag for s in run.done if not s.queued],
+                     client_cpu_s=run.cpu_s, client_workers=run.workers)
 
 
-def _record(s) -> RequestRecord:
-    return RequestRecord(len(s.request.prompt), s.scheduled, s.token_times, s.tokens, [], s.first_scheduled,
+def _record(s, latency_from: str = "scheduled") -> RequestRecord:
+    origin = s.sent if latency_from == "sent" and s.sent is not None else s.scheduled
+    return RequestRecord(len(s.request.prompt), origin, s.token_times, s.tokens, [], s.first_scheduled,
                          error=s.error, server_token_times=s.server_token_times or None,
                          cached_tokens=s.cached_tokens if s.error is None else None, session=s.request.session,
                          turn=s.request.turn, length_class=s.request.length_class)

@@ -19,7 +19,8 @@ from prefillbench.writers import SUFFIX_FORMATS
 
 KEY_FIELDS = ("model", "backend", "strategy", "test", "concurrency", "chunk_size", "arrival", "rate")
 
-_INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions", "capacity_probes", "failed_requests"}
+_INT_FIELDS = {"n_prompt", "n_gen", "concurrency", "requests", "repetitions", "capacity_probes", "failed_requests",
+               "client_workers"}
 _KEY_TEXT = {"model", "backend", "strategy", "test"}
 _ALL_FIELDS = {f.name: f for f in fields(ResultRow)}
 # Every text column of the row read back as text (a list kept by hand missed the ones added later: kv_policy,

@@ -136,6 +136,9 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
         columns = columns[:at] + [("deployment", lambda r: r.deployment or "colocated", False)] + columns[at:]
         columns = columns + [("KV transfer p50 ms", lambda r: fmt_number(r.kv_transfer_p50_ms, 2), True),
                              ("busy P/D", busy_cell, True)]
+    if any(r.client_late for r in rows):  # a row that measured its client, not the engine (bench/client_columns.py)
+        columns = columns + [("send lag p99 ms", lambda r: fmt_number(r.arrival_lag_p99_ms, 1) + (" late" if r.client_late else ""),
+                              True)]
     if any(r.failed_requests for r in rows):  # a server's failed requests: counted, in no figure
         columns = columns + [("failed", lambda r: f"{r.failed_requests}/{r.requests * r.repetitions}", True)]
     return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]

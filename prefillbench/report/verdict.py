@@ -278,11 +278,24 @@ def clock_line(rows: list[ResultRow]) -> str:
 def render_verdict(rows: list[ResultRow], reference: str | None = None) -> str:
     """The verdict as text: a heading and a sentence per strategy, and the engine clock's line where it disagrees
     with the client's; empty when nothing compares and the clocks agree."""
-    clocks = clock_line(rows) + memory_line(rows)
+    clocks = client_line(rows) + clock_line(rows) + memory_line(rows)
     compared = _strategy_verdict(rows, reference)
     if clocks and not compared:
         return "\nVerdict:\n" + clocks
     return compared + clocks
+
+
+def client_line(rows: list[ResultRow]) -> str:
+    """One line where the client sent late (bench/client_columns.py): those rows measured the client, not the engine."""
+    late = [r for r in rows if r.client_late]
+    if not late:
+        return ""
+    r = max(late, key=lambda r: r.arrival_lag_p99_ms)
+    more = f"; {len(late) - 1} more row(s) too" if len(late) > 1 else ""
+    return (f"- the client measured itself: {strategy_label(r.strategy, r.chunk_size)} at {r.test} {load_label(r)}: its "
+            f"{r.client_late}, with {r.client_workers} worker(s) at {r.client_cpu_pct:.0f}% of a core{more} (those "
+            "figures are the client's delay, not the engine's: more --client-workers, or a client machine of its own; "
+            "docs/servers.md)\n")
 
 
 def memory_line(rows: list[ResultRow]) -> str:

@@ -20,7 +20,8 @@ from typing import Any, Callable, ClassVar
 
 from prefillbench.backends.base import ServingBackend
 from prefillbench.backends.prefix import DEFAULT_BLOCK_SIZE, PrefixSettings
-from prefillbench.backends.server import client, engine_clock
+from prefillbench.backends.server import client, client_workers, engine_clock
+from prefillbench.backends.server.client_settings import ClientSettings
 from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, VLLM_LENGTH, Engine, parse_template
 from prefillbench.backends.server.process import START_TIMEOUT_S, ServerProcess, free_port
 from prefillbench.errors import BackendError
@@ -49,7 +50,8 @@ class ServerBackend(ServingBackend):
 
     device = "CPU"
     options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "server_cmd", "engine", "url", "context",
-                                                   "server_timeout", "prefix_cache", "kv_cache_tokens"})
+                                                   "server_timeout", "prefix_cache", "kv_cache_tokens", "client_workers",
+                                                   "client_ray", "shard", "latency_from"})
 
     def __init__(self, engine: Engine, model: str, *, binary: str | None = None, threads: int | None = None,
                  url: str | None = None, context: int | None = None, launch: bool = True,
@@ -82,14 +84,20 @@ class ServerBackend(ServingBackend):
         self.key = os.environ.get(API_KEY_VARIABLE) if url else None
         self.extra_buffers: str | None = None  # the llama-server preset's llama.cpp extra buffer types (load)
         self.launch_flags: tuple[str, ...] = ()  # flags this machine adds to every launch (load)
+        self.client = ClientSettings()  # how its client sends a run (load)
+        self.client_cpu_s = self.client_wall_s = 0.0  # the client's CPU seconds over its runs, and their wall time
 
     @classmethod
     def load(cls, model: str | None = None, *, server_bin: str | None = None, server_cmd: str | None = None,
              engine: str | None = None, url: str | None = None, threads: int | None = None,
              context: int | None = None, server_timeout: float | None = None,
-             prefix_cache: str | None = None, kv_cache_tokens: int | None = None) -> "ServerBackend":
+             prefix_cache: str | None = None, kv_cache_tokens: int | None = None,
+             client_workers: str | None = None, client_ray: bool = False, shard: str | None = None,
+             latency_from: str | None = None) -> "ServerBackend":
+        client_settings = ClientSettings.parse(client_workers, client_ray, shard, latency_from)  # refused before a launch
         backend = cls._load(model, server_bin=server_bin, server_cmd=server_cmd, engine=engine, url=url,
                             threads=threads, context=context, server_timeout=server_timeout)
+        backend.client = client_settings
         if kv_cache_tokens is not None:
             backend.launch_flags = (*backend.launch_flags, *kv_cache_flags(backend, kv_cache_tokens))
         # The engine's own prefix cache, on or off by its flags (a server at --url keeps its own; its requests still
@@ -170,6 +178,7 @@ class ServerBackend(ServingBackend):
               on_tokens: Callable[[int], None] | None = None,
               watch: Callable[[client.StreamRun, list[client.Streamed], deque], bool] | None = None) -> client.StreamRun:
         """The requests through the engine configured for (strategy, budget); the stream run, every request in it."""
+        requests, concurrency = self.client.shard_of(requests, concurrency)  # --shard: this command's slice
         if self.launch:
             longest = max(len(r.prompt) + r.n_gen for r in requests)
             slots = min(concurrency or len(requests), len(requests), MAX_SLOTS)
@@ -189,9 +198,7 @@ class ServerBackend(ServingBackend):
         before, missing = engine_clock.read_metrics(url, headers)
         if missing:  # the rows keep the client's clock; the engine's columns stay empty, said once (metadata)
             self.clock_missing = f"{missing}: the rows have no engine clock (the server's own /metrics) beside the client's"
-        run = client.stream_requests(url, self.engine.api, requests, concurrency, model=self.served_model,
-                                     headers=headers, watch=watch, alive=alive, on_done=done,
-                                     cache=self.caches_prefixes)
+        run = self._stream(url, headers, requests, concurrency, watch, alive, done)
         after = engine_clock.scrape(url, headers) if before is not None else None
         if after is not None:  # the round trip again, after: the slower of the two is what the run had at worst
             net_ms = max(net_ms, engine_clock.net_round_trip_ms(url + self.engine.health_path, headers))
@@ -203,6 +210,27 @@ class ServerBackend(ServingBackend):
             raise died  # its requests failed with it: the run ends here, as a step failure ends a local one
         self.failed_requests += sum(s.error is not None for s in run.done)
         self.lags += [s.lag for s in run.done if not s.queued]
+        return run
+
+    def _stream(self, url: str, headers: dict[str, str], requests: list[Request], concurrency: int, watch, alive,
+                done) -> client.StreamRun:
+        """The requests sent by this process's client, or by its workers (--client-workers, --client-ray), whose
+        records are merged into one run. Workers stop only at the run's end: a watch (capacity's early stop) is
+        asked of the one-process client alone."""
+        if not self.client.in_workers:
+            run = client.stream_requests(url, self.engine.api, requests, concurrency, model=self.served_model,
+                                         headers=headers, watch=watch, alive=alive, on_done=done,
+                                         cache=self.caches_prefixes)
+        else:
+            jobs = [client_workers.SliceJob(url, self.engine.api, s.requests, s.concurrency, self.served_model,
+                                            headers, self.caches_prefixes)
+                    for s in self.client.worker_slices(requests, concurrency)]
+            run = client_workers.stream_in_workers(jobs, ray=self.client.ray, alive=alive)
+            for s in run.done:
+                done(s)
+        run.latency_from = self.client.latency_from
+        self.client_cpu_s += run.cpu_s
+        self.client_wall_s += run.end - run.start
         return run
 
     @property
@@ -305,6 +333,9 @@ class ServerBackend(ServingBackend):
 
             meta["client_lag_p50_ms"], meta["client_lag_p99_ms"] = (1e3 * np.percentile(self.lags, [50, 99])).tolist()
             meta["client_lag_requests"] = len(self.lags)
+        meta.update(self.client.metadata())
+        if self.client_wall_s > 0:  # the client's processes' CPU over the runs' wall time, in % of one core
+            meta["client_cpu_pct"] = 100 * self.client_cpu_s / self.client_wall_s
         if self.server is not None:
             meta["server_log"] = str(self.server.log_path)
         return meta
@@ -327,14 +358,16 @@ class LlamaServerBackend(ServerBackend):
     installed llama-cpp-python's own llama.cpp unless --server-bin names another."""
 
     options: ClassVar[frozenset[str]] = frozenset({"threads", "server_bin", "url", "context", "server_timeout",
-                                                   "prefix_cache"})
+                                                   "prefix_cache", "client_workers", "client_ray", "shard",
+                                                   "latency_from"})
 
     @classmethod
     def load(cls, model: str | None = None, *, server_bin: str | None = None, url: str | None = None,
              threads: int | None = None, context: int | None = None,
-             server_timeout: float | None = None, prefix_cache: str | None = None) -> "ServerBackend":
+             server_timeout: float | None = None, prefix_cache: str | None = None,
+             **client: Any) -> "ServerBackend":
         return ServerBackend.load(model, engine="llama-server", server_bin=server_bin, url=url, threads=threads,
-                                  context=context, server_timeout=server_timeout, prefix_cache=prefix_cache)
+                                  context=context, server_timeout=server_timeout, prefix_cache=prefix_cache, **client)
 
 
 def kv_cache_flags(backend: ServerBackend, tokens: int) -> tuple[str, ...]:
@@ -389,6 +422,11 @@ def _hf_shape(model: str, context: int, vocab: int) -> tuple[int, int]:
 
 
 def _llama_server_binary() -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:  # the server is built from llama-cpp-python's own source
+        raise BackendError("--backend llama-server builds llama.cpp's server from llama-cpp-python: pip install "
+                           "'prefillbench[gguf]', or --server-bin names a llama-server")
     from prefillbench.backends.server.build import llama_tool
 
     return str(llama_tool("llama-server"))

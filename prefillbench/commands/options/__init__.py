@@ -14,10 +14,10 @@ from prefillbench.commands.options.ab import (DEFAULT_MAX_ROUNDS, DEFAULT_MAX_SE
 from prefillbench.commands.options.calibrate import CalibrateOptions
 from prefillbench.commands.options.capacity import CapacityOptions
 from prefillbench.commands.options.common import BackendOptions, Measuring, note
-from prefillbench.commands.options.compare import CompareOptions, PlotOptions
+from prefillbench.commands.options.compare import CompareOptions, MergeOptions, PlotOptions
 from prefillbench.commands.options.run import RunOptions
 from prefillbench.commands.options.tune import DEFAULT_BUDGETS, DEFAULT_TOP_K, QUICK, SIM_OF_TUNE, TUNE_OUTPUTS, TuneOptions
 
 __all__ = ["ABOptions", "BackendOptions", "CalibrateOptions", "CapacityOptions", "CompareOptions", "DEFAULT_BUDGETS",
-           "DEFAULT_MAX_ROUNDS", "DEFAULT_MAX_SECONDS", "DEFAULT_MIN_ROUNDS", "DEFAULT_PRESET", "DEFAULT_TOP_K", "Measuring",
+           "DEFAULT_MAX_ROUNDS", "DEFAULT_MAX_SECONDS", "DEFAULT_MIN_ROUNDS", "DEFAULT_PRESET", "DEFAULT_TOP_K", "Measuring", "MergeOptions",
            "PlotOptions", "QUICK", "RunOptions", "SIM_OF_TUNE", "TUNE_OUTPUTS", "TuneOptions", "note"]

@@ -138,6 +138,11 @@ class BackendOptions:
     engine: str | None = _backend_option(None, "--engine", "engine")
     url: str | None = _backend_option(None, "--url", "url")
     server_timeout: float | None = _backend_option(None, "--server-timeout", "server_timeout")
+    # the client of a server backend: its worker processes (N or auto), on Ray, one shard of N, the latencies' origin
+    client_workers: str | None = _backend_option(None, "--client-workers", "client_workers")
+    client_ray: bool = _backend_option(False, "--client-ray", "client_ray")
+    shard: str | None = _backend_option(None, "--shard", "shard")
+    latency_from: str | None = _backend_option(None, "--latency-from", "latency_from")
     skip_idle: bool | None = None  # the engine's clock, not a load option: None leaves it to the command (tune --quick)
     # prefill apart from decode (deploy/): the layout, each pool's TP (None: --tp), the KV's link and transfer
     disaggregate: str | None = None

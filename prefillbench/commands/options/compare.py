@@ -1,4 +1,4 @@
-"""The options of the commands that read exports: compare and plot."""
+"""The options of the commands that read exports: compare, plot and merge."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,3 +32,20 @@ class PlotOptions:
     @classmethod
     def from_flags(cls, **flags: Any) -> PlotOptions:
         return cls(**flags)
+
+
+@dataclass
+class MergeOptions:
+    """`prefillbench merge`: the shards' exports, how to print the merged report, and where to export it."""
+
+    files: list[str]
+    output: str = "md"
+    export: str | None = None
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> MergeOptions:
+        from prefillbench.commands.options.common import check_export
+
+        options = cls(**flags)
+        check_export(options.export)
+        return options

@@ -46,6 +46,7 @@ class RunOptions(Measuring):
     verify: bool = False
     no_progress: bool = False
     no_verdict: bool = False
+    strict: bool = False  # exit 1 where a row's client sent late (bench/client_columns.py)
     config: BenchConfig = field(init=False, repr=False)
 
     def validate(self) -> None:
