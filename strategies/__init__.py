@@ -9,13 +9,14 @@ from .packed import Packed
 from .padded import Padded
 from .sarathi_serve import SarathiServe
 from .sequential import Sequential
+from .slo_budget import SloBudget
 from .sglang import Sglang, SglangMixed
 from .static import Static
 from .vllm_v1 import VllmV1
 
 STRATEGIES: dict[str, type[Strategy]] = {
     s.name: s for s in (Sequential, Padded, Packed, Chunked, SarathiServe, Orca, Static, VllmV1, Sglang, SglangMixed,
-                        LlamaServer)
+                        LlamaServer, SloBudget)
 }
 
 

@@ -34,6 +34,14 @@ class Strategy(ABC):
 
     #: Settings -s may give after the name ('vllm-v1:threshold=512'): each one's attribute and what it is.
     settings: dict[str, tuple[str, str]] = {}
+    #: Whether it chooses each step by the step's price against a target time (slo-budget): the run must hand it
+    #: both through `price_with` before it starts (bench/slo_pricing.py makes them from the run's SLO and cost model).
+    needs_price: bool = False
+
+    def price_with(self, price, target_s: float) -> None:
+        """The run's price of a step (a plain callable: its prompt chunks as (start, tokens, is_last) and its decodes'
+        contexts -> seconds) and the step time to keep within. Called before the run by the bench layer; a strategy
+        whose steps do not depend on their price (every fixed budget) ignores it."""
 
     #: What -s gave after the name, as given (configure): the spec names the configuration a server is launched with.
     given_settings: dict[str, int] = {}

@@ -65,5 +65,5 @@ def test_cli_flag(capsys):
     out = capsys.readouterr().out
     assert code == 0
     table = [line for line in out.splitlines() if line.startswith("|")]
-    assert len(table) == 2 + len(STRATEGIES)  # every strategy by default
+    assert len(table) == 2 + sum(not c.needs_price for c in STRATEGIES.values())  # every strategy but slo-budget (--slo)
     assert "Verdict against sequential" in out  # and the verdict under the table

@@ -86,7 +86,8 @@ def test_padded_pads_to_longest_and_computes_pads(pair):
 def test_generate_api_agrees_across_strategies(pair):
     backend, _ = pair
     prompts = [list(r.prompt) for r in _requests(3, seed=5)]
-    outputs = {s: generate(prompts, model=backend, strategy=s, chunk_size=3, max_new_tokens=6) for s in STRATEGIES}
+    outputs = {s: generate(prompts, model=backend, strategy=s, chunk_size=3, max_new_tokens=6)
+               for s in STRATEGIES if not STRATEGIES[s].needs_price}  # slo-budget needs an SLO
     assert all(len(o) == 3 and all(len(t) == 6 for t in o) for o in outputs.values())
     assert all(o == outputs["sequential"] for o in outputs.values())
 

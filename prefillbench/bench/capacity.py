@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from strategies import configurations, make_strategy
+from strategies import Strategy, configurations, make_strategy
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend
@@ -30,6 +30,7 @@ from prefillbench.bench.engine_columns import memory_note
 from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, implied_hit_rate, percentile, queue_growth, row_strategy,
                                         sched_delay_ms, summarize, tbts_ms, tpot_ms, ttft_ms, ttfts_ms)
 from prefillbench.bench.pricing import Pricer, priced_by_kind
+from prefillbench.bench.slo_pricing import StepPricing, priced
 from prefillbench.deploy import Disaggregation, run_requests
 from prefillbench.engine import Progress, RunRecord
 from prefillbench.sequence import Request
@@ -356,6 +357,12 @@ class CapacityConfig:
     warmup: bool = True
     slo: SLO | None = None  # for the rows' goodput; None: the criteria's TBT alone
     deployment: Disaggregation | None = None  # prefill apart from decode (deploy/); None: one engine
+    pricing: StepPricing | None = None  # what a strategy that prices its steps (slo-budget) prices them by
+
+    def strategy_for(self, case: Case) -> Strategy:
+        """The case's strategy, priced against the criteria where it prices its steps (bench/slo_pricing.py)."""
+        c = self.criteria
+        return priced(make_strategy(case.strategy, case.chunk_size), self.pricing, c.tbt_p99_ms, c.tpot_ms, c.percentile)
 
     def validate(self) -> None:
         if self.requests < 2:
@@ -425,7 +432,7 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
     stops once every criteria in `watch` (default: the config's) has certainly failed (CertainFailure); [] runs
     it to the end. `price`: each step's seconds on a calibrated sim, summed beside the measured ones."""
     seed = config.seed if seed is None else seed
-    strategy = make_strategy(case.strategy, case.chunk_size)
+    strategy = config.strategy_for(case)
     spec = ArrivalSpec(config.arrival, rate, config.burstiness)
     requests = make_requests(case.test, config.requests, backend.vocab_size, seed,
                              spec.times(config.requests, seed, case.test))
@@ -459,7 +466,7 @@ def find_capacity(backend: Backend, case: Case, config: CapacityConfig,
                   on_probe_done: Callable[[Case, Probe], None] | None = None,
                   on_tokens: Callable[[int], None] | None = None) -> CapacityResult:
     if config.warmup and config.deployment is None:
-        warm_up(backend, make_strategy(case.strategy, case.chunk_size), case,
+        warm_up(backend, config.strategy_for(case), case,
                 BenchConfig([case.test], [case.strategy], [case.concurrency], seed=config.seed))
 
     n_probes = 0

@@ -14,6 +14,7 @@ from prefillbench import engine
 from prefillbench.backends.base import Backend, LogitTolerance, ServingBackend
 from prefillbench.engine import RunRecord
 from prefillbench.bench.metrics import SLO, Load, ResultRow, implied_hit_rate, row_strategy, summarize
+from prefillbench.bench.slo_pricing import StepPricing, priced
 from prefillbench.deploy import Disaggregation, run_requests
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
 from prefillbench.sequence import Request
@@ -46,6 +47,13 @@ class BenchConfig:
     burstiness: float = 1.0
     slo: SLO | None = None
     deployment: Disaggregation | None = None  # prefill apart from decode (deploy/); None: one engine
+    pricing: StepPricing | None = None  # what a strategy that prices its steps (slo-budget) prices them by
+
+    def strategy_for(self, case: Case) -> Strategy:
+        """The case's strategy, priced against the SLO where it prices its steps (bench/slo_pricing.py)."""
+        slo = self.slo
+        return priced(make_strategy(case.strategy, case.chunk_size), self.pricing, slo.tbt_ms if slo else None,
+                      slo.tpot_ms if slo else None)
 
     @property
     def open_loop(self) -> bool:
@@ -163,7 +171,7 @@ def warm_up(backend: Backend, strategy: Strategy, case: Case, config: BenchConfi
 
 def prepare_case(backend: Backend, case: Case, config: BenchConfig) -> tuple[Strategy, list[Request]]:
     """The case's strategy and requests, with the backend warmed up for it."""
-    strategy = make_strategy(case.strategy, case.chunk_size)
+    strategy = config.strategy_for(case)
     requests = config.requests_for(case, backend.vocab_size)
     if config.warmup:
         warm_up(backend, strategy, case, config)
@@ -281,12 +289,10 @@ def verify_logits(backend: Backend, config: BenchConfig, on_case: Callable[[str]
         requests = config.requests_for(ref_case, backend.vocab_size)
         if on_case is not None:
             on_case(f"verify {ref_case.test.name} c={ref_case.concurrency}")
-        reference = engine.run(backend, make_strategy(ref_case.strategy, ref_case.chunk_size), requests,
-                               ref_case.concurrency, keep_logits=True)
+        reference = engine.run(backend, config.strategy_for(ref_case), requests, ref_case.concurrency, keep_logits=True)
         forced = teacher_forced(requests, reference)
         for case in others:
-            strategy = make_strategy(case.strategy, case.chunk_size)
-            run = engine.run(backend, strategy, forced, case.concurrency, keep_logits=True)
+            run = engine.run(backend, config.strategy_for(case), forced, case.concurrency, keep_logits=True)
             results.append(logit_agreement(case, ref_case, reference, run, tol))
     return results
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from prefillbench.backends.base import Backend
 from prefillbench.bench.pricing import Pricer
-from prefillbench.bench.tune import (Config, ConfigCallback, ConfigResult, GridResult, ProbeCallback, TuneSettings, by_criteria, ranked,
-                                     run_grid)
+from prefillbench.bench.tune import (Config, ConfigCallback, ConfigResult, GridResult, ProbeCallback, TuneSettings, by_criteria,
+                                     prices_steps, ranked, run_grid)
 
 
 def pick_for_measurement(order: list[ConfigResult], top_k: int, baseline: Config = Config("sequential", None)) -> list[Config]:
@@ -34,12 +34,16 @@ def margin_ranked(predicted: list[ConfigResult], slower: list[ConfigResult]) -> 
 def picks(predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
           slower: list[ConfigResult] | None = None) -> list[Config]:
     """What the measured stage measures: under each criteria the sim's top K (by margin_ranked where `slower` is
-    given, else by capacity) and the baseline, each once."""
+    given, else by capacity) and the baseline, each once; and where the grid holds a strategy that prices its steps
+    (slo-budget), it and the sim's best fixed budget, so that the two are compared measured."""
     chosen: list[Config] = []
     for k in settings.criteria:
         mine = by_criteria(predicted, k)
         chosen += pick_for_measurement(margin_ranked(mine, by_criteria(slower, k)) if slower else ranked(mine), top_k,
                                        settings.baseline)
+        adaptive = [r.config for r in mine if prices_steps(r.config)]
+        fixed = [r.config for r in ranked(mine) if r.config.budget is not None][:1]
+        chosen += adaptive + (fixed if adaptive else [])
     return list(dict.fromkeys(chosen))
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from strategies import configurations, make_strategy
+from strategies import STRATEGIES, configurations, split_spec
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend, BackendError
@@ -30,6 +30,7 @@ from prefillbench.bench.capacity import DEFAULT_START_RATE, CapacityConfig, Crit
 from prefillbench.bench.cases import BenchConfig, Case, warm_up
 from prefillbench.bench.metrics import strategy_label
 from prefillbench.bench.pricing import Pricer
+from prefillbench.bench.slo_pricing import StepPricing
 from prefillbench.bench.turns import BackendCall, run_here, take_turns
 from prefillbench.bench.workloads import TestSpec, make_requests, request_lengths
 
@@ -83,6 +84,8 @@ class TuneSettings:
     #: configuration (it cannot run sequential), named `baseline_name`.
     baseline: Config | None = None
     baseline_name: str = ""
+    #: What a strategy that prices its steps (slo-budget) prices them by: the run's cost model (bench/slo_pricing.py)
+    pricing: StepPricing | None = None
 
     def __post_init__(self) -> None:
         if self.baseline is None:
@@ -101,7 +104,7 @@ class TuneSettings:
         config = CapacityConfig(self.test, [strategy], [], criteria, requests=self.requests, concurrency=self.concurrency,
                                 arrival=self.arrival, burstiness=self.burstiness, seed=self.seed,
                                 start_rate=self.start_rate or DEFAULT_START_RATE, precision=self.precision,
-                                warmup=self.warmup)
+                                warmup=self.warmup, pricing=self.pricing)
         config.validate()
         return config
 
@@ -208,6 +211,8 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
     near = 1 + NEAR_GROWTH_PRECISIONS * settings.precision
     step = 1 + REPEAT_GROWTH_PRECISIONS * settings.precision
     results = [ConfigResult(config, c, stage=stage, planned_seeds=settings.repeats) for c in settings.criteria]
+    # A strategy that prices its steps aims at each criteria's own SLO: its runs serve that criteria alone.
+    own_runs = prices_steps(config)
     current: list[Probe] = []
     last_e2e_s = 0.0
     index = 0
@@ -215,12 +220,15 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
     def probe(index: int, seed: int, rate: float) -> Probe:
         nonlocal last_e2e_s
         criteria = settings.criteria[index]
-        raw = cache.get((rate, seed))
+        key = (rate, seed, index if own_runs else None)
+        raw = cache.get(key)
         if raw is None:
             if deadline is not None and time.monotonic() + (settings.requests - 1) / rate + last_e2e_s > deadline:
                 raise OutOfTime(f"{config.label} at {rate:.3g} req/s would end past the time budget")
-            raw = cache[(rate, seed)] = on_backend(lambda: probe_case(backend, case, base, rate, seed=seed,
-                                                                      watch=settings.criteria, price=price))
+            probed = settings.capacity_config(criteria, config.strategy) if own_runs else base
+            raw = cache[key] = on_backend(lambda: probe_case(backend, case, probed, rate, seed=seed,
+                                                             watch=[criteria] if own_runs else settings.criteria,
+                                                             price=price))
             last_e2e_s = raw.row.e2e_p50_ms / 1e3 if not math.isnan(raw.row.e2e_p50_ms) else last_e2e_s
         over = raw.certain[criteria] if raw.stopped_early else criteria.exceeded(raw.values)
         p = replace(raw, passed=not over, limited_by=over)
@@ -231,7 +239,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
 
     try:
         if settings.warmup and backend.name != "sim":
-            on_backend(lambda: warm_up(backend, make_strategy(config.strategy, config.budget), case,
+            on_backend(lambda: warm_up(backend, base.strategy_for(case), case,
                                        BenchConfig([case.test], [config.strategy], [case.concurrency], seed=settings.seed)))
         for index, result in enumerate(results):
             for k in range(settings.repeats) if seeds is None else seeds:
@@ -245,7 +253,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
                 elif settings.start_rate:
                     start, growth = settings.start_rate, 2.0
                 else:
-                    start, growth = on_backend(lambda: saturated_rate(backend, case, settings, seed)), 2.0
+                    start, growth = on_backend(lambda: saturated_rate(backend, case, settings, seed, result.criteria)), 2.0
                 result.searches.append(search(lambda r: probe(index, seed, r), start, settings.precision, growth))
     except (KeyboardInterrupt, OutOfTime, BackendError) as e:
         for result in results:
@@ -255,14 +263,15 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
     return results
 
 
-def saturated_rate(backend: Backend, case: Case, settings: TuneSettings, seed: int) -> float:
+def saturated_rate(backend: Backend, case: Case, settings: TuneSettings, seed: int,
+                   criteria: Criteria | None = None) -> float:
     """Requests per second the configuration completes with every request in flight from the start (a closed
     loop, the KV cache the only cap): no arrival rate above it can keep the queue from growing, so a search
     that starts there brackets downwards, and a probe above capacity stops as soon as it has certainly failed.
     A start far below capacity would cost the most: a lightly loaded run takes the most steps (small batches)."""
     requests = make_requests(settings.test, settings.requests, backend.vocab_size, seed)
-    run = engine.run(backend, make_strategy(case.strategy, case.chunk_size), requests,
-                     case.concurrency or len(requests))
+    strategy = settings.capacity_config(criteria or settings.criteria[0], case.strategy).strategy_for(case)
+    run = engine.run(backend, strategy, requests, case.concurrency or len(requests))
     return len(requests) / run.wall if run.wall > 0 else DEFAULT_START_RATE
 
 
@@ -478,6 +487,11 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
                 out.left.append(c)
             out.results += results_of(c)
     return out
+
+
+def prices_steps(config: Config) -> bool:
+    """Whether the configuration's strategy chooses each step by its price against the SLO (slo-budget)."""
+    return STRATEGIES[split_spec(config.strategy)[0]].needs_price
 
 
 # ---- ranking --------------------------------------------------------------------------------------------------

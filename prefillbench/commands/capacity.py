@@ -5,10 +5,11 @@ import sys
 from pathlib import Path
 
 from prefillbench.backends.distributed import is_rank_zero
-from prefillbench.bench import capacity
+from prefillbench.bench import capacity, slo_pricing
 from prefillbench.bench.cases import Case
 from prefillbench.bench.metrics import strategy_label
 from prefillbench.commands.options import CapacityOptions
+from prefillbench.commands.options.priced import prices_steps
 from prefillbench.commands.session import Output, open_session
 from prefillbench.errors import UsageError
 from prefillbench.report.capacity import best_line, render_md
@@ -22,6 +23,11 @@ def cmd_capacity(options: CapacityOptions) -> int:
                ] if options.export else []
     session = open_session(options.load, outputs, **options.workload_settings(), **config.settings())
     loaded = session.backend
+    if any(map(prices_steps, config.strategies)):  # slo-budget: the run's prices
+        config.pricing = slo_pricing.run_pricing(loaded, options.pricing_calibration)
+        if is_rank_zero():
+            c = config.criteria
+            print(f"prefillbench: {config.pricing.describe(c.tbt_p99_ms, c.tpot_ms, c.percentile)}", file=sys.stderr)
     if config.test.max_seq_len > loaded.context_length:
         raise UsageError(f"a request needs {config.test.max_seq_len} positions but the model's context is {loaded.context_length}")
 

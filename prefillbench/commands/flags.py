@@ -110,7 +110,8 @@ TensorParallel = Annotated[int, option(
     "the sim predicts GPUs per stage")]
 PipelineStages = Annotated[int, option("--pp", panel=SIM_PANEL, help="sim: pipeline stages, run as a pipeline of micro-batches")]
 Calibration = Annotated[Optional[str], option(
-    "--calibration", panel=SIM_PANEL, help="sim: calibration file written by `prefillbench calibrate`")]
+    "--calibration", panel=SIM_PANEL, help="sim: calibration file written by `prefillbench calibrate`; gguf, torch: "
+    "the one slo-budget prices its steps by")]
 PrefixCache = Annotated[Optional[str], option(
     "--prefix-cache", panel=MODEL_PANEL, callback=choice("on", "off"), metavar="on|off",
     help="reuse cached prompt prefixes (vLLM's design on gguf and the sim; a serving engine's own cache by its flags): "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prefillbench.backends import load_backend
@@ -19,13 +19,14 @@ from prefillbench.backends.base import Backend, ServingBackend
 from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.calibration import at_speed, calibrate, calibration_specs, load_calibration, workload_points
-from prefillbench.bench import server_probes, sim_first, tune
+from prefillbench.bench import server_probes, sim_first, slo_pricing, tune
 from prefillbench.bench.capacity import Criteria, Probe, SearchResult
 from prefillbench.bench.pricing import pricer
 from prefillbench.commands.calibrate import probe_server, sim_specs_for
 from prefillbench.commands.options import TuneOptions
 from prefillbench.commands.session import Output, Progress, Session, open_session
 from prefillbench.errors import UsageError
+from prefillbench.report import adaptive
 from prefillbench.report import tune as report
 from prefillbench.report import tune_plots
 from prefillbench.writers import csv_text, json_text
@@ -116,6 +117,16 @@ def run_tune(o: TuneOptions) -> int:
         session.stop(grid.stopped == "interrupted", grid.failure)
         return grid
 
+    adaptive_grid = any(tune.prices_steps(c) for c in configs)
+
+    def priced_by(pricing: slo_pricing.StepPricing | None) -> tune.TuneSettings:
+        """The settings with what slo-budget prices its steps by, said once per SLO."""
+        for k in criteria if pricing is not None else []:
+            print(f"prefillbench: {pricing.describe(k.tbt_p99_ms, k.tpot_ms, k.percentile)}", file=err)
+        return replace(settings, pricing=pricing)
+
+    if adaptive_grid and (on_sim or o.no_sim):
+        settings = priced_by(slo_pricing.run_pricing(backend, o.load.calibration if on_sim else o.calibration))
     with session.measuring(len(configs) * len(criteria) * settings.expected_probes, not o.no_progress, "probes") as progress:
         bar = ProbeProgress(progress, len(configs) * len(criteria), settings.expected_probes)
         if on_sim or o.no_sim:
@@ -123,6 +134,9 @@ def run_tune(o: TuneOptions) -> int:
         else:
             cal = _calibration(o, backend, err)
             sim = _sim(o, cal)
+            if adaptive_grid:  # priced by the calibration the sim carries, on the sim and on the backend alike
+                source = f"calibration {o.calibration}" if o.calibration else "this run's calibration sweep"
+                settings = priced_by(slo_pricing.of_sim(sim, cal, source))
             found.predicted = stage(sim, configs, "sim")
             if not found.predicted.stopped:
                 # How sure: the grid again on the sim with every step 10% longer; the picks are ranked by what
@@ -211,6 +225,8 @@ def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: lis
                                            settings.baseline_name))
         print(report.verdict(rows, k, pred, repredicted, slower, settings.baseline, settings.baseline_name),
               file=out if o.output == "md" else err)
+        for line in adaptive.against_fixed(rows):  # slo-budget beside the best fixed budget
+            print(line, file=out if o.output == "md" else err)
         notes = report.stage_notes(tune.by_criteria(pred, k), rows, tune.by_criteria(repredicted, k)) if pred and o.verbose else []
         if predicted is not None and o.verbose:
             notes += report.edge_notes(tune.by_criteria(predicted.results, k), tune.by_criteria(slower, k))

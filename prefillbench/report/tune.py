@@ -10,6 +10,7 @@ from prefillbench.bench.pricing import STEP_KINDS
 from prefillbench.bench.sim_first import (EDGE_SLOWDOWN, Comparison, at_the_edge, capacity_change, compare_stages,
                                           margin_picks, margin_ranked, order_differs, probe_speeds)
 from prefillbench.bench.tune import Config, ConfigResult, by_criteria, ranked
+from prefillbench.report.adaptive import win_text
 from prefillbench.report.capacity import capacity_text
 from prefillbench.report.tables import fmt_number, md_table
 from prefillbench.writers import RECORD_FORMATS, format_for_path, write_export
@@ -126,6 +127,7 @@ def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[Con
     text = f"best within {criteria.describe()}: {name}: {capacity_text(best.capacity, best.hit_bound, 3)} req/s"
     if base is not None and base is not best and base.capacity:
         text += f", {best.capacity / base.capacity:.2f}x {baseline_name}"
+    text += win_text(best, order)  # an adaptive budget's lead over the nearest fixed one
     kept = {(r.config, r.criteria): r for r in slower or []}.get((c, best.criteria)) if not predicted else None
     if kept is not None:
         text += f" ({kept.capacity:.3g} req/s with every step {EDGE_SLOWDOWN - 1:.0%} longer)"

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from prefillbench.bench import capacity
 from prefillbench.bench.metrics import SLO
 from prefillbench.bench.workloads import TraceReading
+from prefillbench.commands.options import priced
 from prefillbench.commands.options.common import (BackendOptions, Measuring, check_export, check_precision,
                                                  check_queue_growth, check_relative_to, check_seed, strategy_names,
                                                  unique, workload_requests)
@@ -39,6 +40,7 @@ class CapacityOptions(Measuring):
     export: str | None = None
     no_progress: bool = False
     config: capacity.CapacityConfig = field(init=False, repr=False)
+    pricing_calibration: str | None = field(default=None, init=False, repr=False)  # what prices slo-budget (priced.py)
 
     def validate(self) -> None:
         check_seed(self.seed)
@@ -46,6 +48,10 @@ class CapacityOptions(Measuring):
             raise UsageError("capacity needs --slo tbt=MS: the highest rate whose P99 time between tokens stays within it")
         test = self.searched_test(self.pg, self.arrival, "capacity")
         strategies = strategy_names(self.strategy, self.load)
+        strategies = priced.checked(strategies, bool(self.strategy), self.load, self.slo.tbt_ms, self.slo.tpot_ms,
+                                    self.load.name == "sim" or bool(self.load.calibration),
+                                    "--disaggregate" if self.load.disaggregate else "")
+        self.load, self.pricing_calibration = priced.pricing_file(strategies, self.load)
         if self.load.url:
             if self.chunk_size:
                 raise UsageError("--url measures a server already running, whose budget is its own: drop --chunk-size "

@@ -15,6 +15,7 @@ from prefillbench.bench.mix import PREFIX as MIX_PREFIX, MixSpec
 from prefillbench.bench.sessions import PREFIX as SESSIONS_PREFIX
 from prefillbench.bench.workloads import (SessionSpec, TestSpec, TraceReading, load_workload, make_tests, sessions_test,
                                           workload_test)
+from prefillbench.commands.options.priced import prices_steps, server_refusal
 from prefillbench.errors import BackendError, UsageError
 from prefillbench.writers import format_for_path
 
@@ -84,6 +85,8 @@ def strategy_names(given: list[str] | None, load: "BackendOptions | None" = None
             raise UsageError(str(e)) from None
     if served is not None:
         for name in names:
+            if prices_steps(name):  # slo-budget: no engine takes a budget per step from outside
+                raise server_refusal(name, load.name)
             if not served.expresses(name):
                 raise UsageError(str(served.refuse(name)))
     return names

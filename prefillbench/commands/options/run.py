@@ -8,6 +8,7 @@ from prefillbench.bench.cases import BenchConfig
 from prefillbench.bench.metrics import SLO
 from prefillbench.bench.workloads import ARRIVALS
 from prefillbench.bench.workloads import TraceReading
+from prefillbench.commands.options import priced
 from prefillbench.commands.options.common import (BackendOptions, Measuring, check_export, check_relative_to,
                                                  check_seed, note, strategy_names, test_specs, unique)
 from prefillbench.errors import UsageError
@@ -48,6 +49,7 @@ class RunOptions(Measuring):
     no_verdict: bool = False
     strict: bool = False  # exit 1 where a row's client sent late (bench/client_columns.py)
     config: BenchConfig = field(init=False, repr=False)
+    pricing_calibration: str | None = field(default=None, init=False, repr=False)  # what prices slo-budget (priced.py)
 
     def validate(self) -> None:
         check_seed(self.seed)
@@ -70,6 +72,11 @@ class RunOptions(Measuring):
 
     def bench_config(self) -> BenchConfig:
         strategies = strategy_names(self.strategy, self.load)
+        slo = self.slo
+        strategies = priced.checked(strategies, bool(self.strategy), self.load, slo.tbt_ms if slo else None,
+                                    slo.tpot_ms if slo else None, self.load.name == "sim" or bool(self.load.calibration),
+                                    "--disaggregate" if self.load.disaggregate else "")
+        self.load, self.pricing_calibration = priced.pricing_file(strategies, self.load)
         tests = test_specs(self.n_prompt, self.n_gen, self.pg, self.arrival, self.len_spread, self.workload, self.reading)
         self.settle_prefix_cache(tests)
         if any(t.sessions is not None for t in tests):

@@ -6,6 +6,7 @@ from typing import Any
 
 from prefillbench.bench import capacity, tune
 from prefillbench.bench.workloads import TraceReading
+from prefillbench.commands.options import priced
 from prefillbench.commands.options.common import (BackendOptions, Measuring, check_precision, check_queue_growth,
                                                  check_seed, strategy_names, trace_reading, unique, workload_requests)
 from prefillbench.commands.parsers import parse_slo_list
@@ -22,7 +23,7 @@ DEFAULT_TOP_K = 3
 #: edge of the SLO, where a 10% slower minute moved its capacity by 20-50%. The next budget's step nears 500 ms:
 #: the picks, ranked by what they keep with slower steps, pass over it (docs/history/2026-12-02).
 QUICK = dict(pg=(256, 32), slo="tbt=500", requests=20, precision=10.0, budgets=[32, 64, 128, 256], top_k=2,
-             strategies=["sequential", "chunked", "sarathi-serve", "packed"], skip_idle=True)
+             strategies=["sequential", "chunked", "sarathi-serve", "packed", "slo-budget"], skip_idle=True)
 #: vLLM's scheduler with its head-of-line settings, searched beside the budgets where -s names no strategy (and no
 #: server runs them): a per-request cap on prompt tokens a step (long_prefill_token_threshold), and V0's limits on
 #: prompts in progress, one of them long (docs/memory.md, Short requests behind long prompts).
@@ -181,6 +182,7 @@ class TuneOptions(Measuring):
         if self.gpus is None and self.load.disaggregate is not None:
             raise UsageError("tune searches one engine's strategies and budgets; --gpus N searches every P:D split "
                              "beside them (capacity --disaggregate P:D measures one split)")
+        named = bool(self.strategy)  # -s given, not --quick's preset: a strategy it names that cannot run is refused
         if self.quick:
             self.apply_quick()
         # Unset until here, so that --quick can tell a value given from the default (--quick --top-k 3 is 3).
@@ -215,6 +217,11 @@ class TuneOptions(Measuring):
         self.design_tests = [self.searched_test(shape, self.arrival, "tune") for shape in shapes]
         test = self.design_tests[0]
         strategies = strategy_names(self.strategy, self.load)
+        unaimed = [k for k in self.criteria if priced.step_limit_ms(k.tbt_p99_ms, k.tpot_ms) is None]
+        aim = (unaimed or self.criteria)[0]  # slo-budget aims at every SLO listed: each needs a TBT or TPOT limit
+        strategies = priced.checked(strategies, named, self.load, aim.tbt_p99_ms, aim.tpot_ms,
+                                    self.on_sim or not self.no_sim or bool(self.calibration),
+                                    "--gpus" if self.gpus is not None else "")
         if self.output not in TUNE_OUTPUTS:
             raise UsageError(f"-o {self.output}: tune prints {', '.join(TUNE_OUTPUTS)}")
         if self.export:
