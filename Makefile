@@ -28,7 +28,7 @@ BENCH_AB_OUT ?= results/bench-ab
 TP ?= 3
 TP_ARGS ?= -p 0 -n 0 --pg 64,8 -c 1,2 -s sequential,chunked --chunk-size 32 -r 1
 
-.PHONY: install server vllm run test test-lower-isa clean bench-ci bench-ci-baseline tp-check
+.PHONY: install server vllm sglang run test test-lower-isa clean bench-ci bench-ci-baseline tp-check
 
 install: $(STAMP)
 
@@ -43,6 +43,12 @@ server: $(STAMP)
 vllm: $(STAMP)
 	$(PY) -m prefillbench.backends.server.vllm_env
 
+# SGLang's scheduling code (sglang pinned, --no-deps, a CPU torch, the few pure-Python packages its scheduler imports)
+# in an environment of its own under ~/.cache/prefillbench: the reference the sglang strategies are proven against
+# (benchmarks/engine/sglang_steps.py) and the SGLang preset's flags checked against its own parser. No server.
+sglang: $(STAMP)
+	$(PY) -m prefillbench.backends.server.sglang_env
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -53,7 +59,7 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/prefillbench run $(RUN_ARGS)
 
-test: $(STAMP) server vllm
+test: $(STAMP) server vllm sglang
 	$(PY) -m pytest
 
 # The numerical tests again with the lower ISA forced (tests/conftest.py NUMERICS): torch's ATen kernels at AVX2,

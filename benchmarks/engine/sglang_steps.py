@@ -1,0 +1,336 @@
+"""SGLang's own scheduler against the `sglang` and `sglang-mixed` strategies, step for step, on seeded traces.
+
+    python -m benchmarks.engine.sglang_steps                    # every preset trace
+    python -m benchmarks.engine.sglang_steps --trace retract    # one of them
+    python -m benchmarks.engine.sglang_steps --seed 7 --requests 60 --kv-cache-tokens 3000 --ignore-eos 0
+
+One side is SGLang's code itself (benchmarks/engine/sglang_reference.py, run by the python of `make sglang`'s
+environment: its PrefillAdder, SchedulePolicy, new-token-ratio tracker, batch forming and retraction driven with
+stand-in requests, allocator and tree cache, one scheduler iteration of `event_loop_normal` at a time). The other is
+prefillbench's engine running the same trace with the strategy on a backend whose every step takes one virtual
+second (StepClock): a request that arrives at iteration k arrives half a second before step k starts, so it is
+admitted before step k is chosen, as SGLang receives it at the top of iteration k; an idle engine waits to the next
+whole second, so engine step k starts at second k exactly where SGLang runs iteration k. Iterations SGLang spends
+idle are the seconds no step starts in.
+
+Every iteration is compared: the prompt tokens of each request in batch order, the decoding requests, the
+retracted ones in retraction order, and new_token_ratio after the iteration's scheduling (to 1e-9: both sides do
+the same float operations, so they agree to the last bits or differ by a rule). A table of traces, steps, equal steps
+and retractions is printed; on a mismatch the first differing step is named with both sides and the exit is 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tabulate import tabulate
+
+from prefillbench import engine
+from prefillbench.backends.fake import FakeBackend
+from prefillbench.errors import BackendError
+from prefillbench.sequence import Request
+from prefillbench.step import Step
+from strategies import make_strategy
+
+from benchmarks.lib import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = "benchmarks.engine.sglang_reference"
+#: Both sides' ratios come out of the same float operations in the same order (0.7 less k decays, or one division
+#: after a retraction); anything past rounding is a different rule, not noise.
+RATIO_TOLERANCE = 1e-9
+
+
+# --- the trace and its configuration (what the reference reads, as JSON) ----------------------------------------
+
+@dataclass(frozen=True)
+class TraceRequest:
+    id: int
+    prompt_len: int
+    output_len: int  # max_new_tokens: every request stops exactly there
+    arrival_step: int  # received at the top of this scheduler iteration
+    ignore_eos: bool
+
+
+@dataclass(frozen=True)
+class Config:
+    chunked_prefill_size: int
+    max_prefill_tokens: int
+    kv_capacity_tokens: int
+    max_running_requests: int
+    enable_mixed_chunk: bool
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    seed: int
+    requests: int
+    config: Config
+    ignore_eos: bool
+    max_prompt: int = 700
+    max_output: int = 160
+    mean_gap: float = 6.0  # iterations between arrivals, on average
+    lull: int = 0  # a first request decoding this many tokens alone before the others come (0: none)
+    why: str = ""
+
+
+PRESETS = (
+    Preset("default", 0, 40, Config(256, 16384, 200_000, 16, False), True,
+           why="SGLang's default launch: prefill first, a long prompt's chunks stalling every decode"),
+    Preset("mixed", 1, 40, Config(256, 16384, 200_000, 16, True), True,
+           why="--enable-mixed-chunk: the decodes ride in the prefill batch, its budget shrunk by them"),
+    # The ratio decays only on pure decode steps (0.7 to 0.098 over 600): a first request decoding 700 tokens alone
+    # takes it to its floor, then requests whose outputs are long beside a small cache are admitted on 10% of their
+    # expected output and decodes run out of memory.
+    Preset("retract", 2, 40, Config(192, 16384, 3000, 64, False), False, max_prompt=200, max_output=500,
+           mean_gap=4.0, lull=700, why="ignore_eos off and a small KV cache: the ratio over-admits, decodes retract"),
+    Preset("retract-mixed", 2, 40, Config(192, 16384, 3000, 64, True), False, max_prompt=200, max_output=500,
+           mean_gap=4.0, lull=700, why="the same with --enable-mixed-chunk: mixed batches never retract, decodes do"),
+)
+
+
+def make_trace(seed: int, n: int, ignore_eos: bool, max_prompt: int, max_output: int, mean_gap: float,
+               kv_capacity_tokens: int, lull: int = 0) -> list[TraceRequest]:
+    """Seeded requests: prompts 8..max_prompt tokens, outputs 1..max_output, exponential gaps between arrivals
+    (several at one iteration sometimes); with `lull`, a first request of 50 tokens making `lull` alone, the others
+    coming from half way through it. Each fits the cache alone with room to spare, so SGLang's own max_new_tokens
+    clip (`init_req_max_new_tokens`: the KV tokens less the prompt less two) never binds."""
+    rng = random.Random(seed)
+    out, step = [], 0
+    if lull:
+        out.append(TraceRequest(0, 50, lull, 0, ignore_eos))
+        step = lull // 2
+    for i in range(len(out), n):
+        prompt = rng.randint(8, max_prompt)
+        output = rng.randint(1, max_output)
+        if prompt + output + 2 > kv_capacity_tokens:
+            output = max(1, kv_capacity_tokens - prompt - 2)
+        out.append(TraceRequest(i, prompt, output, step, ignore_eos))
+        step += int(rng.expovariate(1.0 / mean_gap))
+    return out
+
+
+def preset_trace(preset: Preset) -> list[TraceRequest]:
+    return make_trace(preset.seed, preset.requests, preset.ignore_eos, preset.max_prompt, preset.max_output,
+                      preset.mean_gap, preset.config.kv_capacity_tokens, preset.lull)
+
+
+# --- one scheduler iteration, either side -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Iteration:
+    """What one scheduler iteration ran (the reference's JSON line)."""
+
+    kind: str  # extend | mixed | decode | idle
+    prefill: tuple[tuple[int, int], ...] = ()  # (request id, prompt tokens), batch order
+    decode: tuple[int, ...] = ()  # sorted
+    retracted: tuple[int, ...] = ()  # retraction order
+    ratio: float = math.nan
+
+    @classmethod
+    def from_json(cls, line: str) -> "Iteration":
+        d = json.loads(line)
+        return cls(d["kind"], tuple((int(i), int(n)) for i, n in d["prefill"]), tuple(d["decode"]),
+                   tuple(d["retracted"]), float(d["ratio"]))
+
+    def same(self, other: "Iteration") -> bool:
+        return (self.kind, self.prefill, self.decode, self.retracted) == (
+            other.kind, other.prefill, other.decode, other.retracted) and (
+            self.kind == "idle" or abs(self.ratio - other.ratio) <= RATIO_TOLERANCE)
+
+    def __str__(self) -> str:
+        if self.kind == "idle":
+            return "idle"
+        parts = [self.kind]
+        if self.prefill:
+            parts.append("prefill " + " ".join(f"{i}:{n}" for i, n in self.prefill))
+        if self.decode:
+            parts.append(f"decode {list(self.decode)}")
+        if self.retracted:
+            parts.append(f"retracted {list(self.retracted)}")
+        parts.append(f"ratio {self.ratio:.12g}")
+        return ", ".join(parts)
+
+
+IDLE = Iteration("idle")
+
+
+def reference(trace: list[TraceRequest], config: Config, python: Path | None = None) -> list[Iteration]:
+    """SGLang's own iterations for the trace: the reference driver run by the SGLang environment's python."""
+    return references([(trace, config)], python)[0]
+
+
+def references(jobs: list[tuple[list[TraceRequest], Config]], python: Path | None = None) -> list[list[Iteration]]:
+    """SGLang's own iterations for each (trace, config), all in one run of the reference (one import of SGLang)."""
+    if python is None:
+        from prefillbench.backends.server import sglang_env
+
+        python = sglang_env.installed_python()
+    given = {"jobs": [{"config": asdict(config), "requests": [asdict(r) for r in trace]} for trace, config in jobs]}
+    done = subprocess.run([str(python), "-W", "ignore", "-m", REFERENCE], input=json.dumps(given), capture_output=True,
+                          text=True, cwd=ROOT, timeout=1800)
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-6:])
+        raise BackendError(f"SGLang's reference failed (exit {done.returncode}): {tail}")
+    out: list[list[Iteration]] = [[] for _ in jobs]
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            out[json.loads(line)["job"]].append(Iteration.from_json(line))
+    return out
+
+
+class StepClock(FakeBackend):
+    """The fake backend with every step one virtual second, whatever it holds, and waits ending on a whole second:
+    step k of the engine starts at second k, as SGLang's iteration k; the Steps it ran kept with their starts."""
+
+    name = "step-clock"
+    context_length = 1 << 20
+
+    def __init__(self) -> None:
+        super().__init__(seconds_per_token=0.0, seconds_per_step=1.0)
+        self.started: list[tuple[int, Step]] = []
+
+    def execute(self, step, return_logits=False):
+        self.started.append((round(self.clock), step))
+        return super().execute(step, return_logits)
+
+    def wait_until(self, t, *, stalled=False, idle=False):
+        self.clock = max(self.clock, float(math.ceil(t)))
+
+
+def strategy_spec(config: Config, ignore_eos: bool) -> str:
+    name = "sglang-mixed" if config.enable_mixed_chunk else "sglang"
+    return (f"{name}:ignore-eos={int(ignore_eos)}:max-prefill={config.max_prefill_tokens}"
+            f":max-running={config.max_running_requests}")
+
+
+def strategy_iterations(trace: list[TraceRequest], config: Config) -> list[Iteration]:
+    """The trace through prefillbench's engine with the strategy, as iterations (idle where no step started)."""
+    kinds = {r.ignore_eos for r in trace}
+    if len(kinds) != 1:
+        raise ValueError("the strategies take ignore_eos for every request at once (-s sglang:ignore-eos=N)")
+    order = sorted(trace, key=lambda r: (r.arrival_step, r.id))  # the engine numbers sequences as it admits them
+    requests = [Request(tuple(range(3, 3 + r.prompt_len)), r.output_len,
+                        arrival_s=0.0 if r.arrival_step == 0 else r.arrival_step - 0.5) for r in order]
+    backend = StepClock()
+    backend.kv_cache_tokens = config.kv_capacity_tokens
+    strategy = make_strategy(strategy_spec(config, kinds.pop()), config.chunked_prefill_size)
+    engine.run(backend, strategy, requests, 0)
+    ids = [r.id for r in order]
+    by_start: dict[int, Iteration] = {}
+    for start, step in backend.started:
+        if start in by_start:
+            raise BackendError(f"two engine steps started at second {start}: a step took other than one second")
+        by_start[start] = iteration_of(step, ids)
+    last = max(by_start, default=-1)
+    return [by_start.get(i, IDLE) for i in range(last + 1)]
+
+
+def iteration_of(step: Step, ids: list[int]) -> Iteration:
+    prefill = tuple((ids[c.seq_id], len(c.tokens)) for c in step.prefills)
+    decode = tuple(sorted(ids[d.seq_id] for d in step.decodes))
+    kind = "mixed" if prefill and decode else "extend" if prefill else "decode"
+    ratio = dict(step.policy_values).get("new_token_ratio", math.nan)
+    return Iteration(kind, prefill, decode, tuple(ids[p.seq_id] for p in step.preempted), ratio)
+
+
+# --- the comparison ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    name: str
+    config: Config
+    sglang: list[Iteration]
+    ours: list[Iteration]
+    strategy: str = ""
+    mismatches: list[tuple[int, Iteration, Iteration]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # past either side's last iteration it is idle: the other's steps there are differences too
+        n = max(len(self.sglang), len(self.ours))
+        pad = lambda its: its + [IDLE] * (n - len(its))
+        self.mismatches = [(i, a, b) for i, (a, b) in enumerate(zip(pad(self.sglang), pad(self.ours)))
+                           if not a.same(b)]
+
+    @property
+    def steps(self) -> int:
+        """Iterations that ran a batch (SGLang's), the ones compared beside its idle ones."""
+        return sum(1 for it in self.sglang if it.kind != "idle")
+
+    @property
+    def equal(self) -> int:
+        bad = {i for i, _, _ in self.mismatches}
+        return sum(1 for i, it in enumerate(self.sglang) if it.kind != "idle" and i not in bad)
+
+    def retractions(self, side: list[Iteration]) -> int:
+        return sum(len(it.retracted) for it in side)
+
+    def first_mismatch(self) -> str:
+        if not self.mismatches:
+            return ""
+        i, a, b = self.mismatches[0]
+        return f"{self.name}: first differing step {i}\n  SGLang:   {a}\n  {self.strategy}: {b}"
+
+
+def compare(jobs: list[tuple[str, list[TraceRequest], Config]], python: Path | None = None) -> list[Comparison]:
+    """Each named trace on SGLang's code and through the strategy, compared step for step."""
+    sglang = references([(trace, config) for _, trace, config in jobs], python)
+    return [Comparison(name, config, theirs, strategy_iterations(trace, config),
+                       strategy_spec(config, trace[0].ignore_eos))
+            for (name, trace, config), theirs in zip(jobs, sglang)]
+
+
+def table(results: list[Comparison]) -> str:
+    rows = [[c.name, c.strategy, c.config.chunked_prefill_size, c.config.kv_capacity_tokens, c.steps, c.equal,
+             c.retractions(c.sglang), c.retractions(c.ours),
+             f"{min((it.ratio for it in c.sglang if it.kind != 'idle'), default=math.nan):.4g}"] for c in results]
+    return tabulate(rows, headers=["trace", "strategy", "chunked_prefill_size", "KV tokens", "steps", "equal steps",
+                                   "retractions (SGLang)", "retractions (strategy)", "lowest ratio"],
+                    tablefmt="github", disable_numparse=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", action="append", choices=[p.name for p in PRESETS],
+                        help="a preset trace (repeatable; default: all of them)")
+    parser.add_argument("--seed", type=int, default=None, help="a trace of your own instead: its seed")
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--chunked-prefill-size", type=int, default=256)
+    parser.add_argument("--max-prefill-tokens", type=int, default=16384)
+    parser.add_argument("--kv-cache-tokens", type=int, default=200_000)
+    parser.add_argument("--max-running-requests", type=int, default=16)
+    parser.add_argument("--mixed", action="store_true", help="--enable-mixed-chunk (sglang-mixed)")
+    parser.add_argument("--ignore-eos", type=int, choices=(0, 1), default=1)
+    parser.add_argument("--python", default=None, help="the SGLang environment's python (default: make sglang's)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.seed is not None:
+        config = Config(args.chunked_prefill_size, args.max_prefill_tokens, args.kv_cache_tokens,
+                        args.max_running_requests, args.mixed)
+        jobs = [(f"seed {args.seed}", make_trace(args.seed, args.requests, bool(args.ignore_eos), 700, 160, 6.0,
+                                                 args.kv_cache_tokens), config)]
+    else:
+        chosen = [p for p in PRESETS if not args.trace or p.name in args.trace]
+        jobs = [(p.name, preset_trace(p), p.config) for p in chosen]
+    python = Path(args.python) if args.python else None
+    try:
+        results = compare(jobs, python)
+    except (BackendError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(table(results))
+    bad = [c for c in results if c.mismatches]
+    for c in bad:
+        print(f"\n{c.first_mismatch()}\n  ({len(c.mismatches)} differing steps in all)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    cli.run(__name__)
