@@ -96,6 +96,22 @@ def test_capacity_prints_a_row_per_strategy_with_its_ratio(run_cli, tmp_path):
     assert doc["metadata"]["seed"] == 42
 
 
+def test_a_ttft_limit_beside_the_tbt_one_binds_capacitys_search(run_cli, tmp_path):
+    """--slo tbt=100,ttft=T: the capacity is a rate whose TTFT p99 is within T too (the search read the TTFT limit
+    for goodput alone and passed rates that broke it)."""
+    found = {}
+    for slo in ("tbt=100", "tbt=100,ttft=400"):
+        export = tmp_path / f"{slo.replace(',', '_').replace('=', '')}.json"
+        code, out, err = run_cli(*CAPACITY, "--pg", "1024,64", "--len-spread", "0.9", "--slo", slo, "--chunk-size",
+                                 "512", "-s", "chunked", "--requests", "40", "--precision", "20", "--export", str(export))
+        assert code == 0, err
+        found[slo] = json.loads(export.read_text())["results"][0]
+    tbt_only, both = found["tbt=100"], found["tbt=100,ttft=400"]
+    assert tbt_only["ttft_p99_ms"] > 400  # the premise: the TBT limit alone lets the TTFT p99 past 400 ms
+    assert both["ttft_p99_ms"] <= 400 and both["tbt_p99_ms"] <= 100
+    assert both["capacity_rps"] < tbt_only["capacity_rps"]
+
+
 @pytest.mark.parametrize("argv, message", [
     ([], "needs --slo tbt=MS"),
     (["--slo", "ttft=100"], "needs --slo tbt=MS"),

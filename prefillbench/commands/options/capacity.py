@@ -64,7 +64,9 @@ class CapacityOptions(Measuring):
         sim = self.load.name == "sim"
         self.config = capacity.CapacityConfig(
             test, strategies, unique(self.chunk_size, "--chunk-size") or [256],
-            capacity.Criteria(self.slo.tbt_ms, self.max_sched_delay, max_queue_growth=self.max_queue_growth / 100),
+            # every limit the SLO names binds the search (a TTFT limit given beside the TBT one was read for the
+            # rows' goodput alone, and the search passed rates whose TTFT p99 broke it)
+            capacity.Criteria.from_slo(self.slo, self.max_sched_delay, max_queue_growth=self.max_queue_growth / 100),
             requests=workload_requests(test, self.requests) or self.requests or (
                 capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS),
             concurrency=self.concurrency, arrival=self.arrival, burstiness=self.burstiness, seed=self.seed,
