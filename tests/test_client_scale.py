@@ -11,7 +11,8 @@ from contextlib import contextmanager
 import pytest
 
 from prefillbench.backends.server import client, client_workers
-from prefillbench.backends.server.client_events import EventReader, LlamaApi, OpenAIApi, read_stream
+from prefillbench.backends.server.client_events import EventReader, LlamaApi, OpenAIApi
+from prefillbench.backends.server.client_http import read_stream
 from prefillbench.backends.server.client_settings import ClientSettings
 from prefillbench.backends.server.engines import parse_template
 from prefillbench.backends.server.process import ServerProcess, free_port
@@ -52,9 +53,13 @@ def _llama_stream(n: int) -> bytes:
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
 
 
+#: An answer's head as the stub's server sends it, its body to the connection's close.
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+
+
 def _read(api, request: Request, pieces: list[tuple[bytes, float]]) -> client.Streamed:
     s = client.Streamed(request, 0.0, sent=0.0)
-    s.chunks, s.chunk_times = [p for p, _ in pieces], [t for _, t in pieces]
+    s.chunks, s.chunk_times = [HEAD] + [p for p, _ in pieces], [pieces[0][1]] + [t for _, t in pieces]
     read_stream(api, s)
     return s
 
@@ -94,10 +99,10 @@ def test_a_stream_that_fails_is_read_into_its_reason(pieces, says):
 
 
 def test_a_connections_own_failure_is_the_reason_kept():
-    s = client.Streamed(Request((1,), 2), 0.0, sent=0.0, error="ClientPayloadError: cut")
-    s.chunks, s.chunk_times = [_llama_stream(1)[:60]], [1.0]
+    s = client.Streamed(Request((1,), 2), 0.0, sent=0.0, error="the stream was cut: ConnectionResetError")
+    s.chunks, s.chunk_times = [HEAD + _llama_stream(1)[:60]], [1.0]
     read_stream(LlamaApi(), s)
-    assert s.error == "ClientPayloadError: cut" and s.parsed
+    assert s.error == "the stream was cut: ConnectionResetError" and s.parsed
 
 
 def test_a_reader_fed_as_bytes_come_reads_what_the_kept_chunks_read():

@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar
 
 from prefillbench.backends.base import ServingBackend
 from prefillbench.backends.prefix import DEFAULT_BLOCK_SIZE, PrefixSettings
-from prefillbench.backends.server import client, client_workers, engine_clock
+from prefillbench.backends.server import client, client_http, client_workers, engine_clock
 from prefillbench.backends.server.client_settings import ClientSettings
 from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, VLLM_LENGTH, Engine, parse_template
 from prefillbench.backends.server.process import START_TIMEOUT_S, ServerProcess, free_port
@@ -37,8 +37,8 @@ WARMUP_FLOOR_S = 0.005
 #: The environment variable an API key for --url is read from (never printed, logged or exported).
 API_KEY_VARIABLE = "PREFILLBENCH_API_KEY"
 #: How the client names a connection that failed or a stream that was cut: what a server's exit looks like.
-#: A stream cut mid-chunk (a killed engine's socket) is a ClientPayloadError: its socket closes before it is reaped.
-DROPPED = ("ServerDisconnectedError", "ClientConnectorError", "ClientOSError", "ClientPayloadError", "the stream ended")
+#: A stream cut mid-chunk (a killed engine's socket) is cut before its answer's end: its socket closes before it is reaped.
+DROPPED = (client_http.CONNECT_FAILED, client_http.STREAM_CUT, "the stream ended")
 #: Extra flags for every vLLM launch, split as a shell would (e.g. --enforce-eager: ready in a third of the time).
 VLLM_ARGS_VARIABLE = "PREFILLBENCH_VLLM_ARGS"
 #: llama.cpp's LLAMA_MAX_SEQ: the most slots a llama-server takes.

@@ -1,7 +1,7 @@
-"""A stream's bytes read into tokens: the server-sent events (`data: {json}` lines) an engine streams, parsed and
-read by its API into a request's record (client_records.Streamed). Off the hot path: the client stamps each chunk
-of bytes with its arrival and keeps it (client.py); an EventReader reads the chunks after the stream (or after the
-run), or as they arrive where something must watch the tokens during the run (capacity's early stop).
+"""A stream's events read into tokens: the server-sent events (`data: {json}` lines) an engine streams, parsed and
+read by its API into a request's record (client_records.Streamed). Off the hot path: the client keeps each read's
+bytes with its arrival (client_http.py), and an EventReader is fed the answer's body after the run (or, for a watch
+that must see tokens during the run, as the watcher catches up).
 
 Where the engine sends its own clock per token (llama-server's `timings_per_token`), both clocks are kept, and an
 event that carries several tokens is split by the server's clock rather than counted as one long gap and a zero one
@@ -145,7 +145,10 @@ def _stamp(s: Streamed, tokens: list[int], arrived: float) -> None:
     """A chunk's tokens, spread over (the previous token event, `arrived`]. The first chunk's all at its arrival:
     before it the prompt ran, and nothing tells when its tokens' steps did."""
     s.tokens.extend(tokens)
-    _spread(s, len(tokens), s.last_event_at, arrived)
+    if len(tokens) == 1:  # most chunks: one token, at the chunk's arrival
+        s.token_times.append(arrived)
+    else:
+        _spread(s, len(tokens), s.last_event_at, arrived)
     s.chunk_start, s.chunk_tokens, s.last_event_at = s.last_event_at, len(tokens), arrived
 
 
@@ -154,6 +157,8 @@ def _spread(s: Streamed, k: int, start: float | None, end: float) -> None:
 
 
 APIS: dict[str, type[Api]] = {"llama": LlamaApi, "openai": OpenAIApi}
+#: json.loads less its per-call work (an encoding guessed from bytes, a decoder looked up): an event's text decoded
+_decode = json.JSONDecoder().decode
 
 
 class EventReader:
@@ -179,17 +184,16 @@ class EventReader:
             data = self.carry + data
         lines = data.split(b"\n")
         self.carry = lines.pop()
-        first = len(self.s.token_times)
         for line in lines:
-            if self._line(line, arrived):
+            # only `data:` lines are events (SSE: blank lines end them, `:` lines are comments, `event:` names them)
+            if line[:5] == b"data:" and self._line(line, arrived):
                 self.ended = True
-                break
-        self._date_by_server(first)
+                return
 
-    def _date_by_server(self, first: int) -> None:
-        """Token events read together (the client's loop was busy, or the network coalesced them) share one arrival;
-        where the engine sends its own clock with each (llama-server), each is dated back from the last by that
-        clock, as one event's several tokens are (LlamaApi.read), never before the token before it."""
+    def date_by_server(self, first: int) -> None:
+        """The tokens from `first` on came in one read, so share its arrival (the client was busy, or the network
+        coalesced them): where the engine sends its own clock with each (llama-server), each is dated back from the
+        last by that clock, as one event's several tokens are (LlamaApi.read), never before the token before it."""
         times, server = self.s.token_times, self.s.server_token_times
         if len(times) - first < 2 or len(server) != len(times):
             return
@@ -199,16 +203,13 @@ class EventReader:
             times[i] = floor = max(last - (last_server - server[i]) / 1e3, floor)
 
     def _line(self, line: bytes, arrived: float) -> bool:
-        """One line of the stream; True where reading ends."""
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            return False
+        """One `data:` line of the stream; True where reading ends."""
         data = line[5:].strip()
         if data == b"[DONE]":
             return True
         s = self.s
         try:
-            event = json.loads(data)
+            event = _decode(data.decode())
         except ValueError:
             s.error = "a malformed event in the stream"
             return True
@@ -233,7 +234,7 @@ class EventReader:
         a stream that ended before the API's last event, or with fewer tokens than asked, failed."""
         s = self.s
         failed_before = s.error  # the connection's own failure (a dropped stream) is the reason kept
-        if self.carry and not self.ended:
+        if self.carry[:5] == b"data:" and not self.ended:
             self.ended = self._line(self.carry, self.last_arrived)
         self.carry = b""
         if failed_before is not None:
@@ -244,14 +245,3 @@ class EventReader:
         if s.error is None and len(s.tokens) < s.request.n_gen:
             s.error = f"{len(s.tokens)} of {s.request.n_gen} tokens"
 
-
-def read_stream(api: Api, s: Streamed) -> None:
-    """A stream kept as raw chunks (the client's hot loop), read now, its bytes let go."""
-    if s.parsed:
-        return
-    reader = EventReader(api, s)
-    for data, arrived in zip(s.chunks, s.chunk_times):
-        reader.feed(data, arrived)
-    reader.close()
-    s.chunks = []
-    s.parsed = True

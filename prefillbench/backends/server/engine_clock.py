@@ -235,9 +235,9 @@ def read_metrics(url: str, headers: dict[str, str] | None = None) -> tuple[Snaps
 
 
 def net_round_trip_ms(url: str, headers: dict[str, str] | None = None, probes: int = NET_PROBES) -> float:
-    """The slowest of a few GETs of `url` (the health check), in ms, each as the streaming client sends a request:
-    aiohttp, a session of its own (so its resolver and a fresh connection, as a run's first request pays), the
-    answer read whole. A request in and an answer out over the path a token's event takes, HTTP and both ends'
+    """The slowest of a few GETs of `url` (the health check), in ms, each on a fresh connection as the streaming
+    client opens one a request (client_http.py; here aiohttp, a session of its own with its resolver), the answer
+    read whole. A request in and an answer out over the path a token's event takes, HTTP and both ends'
     event loops included: what the network and the client can add to one client figure. A TTFT holds one request
     in and one event out; a gap between two events loses the delay both share and keeps at most its variation,
     less than a round trip."""
