@@ -210,8 +210,15 @@ def test_each_engine_presets_command_line():
     assert ["--poll", "0"] == llama[llama.index("--poll"):llama.index("--poll") + 2] and "-np" in llama
     assert LLAMA_SERVER.argv("static", values)[-3:] == ["-b", "4096", "--no-cont-batching"]
     assert VLLM.argv("sarathi-serve", values)[-2:] == ["--max-num-batched-tokens", "256"]
-    sglang = SGLANG.argv("sarathi-serve", values)
-    assert sglang[-3:] == ["--chunked-prefill-size", "256", "--enable-mixed-chunk"]
+    # SGLang's default launch (prefill first) and --enable-mixed-chunk, the budget as chunked_prefill_size; none of
+    # SGLang's launches is Sarathi-Serve's schedule, so none is called that
+    assert SGLANG.argv("sglang", values)[-2:] == ["--chunked-prefill-size", "256"]
+    assert SGLANG.argv("sglang-mixed", values)[-3:] == ["--chunked-prefill-size", "256", "--enable-mixed-chunk"]
+    assert "--chunked-prefill-size" not in SGLANG.argv("sglang", {**values, "budget": None})  # SGLang's own size
+    assert SGLANG.default_strategy == "sglang" and not SGLANG.expresses("sarathi-serve")
+    assert SGLANG.argv("sglang:max-prefill=4096:ignore-eos=1", values)[-2:] == ["--max-prefill-tokens", "4096"]
+    assert not SGLANG.expresses("sglang:ignore-eos=0")  # the client sends ignore_eos: a launch cannot undo it
+    assert not SGLANG.expresses("sglang:max-running=4")  # the launch's --max-running-requests is its slots
     assert TGI.argv("sarathi-serve", values)[-2:] == ["--max-batch-prefill-tokens", "256"]
     # a budget the case does not have: the flag goes with it
     assert "--max-num-batched-tokens" not in VLLM.argv("sarathi-serve", {**values, "budget": None})
@@ -536,8 +543,8 @@ def test_the_presets_turn_their_prefix_caches_on_and_off():
     assert "--no-enable-prefix-caching" in vllm.argv("vllm-v1", values)
     on = vllm.argv("vllm-v1", values, cache=True)
     assert "--enable-prefix-caching" in on and "--enable-prompt-tokens-details" in on
-    assert "--disable-radix-cache" in ENGINES["sglang"].argv("sarathi-serve", values)
-    assert "--disable-radix-cache" not in ENGINES["sglang"].argv("sarathi-serve", values, cache=True)
+    assert "--disable-radix-cache" in ENGINES["sglang"].argv("sglang", values)
+    assert "--disable-radix-cache" not in ENGINES["sglang"].argv("sglang", values, cache=True)
     from prefillbench.errors import BackendError
     with pytest.raises(BackendError, match="cannot be turned on"):
         ENGINES["tgi"].argv("sarathi-serve", values, cache=True)

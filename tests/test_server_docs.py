@@ -89,8 +89,13 @@ def launched(words: list[str], port: int = 41234, budget: int | None = 2048, slo
     preset = ENGINES[option(words, "--engine")]
     engine = Engine(preset.name, parse_template(option(words, "--server-cmd")), preset.api, preset.health_path,
                     preset.strategies, preset.default_strategy, preset.default_budget)
-    return engine.argv("sarathi-serve", {"model": option(words, "-m"), "port": port, "budget": budget,
-                                         "slots": slots, "threads": 8, "ctx": 8192, "bin": None})
+    return engine.argv(strategy_of(words), {"model": option(words, "-m"), "port": port, "budget": budget,
+                                            "slots": slots, "threads": 8, "ctx": 8192, "bin": None})
+
+
+def strategy_of(words: list[str]) -> str:
+    """The strategy a documented command runs: its -s, else its engine's own (the preset's default)."""
+    return option(words, "-s") or ENGINES[option(words, "--engine")].default_strategy
 
 
 def test_the_section_holds_the_deployments_it_promises():
@@ -135,7 +140,7 @@ def test_every_template_is_its_engines_preset_with_parallel_flags(words):
     argv = launched(words)
     assert "{" not in " ".join(argv), "every placeholder filled"
     assert argv[argv.index("--port") + 1] == "41234" and argv[argv.index("--host") + 1] == "127.0.0.1"
-    strategy = ENGINES[engine].strategies["sarathi-serve"].flags
+    strategy = ENGINES[engine].expression(strategy_of(words)).flags
     assert argv[-len(strategy):] == [f.replace("{budget}", "2048") for f in strategy]
     # the engine's own default configuration: its budget flag goes, with its value
     assert "2048" not in launched(words, budget=None)
@@ -177,7 +182,7 @@ def test_every_engine_flag_the_section_uses_has_a_source():
     engine_commands += [shlex.split(code) for code in re.findall(r"`((?:python -m sglang|vllm serve|ray start)[^`]*)`",
                                                                  SECTION.replace("\n", " "))]
     flags = {w.split("=")[0] for c in engine_commands for w in c if w.startswith("--")}
-    flags |= {f for words in LAUNCHING for f in ENGINES[option(words, "--engine")].strategies["sarathi-serve"].flags
+    flags |= {f for words in LAUNCHING for f in ENGINES[option(words, "--engine")].expression(strategy_of(words)).flags
               if f.startswith("--")}
     uncited = sorted(f for f in flags if not any(re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", row) for row in rows))
     assert not uncited, uncited

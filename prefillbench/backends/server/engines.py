@@ -27,6 +27,13 @@ class Expression:
     note: str = ""
     #: the strategy's settings (-s NAME:SETTING=N) the engine takes, each the flag its value follows
     settings: tuple[tuple[str, str], ...] = ()
+    #: settings the launch has at one value whatever its flags (SGLang's ignore-eos: prefillbench's client sends every
+    #: request with ignore_eos): taken at that value, refused at another, no flag
+    fixed: tuple[tuple[str, int], ...] = ()
+
+    def takes(self, settings: dict[str, int]) -> bool:
+        fixed = dict(self.fixed)
+        return all(key in dict(self.settings) or fixed.get(key, -1) == value for key, value in settings.items())
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ class Engine:
 
     def expresses(self, strategy: str) -> bool:
         name, settings = split_spec(strategy)
-        return name in self.strategies and set(settings) <= dict(self.strategies[name].settings).keys()
+        return name in self.strategies and self.strategies[name].takes(settings)
 
     def expression(self, strategy: str) -> Expression:
         """How the engine runs `strategy` (its name, settings aside)."""
@@ -76,7 +83,9 @@ class Engine:
     def refuse(self, strategy: str) -> BackendError:
         name, settings = split_spec(strategy)
         if name in self.strategies:
-            takes = ", ".join(k for k, _ in self.strategies[name].settings) or "none"
+            expression = self.strategies[name]
+            takes = ", ".join([*(k for k, _ in expression.settings), *(f"{k}={v}" for k, v in expression.fixed)])
+            takes = takes or "none"
             return BackendError(f"{self.name} cannot run {strategy}: of {name}'s settings it takes {takes}; "
                                 f"--backend sim runs them all")
         can = ", ".join(self.strategies) or "none"
@@ -93,7 +102,8 @@ class Engine:
             caching = ()  # a --server-cmd that says it already
         expression = self.expression(strategy)
         flags_of = dict(expression.settings)
-        given = [arg for key, value in split_spec(strategy)[1].items() for arg in (flags_of[key], str(value))]
+        given = [arg for key, value in split_spec(strategy)[1].items() if key in flags_of
+                 for arg in (flags_of[key], str(value))]
         return fill([*self.template, *caching, *expression.flags, *given, *extra], values)
 
     def cache_flags(self, on: bool) -> tuple[str, ...]:
@@ -196,16 +206,26 @@ VLLM = Engine(
 #: refused, not served from a context sized for the model's whole length.
 VLLM_LENGTH = ("--max-model-len", "{max_len}")
 
+#: What SGLang's launch takes of the sglang strategies' settings: --max-prefill-tokens as given, and ignore_eos as the
+#: client sends it (always); max-running is the launch's {slots} (--max-running-requests), the run's concurrency.
+SGLANG_SETTINGS = (("max-prefill", "--max-prefill-tokens"),)
+SGLANG_FIXED = (("ignore-eos", 1),)
+
+# SGLang's own schedules (strategies/sglang.py, SGLang 0.5.23's scheduler, proven against its own code:
+# benchmarks/engine/sglang_steps.py): its default launch, prefill first, and --enable-mixed-chunk. No budget given:
+# SGLang's own chunked_prefill_size (by GPU memory), the flag left out. Every flag is checked against the installed
+# SGLang's own parser (ServerArgs.add_cli_args) in tests/test_sglang_schedules.py.
 SGLANG = Engine(
     "sglang",
     ("python", "-m", "sglang.launch_server", "--model-path", "{model}", "--host", "127.0.0.1", "--port", "{port}",
      "--max-running-requests", "{slots}", "--skip-tokenizer-init"),
     "openai", "/health",
     {
-        # prefill chunks of at most the budget, mixed into the decode batch
-        "sarathi-serve": Expression(("--chunked-prefill-size", "{budget}", "--enable-mixed-chunk")),
+        "sglang": Expression(("--chunked-prefill-size", "{budget}"), settings=SGLANG_SETTINGS, fixed=SGLANG_FIXED),
+        "sglang-mixed": Expression(("--chunked-prefill-size", "{budget}", "--enable-mixed-chunk"),
+                                   settings=SGLANG_SETTINGS, fixed=SGLANG_FIXED),
     },
-    default_budget=None, cache_off=("--disable-radix-cache",), cache_on=())
+    default_strategy="sglang", default_budget=None, cache_off=("--disable-radix-cache",), cache_on=())
 
 TGI = Engine(
     "tgi",
