@@ -377,3 +377,21 @@ def test_tune_on_the_sim_puts_it_beside_the_fixed_budgets(run_cli):
     verdict = [line for line in out.splitlines() if line.startswith("slo-budget within")]
     assert len(verdict) == 1 and "the best fixed budget, sarathi-serve (" in verdict[0]
     assert "slo-budget: each step's prompt tokens priced by" in err
+
+
+def test_a_real_backend_measures_it_beside_the_sim_s_best_fixed_budget():
+    from prefillbench.bench.sim_first import picks
+    from prefillbench.bench.tune import TuneSettings
+
+    k = Criteria(100.0)
+    predicted = [result("chunked", 64, 5.0, 5.1, 5.3), result("packed", None, 5.0, 5.2, 5.4),
+                 result("sarathi-serve", 32, 4.0, 4.1, 4.2), result("slo-budget", None, 2.0, 2.1, 2.2),
+                 result("sequential", None, 1.0, 1.0, 1.1)]
+    for r in predicted:
+        r.criteria = k
+    chosen = picks(predicted, TuneSettings(TestSpec(64, 4), [k], 10), top_k=1)
+    # the sim's top one, the baseline, and, since the grid holds slo-budget, it and the best fixed budget
+    assert chosen == [Config("packed", None), Config("sequential", None), Config("slo-budget", None),
+                      Config("chunked", 64)]
+    without = picks([r for r in predicted if r.config.strategy != "slo-budget"], TuneSettings(TestSpec(64, 4), [k], 10), 1)
+    assert without == [Config("packed", None), Config("sequential", None)]
