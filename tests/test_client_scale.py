@@ -117,6 +117,48 @@ def test_a_reader_fed_as_bytes_come_reads_what_the_kept_chunks_read():
     assert (s.tokens, s.token_times, s.error) == (kept.tokens, kept.token_times, kept.error)
 
 
+def _answer(pieces: list[bytes], request: Request = Request(tuple(range(8)), 2)) -> client.Streamed:
+    """An answer kept raw, as the protocol keeps it (its head included), read."""
+    s = client.Streamed(request, 0.0, sent=0.0)
+    s.chunks, s.chunk_times = list(pieces), [1.0 + i for i in range(len(pieces))]
+    read_stream(LlamaApi(), s)
+    return s
+
+
+def _chunked(body: bytes, size: int) -> bytes:
+    """`body` in HTTP chunks of `size` bytes, then the last chunk."""
+    parts = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n" % len(p) + p + b"\r\n" for p in parts) + b"0\r\n\r\n"
+
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 4096])
+def test_a_chunked_answer_reads_as_its_body_in_any_chunks_and_reads(size):
+    raw = CHUNKED_HEAD + _chunked(_llama_stream(2), size)
+    whole = _answer([raw])
+    assert whole.error is None and whole.tokens == [0, 1]
+    for cut in (5, len(CHUNKED_HEAD) + 3, len(raw) // 2, len(raw) - 3):
+        split = _answer([raw[:cut], raw[cut:]])
+        assert (split.tokens, split.error) == (whole.tokens, None), (size, cut)
+
+
+def test_an_answer_cut_before_its_last_chunk_is_a_cut_stream():
+    raw = CHUNKED_HEAD + _chunked(_llama_stream(2), 64)
+    s = _answer([raw[:-5]])  # every event there, the last chunk not
+    assert s.error is not None and s.error.startswith("the stream was cut")
+    s = _answer([raw[:len(raw) // 2]])
+    assert s.error is not None and s.error.startswith("the stream was cut")
+
+
+def test_an_error_status_keeps_the_start_of_its_body():
+    body = b'{"error": {"message": "stub failure"}}'
+    s = _answer([b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n" % len(body) + body])
+    assert s.error == 'HTTP 500: {"error": {"message": "stub failure"}}'
+    assert _answer([b"HTTP/1.1 200 OK\r\nContent-"]).error == "an HTTP answer cut in its headers"
+
+
 # ---------------------------------------------------------------- slices of one schedule
 
 

@@ -3,6 +3,7 @@ CPU per streamed token, and its functions by their own time (tottime), as micros
 
   python -m benchmarks.server.client_profile --rate 100 --tokens 100 --seconds 5 --api openai
   python -m benchmarks.server.client_profile --module old_client    # another client (a module with stream_requests)
+  python -m benchmarks.server.client_profile --no-profile           # the CPU per token and send lag, unprofiled
 
 cProfile (timed by the process's CPU clock, so that time the process waited for a core is not counted) slows what it
 profiles (by about half again on this client): the per-token figures say where the time
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", choices=("llama", "openai"), default="openai", help="the stream (default openai)")
     parser.add_argument("--module", default="prefillbench.backends.server.client", help="the client's module")
     parser.add_argument("--top", type=int, default=15, help="functions shown (default 15)")
+    parser.add_argument("--no-profile", action="store_true", help="only the CPU per token and the send lag, unprofiled")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -47,7 +49,8 @@ def main(args: argparse.Namespace) -> int:
     profile = cProfile.Profile(time.process_time)  # CPU time: a machine shared with others does not count
     try:
         cpu0 = time.process_time()
-        profile.enable()
+        if not args.no_profile:
+            profile.enable()
         run = client.stream_requests(f"http://127.0.0.1:{port}", args.api, requests, 0)
         profile.disable()
         cpu = time.process_time() - cpu0
@@ -56,8 +59,10 @@ def main(args: argparse.Namespace) -> int:
     tokens = sum(len(s.tokens) for s in run.done if s.error is None)
     lags = np.array([s.lag for s in run.done]) * 1e3
     print(f"{args.module}: {n} requests at {args.rate:g}/s x {args.tokens} tokens ({args.api}), {tokens} tokens, "
-          f"{sum(s.error is not None for s in run.done)} failed; profiled CPU {1e6 * cpu / max(tokens, 1):.1f} us/token, "
-          f"send lag p99 {np.percentile(lags, 99):.1f} ms\n")
+          f"{sum(s.error is not None for s in run.done)} failed; {'' if args.no_profile else 'profiled '}CPU "
+          f"{1e6 * cpu / max(tokens, 1):.1f} us/token, send lag p99 {np.percentile(lags, 99):.1f} ms\n")
+    if args.no_profile:
+        return 0
     stats = pstats.Stats(profile)
     rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:args.top]
     print("| us/token (own) | us/token (with callees) | calls/token | function |")
