@@ -1,8 +1,9 @@
 """SGLang 0.5.23's own scheduling code (installed by `make sglang`, which `make test` runs first) as the reference for
-the `sglang` and `sglang-mixed` strategies: the reference reproduces the behaviours ../shared/notes/sglang-and-kv-memory.md
-§4 names (a long prompt's chunks back to back, NO_TOKEN closing admission until a request leaves, the ratio's trace),
-every step of the seeded traces equals the strategies' (benchmarks/engine/sglang_steps.py), and every launch line the
-SGLang preset can produce parses with SGLang's own argument parser (ServerArgs.add_cli_args)."""
+the `sglang` and `sglang-mixed` strategies: the reference reproduces the behaviours that
+../shared/notes/sglang-and-kv-memory.md §4 names (a long prompt's chunks back to back, NO_TOKEN closing admission
+until a request leaves, the ratio's trace), every step of the seeded traces equals the strategies'
+(benchmarks/engine/sglang_steps.py), and every launch line the SGLang preset can produce parses with SGLang's own
+argument parser (ServerArgs.add_cli_args)."""
 from __future__ import annotations
 
 import json
@@ -48,7 +49,7 @@ def golden_runs():
     no_token = [req(0, 100, 2000, 0, False), req(1, 200, 40, 0, False), req(2, 989, 300, 3, False)]
     return references([(long_prompt, Config(256, 16384, 100_000, 8, False)),
                        (long_prompt, Config(256, 16384, 100_000, 8, True)),
-                       (no_token, Config(256, 16384, 3000, 8, False))])
+                       (no_token, Config(512, 16384, 3000, 8, False))])
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +75,12 @@ def test_a_long_prompt_runs_its_chunks_back_to_back_and_every_decode_waits(golde
 
 def test_no_token_closes_admission_until_a_request_leaves(golden):
     """Golden 2 (_get_new_batch_prefill_raw: NO_TOKEN sets running_batch.batch_is_full; only a batch that shrinks
-    clears it). Request 2 arrives at iteration 3 needing 989 + 300 + 1 = 1290 tokens (PrefillBudget.check_prefill);
-    beside the two running requests (304 tokens held, 0.698 x 2034 expected) 3000 leave 1276: NO_TOKEN. Each pure
-    decode then frees more of the estimate than it takes (the ratio's decay on request 0's 2000-token output): from
-    iteration 13 the budget alone would take it (1290.4). The flag keeps it out all the same until request 1 finishes
-    after its 40th token, and it starts in the very iteration after that."""
+    clears it). Requests 0 and 1 prefill together (budget 512); request 2 arrives at iteration 3 needing
+    989 + 300 + 1 = 1290 tokens (PrefillBudget.check_prefill), and beside the two running requests (304 tokens held,
+    0.698 x 2034 expected) 3000 leave 1276: NO_TOKEN. Each pure decode then frees more of the estimate than it takes
+    (the ratio's decay on request 0's 2000-token output): from iteration 13 the budget alone would take it (1290.4).
+    The flag keeps it out all the same until request 1 finishes after its 40th token, and it starts in the very
+    iteration after that."""
     run = golden[2]
     first = next(i for i, it in enumerate(run) if prefill_of(it, 2))
     last_of_1 = max(i for i, it in enumerate(run) if 1 in it.decode)
@@ -87,7 +89,7 @@ def test_no_token_closes_admission_until_a_request_leaves(golden):
     assert [1 in it.decode for it in run[2:last_of_1 + 1]] == [True] * (last_of_1 - 1)  # 1 decoded throughout
 
 
-def test_the_ratio_decays_on_pure_decodes_floors_and_is_reset_only_when_idle():
+def test_the_ratio_decays_on_pure_decodes_floors_and_is_reset_only_when_idle(golden):
     """Golden 3 (NewTokenRatioTracker: decay_step per update_running_batch without retraction, the floor
     init x 0.14, the estimate after retract_decode, reset in on_idle when fully idle): 0.7 falling (0.7 - 0.098)/600
     a pure decode step to 0.098, unchanged by prefill and mixed iterations, set (not decayed) after a retraction,
@@ -109,6 +111,8 @@ def test_the_ratio_decays_on_pure_decodes_floors_and_is_reset_only_when_idle():
         ratios.append(it.ratio)
         prev = it.ratio
     assert ratios[0] == INIT and min(ratios) == pytest.approx(FLOOR, abs=ULP) and retractions >= 1
+    ended = golden[0]  # every request done: the idle iteration after the last decode resets it (Scheduler.on_idle)
+    assert ended[-2].kind == "decode" and ended[-2].ratio < INIT and ended[-1].kind == "idle" and ended[-1].ratio == INIT
 
 
 # ---------------------------------------------------------------- the strategies against it, step for step

@@ -159,7 +159,8 @@ class Reference:
         if batch is None:
             return {"kind": "idle", "prefill": [], "decode": [], "retracted": retracted}
         mode = batch.forward_mode
-        decoding = set(id(r) for r in (batch.decoding_reqs or ())) if mode.is_extend() else set(id(r) for r in batch.reqs)
+        # a MIXED batch's decodes are its decoding_reqs (mix_with_running); a DECODE batch decodes all its requests
+        decoding = {id(r) for r in (batch.decoding_reqs or () if mode.is_extend() else batch.reqs)}
         prefill = [[int(r.rid), r.extend_len] for r in batch.reqs if id(r) not in decoding]
         decode = sorted(int(r.rid) for r in batch.reqs if id(r) in decoding)
         kind = "decode" if mode.is_decode() else "mixed" if mode.is_mixed() else "extend"

@@ -89,9 +89,9 @@ PRESETS = (
     # The ratio decays only on pure decode steps (0.7 to 0.098 over 600): a first request decoding 700 tokens alone
     # takes it to its floor, then requests whose outputs are long beside a small cache are admitted on 10% of their
     # expected output and decodes run out of memory.
-    Preset("retract", 2, 40, Config(192, 16384, 3000, 64, False), False, max_prompt=200, max_output=500,
+    Preset("retract", 3, 40, Config(192, 16384, 3000, 64, False), False, max_prompt=200, max_output=500,
            mean_gap=4.0, lull=700, why="ignore_eos off and a small KV cache: the ratio over-admits, decodes retract"),
-    Preset("retract-mixed", 2, 40, Config(192, 16384, 3000, 64, True), False, max_prompt=200, max_output=500,
+    Preset("retract-mixed", 3, 40, Config(192, 16384, 3000, 64, True), False, max_prompt=200, max_output=500,
            mean_gap=4.0, lull=700, why="the same with --enable-mixed-chunk: mixed batches never retract, decodes do"),
 )
 

@@ -1,5 +1,6 @@
-"""torchvision as SGLang's scheduling code meets it in the project's SGLang environment: a stub, imported at start-up
-by a .pth line (`import ...; install()`) that sglang_env.py writes into that environment's site-packages (this file is copied beside it).
+"""torchvision as SGLang's scheduling code meets it in the project's SGLang environment: a stub, installed at start-up
+by a .pth line (`import ...; install()`) that sglang_env.py writes into that environment's site-packages, where this
+file is copied.
 
 Why: `sglang.srt.configs` imports `torchvision.transforms` for a vision model's constants, so importing SGLang's
 scheduler (`sglang.srt.managers.schedule_policy`) imports torchvision; no registry torchvision loads against the CPU
