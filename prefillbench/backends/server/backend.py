@@ -86,6 +86,7 @@ class ServerBackend(ServingBackend):
         self.launch_flags: tuple[str, ...] = ()  # flags this machine adds to every launch (load)
         self.client = ClientSettings()  # how its client sends a run (load)
         self.client_cpu_s = self.client_wall_s = 0.0  # the client's CPU seconds over its runs, and their wall time
+        self.client_notes: set[str] = set()  # what was said once about the client's workers
 
     @classmethod
     def load(cls, model: str | None = None, *, server_bin: str | None = None, server_cmd: str | None = None,
@@ -222,6 +223,10 @@ class ServerBackend(ServingBackend):
                                          headers=headers, watch=watch, alive=alive, on_done=done,
                                          cache=self.caches_prefixes)
         else:
+            if watch is not None and not self.client_notes:
+                self.client_notes.add("early stop")
+                print("prefillbench: note: a run sent by client workers is not stopped early (a probe whose SLO has "
+                      "certainly failed runs to its end)", file=sys.stderr)
             jobs = [client_workers.SliceJob(url, self.engine.api, s.requests, s.concurrency, self.served_model,
                                             headers, self.caches_prefixes)
                     for s in self.client.worker_slices(requests, concurrency)]
