@@ -48,7 +48,8 @@ def cmd_capacity(options: CapacityOptions) -> int:
                 r = probe.row
                 progress.print(f"capacity: {strategy_label(case.strategy, case.chunk_size)} at {probe.rate:.3g} req/s: P99 TBT "
                                f"{r.tbt_p99_ms:.1f} ms, median scheduling delay {r.sched_delay_p50_ms:.0f} ms: "
-                               f"{'within' if probe.passed else 'over'}")
+                               f"{'within' if probe.passed else 'over'}"
+                               + (f" (the client measured itself: {r.client_late})" if r.client_late else ""))
             session.save(pending=partial())
 
         for case in config.cases():
