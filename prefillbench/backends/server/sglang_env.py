@@ -37,11 +37,12 @@ TORCH = "torch==2.13.0"
 #: What SGLang's scheduling modules and its server_args import at module level, and nothing else (the wheel's own
 #: requirements are CUDA builds). Unpinned: the import does not care which release of each (pip warns that sglang
 #: pins other versions of transformers, tokenizers and xgrammar; the modules read here import all the same).
+#: The note's list less interegular, llguidance and outlines, which none of those imports loads (sys.modules after
+#: CHECK, 2026-12-06).
 REQUIREMENTS = ("triton", "transformers", "numpy", "msgspec", "pyzmq", "orjson", "psutil", "pybase64", "requests",
                 "pillow", "starlette", "pydantic", "huggingface_hub", "tqdm", "ipython", "aiohttp", "openai",
                 "partial_json_parser", "regex", "sentencepiece", "safetensors", "dill", "compressed-tensors", "gguf",
-                "einops", "setproctitle", "uvicorn", "fastapi", "interegular", "llguidance", "xgrammar", "outlines",
-                "datasets")
+                "einops", "setproctitle", "uvicorn", "fastapi", "xgrammar", "datasets")
 STUB_MODULE = "prefillbench_sglang_stubs"
 #: The import that proves the install: what the reference drives (the environment's python, the stub on)
 CHECK = ("from sglang.test.test_utils import maybe_stub_sgl_kernel; maybe_stub_sgl_kernel(); "
