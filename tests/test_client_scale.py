@@ -175,6 +175,7 @@ def test_a_closed_loops_concurrency_is_split_and_a_session_stays_whole():
     closed = [Request((i,), 2) for i in range(7)]
     assert [p.concurrency for p in client_workers.slices(closed, 5, 2)] == [3, 2]
     assert len(client_workers.slices(closed, 2, 4)) == 2  # no worker without a place in flight
+    assert [p.concurrency for p in client_workers.slices(open_loop(6), 1, 3)] == [1]  # an open loop's cap too
     turns = [Request((s, t), 2, 0.1 * s if t == 0 else None, session=s, turn=t) for s in range(3) for t in range(2)]
     parts = client_workers.slices(turns, 0, 2)
     for p in parts:

@@ -370,9 +370,12 @@ class LlamaServerBackend(ServerBackend):
     def load(cls, model: str | None = None, *, server_bin: str | None = None, url: str | None = None,
              threads: int | None = None, context: int | None = None,
              server_timeout: float | None = None, prefix_cache: str | None = None,
-             **client: Any) -> "ServerBackend":
+             client_workers: str | None = None, client_ray: bool = False, shard: str | None = None,
+             latency_from: str | None = None) -> "ServerBackend":
         return ServerBackend.load(model, engine="llama-server", server_bin=server_bin, url=url, threads=threads,
-                                  context=context, server_timeout=server_timeout, prefix_cache=prefix_cache, **client)
+                                  context=context, server_timeout=server_timeout, prefix_cache=prefix_cache,
+                                  client_workers=client_workers, client_ray=client_ray, shard=shard,
+                                  latency_from=latency_from)
 
 
 def kv_cache_flags(backend: ServerBackend, tokens: int) -> tuple[str, ...]:

@@ -58,8 +58,8 @@ class ClientSettings:
         i, n = self.shard
         mine = [s for s in slices(requests, concurrency, n) if s.index == i and s.of == n]
         if not mine:
-            raise BackendError(f"--shard {i}/{n}: the run has no slice {i} of {n} (fewer requests, or a closed "
-                               f"loop's -c {concurrency}, than shards)")
+            raise BackendError(f"--shard {i}/{n}: the run has no slice {i} of {n} (fewer requests, or places in "
+                               f"flight (-c {concurrency}), than shards)")
         return mine[0].requests, mine[0].concurrency
 
     def worker_slices(self, requests: list[Request], concurrency: int) -> list[Slice]:

@@ -63,9 +63,9 @@ class Slice:
 def slices(requests: list[Request], concurrency: int, n: int) -> list[Slice]:
     """The run's requests dealt to `n` workers: round-robin in their order (an open loop's is by arrival), a session
     whole to the worker its first turn went to, and a concurrency cap split with the remainder to the first ones.
-    Slices that would be empty are not made (fewer requests, or a closed loop's concurrency, than workers)."""
-    open_loop = bool(requests) and requests[0].arrival_s is not None
-    n = max(1, min(n, len(requests) or 1, concurrency if not open_loop and concurrency > 0 else n))
+    Slices that would be empty are not made (fewer requests, or places in flight, than workers)."""
+    # a cap of 0 means none: no worker may get a share of 0 from a cap that is one (fewer workers than its places)
+    n = max(1, min(n, len(requests) or 1, concurrency if concurrency > 0 else n))
     dealt: list[list[Request]] = [[] for _ in range(n)]
     session_of: dict[int, int] = {}
     k = 0
