@@ -120,7 +120,8 @@ def test_the_ratio_decays_on_pure_decodes_floors_and_is_reset_only_when_idle(gol
 
 def test_the_strategies_run_every_step_sglangs_code_runs():
     """Every preset trace (>= 200 scheduler iterations each; two with retractions, ignore_eos off in a small
-    cache): the prompt tokens of each request, the decodes, the retractions and the ratio equal in every iteration
+    cache; one with ignore_eos in a small cache, where admission is add_one_req_ignore_eos's simulation): the prompt
+    tokens of each request, the decodes, the retractions and the ratio equal in every iteration
     (benchmarks/engine/sglang_steps.py)."""
     results = compare([(p.name, preset_trace(p), p.config) for p in PRESETS])
     for c in results:

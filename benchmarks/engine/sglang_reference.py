@@ -36,6 +36,9 @@ from types import SimpleNamespace
 
 from benchmarks.lib import cli
 
+CONFIG_KEYS = ("chunked_prefill_size", "max_prefill_tokens", "kv_capacity_tokens", "max_running_requests",
+               "enable_mixed_chunk")
+REQUEST_KEYS = ("id", "prompt_len", "output_len", "arrival_step", "ignore_eos")
 #: The token every forward "samples": below any special token a tokenizer reserves, never an EOS (none is set)
 NEXT_TOKEN = 7
 #: What the scheduler methods driven here call on their scheduler, taken from SGLang's Scheduler class itself
@@ -278,11 +281,20 @@ def main(args: argparse.Namespace) -> int:
         print("error: SGLang is not importable here: run this with the python of `make sglang`'s environment",
               file=sys.stderr)
         return 2
-    with open(args.job) if args.job else sys.stdin as f:
-        given = json.load(f)
-    # {"jobs": [...]}: several traces in one process (SGLang's import is most of a short trace's time), each line
-    # then tagged with its job's index
-    jobs = given["jobs"] if "jobs" in given else [given]
+    try:
+        with open(args.job) if args.job else sys.stdin as f:
+            given = json.load(f)
+        # {"jobs": [...]}: several traces in one process (SGLang's import is most of a short trace's time), each
+        # line then tagged with its job's index
+        jobs = given["jobs"] if "jobs" in given else [given]
+        for job in jobs:
+            missing = [k for k in CONFIG_KEYS if k not in job["config"]]
+            missing += [f"requests[{i}].{k}" for i, r in enumerate(job["requests"]) for k in REQUEST_KEYS if k not in r]
+            if missing:
+                raise ValueError(f"the job lacks {', '.join(missing[:5])}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: not a job ({type(e).__name__}: {e}); see --help for its form", file=sys.stderr)
+        return 2
     for i, job in enumerate(jobs):
         for line in run_job(job):
             print(json.dumps({**line, "job": i} if "jobs" in given else line), flush=True)

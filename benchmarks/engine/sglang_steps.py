@@ -91,6 +91,10 @@ PRESETS = (
     # expected output and decodes run out of memory.
     Preset("retract", 3, 40, Config(192, 16384, 3000, 64, False), False, max_prompt=200, max_output=500,
            mean_gap=4.0, lull=700, why="ignore_eos off and a small KV cache: the ratio over-admits, decodes retract"),
+    # ignore_eos with the radix cache off: PrefillAdder.add_one_req_ignore_eos simulates every request's remaining
+    # output in a small cache before it admits one
+    Preset("ignore-eos-small-kv", 11, 40, Config(128, 16384, 2500, 64, False), True, max_prompt=400, max_output=300,
+           mean_gap=3.0, lull=600, why="ignore_eos in a small cache: admission by add_one_req_ignore_eos's simulation"),
     Preset("retract-mixed", 3, 40, Config(192, 16384, 3000, 64, True), False, max_prompt=200, max_output=500,
            mean_gap=4.0, lull=700, why="the same with --enable-mixed-chunk: mixed batches never retract, decodes do"),
 )
