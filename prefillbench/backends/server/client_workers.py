@@ -35,10 +35,11 @@ from prefillbench.backends.server.client_records import StreamRun, Streamed, clo
 from prefillbench.errors import BackendError
 from prefillbench.sequence import Request
 
-#: Streamed events a second one worker is given. The single-process client of 2026-12-06 used 40-60 CPU us an event
-#: and so saturated a core near 20-25k events a second, its send lag p99 past 400 ms from 20k (issue 60's table);
-#: at 10k it held 48% of a core and a 3.9 ms lag p99. Half a core's saturation leaves each worker's event loop idle
-#: half the time, which is what keeps sends on time.
+#: Streamed events a second one worker is given. The single-process client before issue 60 used 40-60 CPU us an
+#: event and so saturated a core near 20-25k events a second, its send lag p99 past 400 ms from 20k (issue 60's
+#: table); at 10k it held 48% of a core and a 3.9 ms lag p99. Half that core's saturation leaves a worker's event
+#: loop idle at least half the time, which is what keeps sends on time; the client since costs about half as much
+#: an event (docs/servers.md), so the constant leaves room rather than being tuned to the edge.
 EVENTS_PER_WORKER_S = 10_000
 #: A closed loop's requests in flight per worker (inference-perf's 100 a worker process).
 IN_FLIGHT_PER_WORKER = 100
