@@ -1,7 +1,7 @@
 """What the streaming client records: each request as it saw it (Streamed) and the run (StreamRun). Times are the
 monotonic clock's seconds (`clock`): one clock for every process of this machine (Linux's CLOCK_MONOTONIC), so
 worker processes' records need no translation; records from another machine are moved onto this one's clock by
-the run's common start (client_workers.rebase)."""
+the run's common start (client_workers.merge)."""
 from __future__ import annotations
 
 import time

@@ -7,7 +7,7 @@ turns wait on each other); a closed loop's concurrency split as evenly as it goe
 way. The workers start the schedule together, at a wall-clock time the parent sets once every worker is ready
 (START_LEAD_S after), and each sends its slice with the same client (client.py), reads the events after its run
 (parsing off every hot path), and returns its raw records with its CPU time. The parent moves the records onto its
-own clock by that common start (`rebase`: on one machine the monotonic clock is shared and the move is the few
+own clock by that common start (`merge`: on one machine the monotonic clock is shared and the move is the few
 microseconds between the two clocks' readings) and merges them into one run.
 
 How many: EVENTS_PER_WORKER_S, a stated constant, not a figure tuned to this machine: `auto` sends an open loop's
