@@ -203,6 +203,9 @@ def test_the_margin_is_the_fit_error_and_the_jitter_tail_at_the_percentile():
     assert p.margin(50) == pytest.approx(0.10)  # the median needs no tail
     assert p.margin(100) == p.margin(slo_pricing.MOST_PERCENTILE)  # bounded
     assert slo_pricing.StepPricing(backend.cost, "sim").margin(99) == 0.0
+    # a noisy calibration's margin is applied whatever it is, and the line a run prints says it is wide
+    assert "quiet machine" not in p.describe(100.0, None, 99)
+    assert "quiet machine" in slo_pricing.StepPricing(backend.cost, "busy", 2.1, 0.57).describe(100.0, None, 99)
 
 
 def calibration_file(tmp_path, p90: float, jitter: float):

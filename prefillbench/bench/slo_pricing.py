@@ -34,6 +34,10 @@ from prefillbench.backends.sim.specs import SimConfigError
 
 #: The margin's tail stops at P99.9: a percentile of 100 (the worst TBT) would ask for an unbounded margin.
 MOST_PERCENTILE = 99.9
+#: A margin past this is said to be wide (the target under two-thirds of the SLO): a calibration that noisy (a busy
+#: machine's, 2026-12-06: p90 |error| 214%, jitter 0.57, a margin of 1089%) spends the SLO on its own error. It only
+#: words the line a run prints; the margin itself is applied whatever it is.
+WIDE_MARGIN = 0.5
 
 
 class SimPrice:
@@ -102,8 +106,10 @@ class StepPricing:
         why = ("the sim's own prices, exact" if not (self.fit_error or self.jitter) else
                f"the calibration's p90 |error| {self.fit_error:.1%} and step jitter {self.jitter:.3f} at "
                f"p{min(percentile, MOST_PERCENTILE):g}")
+        wide = (f"; a margin this wide leaves most of the SLO unused: calibrate on a quiet machine"
+                if m > WIDE_MARGIN else "")
         return (f"slo-budget: each step's prompt tokens priced by {self.source} within {self.target_s(limit, percentile) * 1e3:.1f} "
-                f"ms: the {which} SLO {limit:g} ms less a margin of {m:.1%} ({why})")
+                f"ms: the {which} SLO {limit:g} ms less a margin of {m:.1%} ({why}){wide}")
 
 
 def priced(strategy: Strategy, pricing: StepPricing | None, tbt_ms: float | None, tpot_ms: float | None,

@@ -150,8 +150,9 @@ def run_tune(o: TuneOptions) -> int:
                 bar.stage("measuring", o.top_k + 1, tune.EXPECTED_NEAR_PROBES * settings.repeats)
                 found.measured = ended(sim_first.measure_picks(
                     backend, found.predicted.results, settings, o.top_k, measured_probe, config_done, deadline,
-                    lambda picks: print(f"prefillbench: measuring the sim's top {o.top_k} and {settings.baseline_name} on "
-                                        f"{backend.label}: {', '.join(c.label for c in picks)}", file=err),
+                    lambda picks: print(f"prefillbench: measuring the sim's top {o.top_k} and {settings.baseline_name}"
+                                        + (" (and slo-budget beside the sim's best fixed budget)" if adaptive_grid else "")
+                                        + f" on {backend.label}: {', '.join(c.label for c in picks)}", file=err),
                     price=pricer(sim.cost), slower=found.edge.results))
                 if found.measured.stopped != "interrupted":
                     found.repredicted = sim_first.repredict(lambda slowdown: _sim(o, at_speed(cal, slowdown)),
