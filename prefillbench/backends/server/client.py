@@ -181,6 +181,7 @@ async def _stream_all(url, api, requests, concurrency, model, headers, watch, al
         for task in sent:
             task.cancel()
         await asyncio.gather(*sent, return_exceptions=True)
+        endpoint.close()  # connections whose server has not closed them yet
     run.end = clock()
     if failure is not None:
         raise failure

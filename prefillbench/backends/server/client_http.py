@@ -1,8 +1,9 @@
 """The client's wire: one HTTP/1.1 POST a connection, its answer kept as the socket gave it. The protocol's
 `data_received` is the whole hot loop: it reads the monotonic clock and keeps the bytes beside it; nothing is
 parsed, and no task wakes, until the answer is over. `Connection: close` makes the server end the connection with
-the answer (so no parsing is needed to find its end); an answer's last chunk (`0\\r\\n\\r\\n` of the chunked
-encoding) ends it too, for a server that keeps the connection open all the same.
+the answer (so no parsing is needed to find its end, and the server, closing first, keeps the closed connection's
+TIME_WAIT rather than the client's ports); an answer's last chunk (`0\\r\\n\\r\\n` of the chunked encoding) ends it
+too, a moment later, for a server that keeps the connection open all the same.
 
 An AnswerReader then reads the kept bytes (after the run, or as a watch needs them): the status line, the headers,
 and the body (chunked, by length, or to the close) as pieces, each with its read's arrival, into the event reader
@@ -28,15 +29,17 @@ LAST_CHUNK = b"\r\n0\r\n\r\n"
 #: Seconds to connect, and the most an answer may stay silent.
 CONNECT_TIMEOUT_S = 30.0
 READ_TIMEOUT_S = 600.0
+#: Seconds a server that sent its answer's last chunk has to close the connection before the client does.
+CLOSE_GRACE_S = 1.0
 
 
 class _Answer(asyncio.Protocol):
     """One connection's answer, kept raw: each read and its arrival."""
 
-    __slots__ = ("chunks", "times", "done", "transport", "error")
+    __slots__ = ("chunks", "times", "done", "transport", "error", "endpoint")
 
-    def __init__(self, chunks: list[bytes], times: list[float], done: asyncio.Future) -> None:
-        self.chunks, self.times, self.done = chunks, times, done
+    def __init__(self, chunks: list[bytes], times: list[float], done: asyncio.Future, endpoint: "Endpoint") -> None:
+        self.chunks, self.times, self.done, self.endpoint = chunks, times, done, endpoint
         self.transport: asyncio.Transport | None = None
         self.error: str | None = None
 
@@ -46,13 +49,19 @@ class _Answer(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.times.append(clock())
         self.chunks.append(data)
-        if data.endswith(LAST_CHUNK) or data == LAST_CHUNK[2:]:  # a server that keeps the connection open
-            self.transport.close()
+        if data.endswith(LAST_CHUNK) or data == LAST_CHUNK[2:]:
+            # the answer is whole; its connection is left a moment for the server to close first (the side that
+            # closes first keeps the connection's TIME_WAIT, and a client opening hundreds a second must not run
+            # out of ports), then closed here, for a server that keeps it open all the same
+            if not self.done.done():
+                self.done.set_result(None)
+            asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self.transport.close)
 
     def eof_received(self) -> bool:
         return False  # the transport closes
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.endpoint.open.discard(self.transport)
         if exc is not None:
             self.error = f"{STREAM_CUT}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
         if not self.done.done():
@@ -60,9 +69,11 @@ class _Answer(asyncio.Protocol):
 
 
 class Endpoint:
-    """Where the requests go: host, port, TLS, and the request head's fixed part."""
+    """Where the requests go: host, port, TLS, and the request head's fixed part; the connections still open (an
+    answer whole, its server not yet gone), closed at the run's end (`close`)."""
 
     def __init__(self, url: str, headers: dict[str, str]) -> None:
+        self.open: set[asyncio.Transport] = set()
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.tls = ssl.create_default_context() if parts.scheme == "https" else None
@@ -76,6 +87,11 @@ class Endpoint:
     def request(self, path: str, body: bytes) -> bytes:
         return (f"POST {self.prefix}{path} HTTP/1.1\r\n{self.head}Content-Length: {len(body)}\r\n\r\n").encode() + body
 
+    def close(self) -> None:
+        for transport in self.open:
+            transport.close()
+        self.open.clear()
+
 
 async def post(endpoint: Endpoint, path: str, body: bytes, s: Streamed) -> None:
     """One request; its answer's bytes kept in `s.chunks` (with `s.chunk_times`), or why it failed in `s.error`."""
@@ -83,11 +99,12 @@ async def post(endpoint: Endpoint, path: str, body: bytes, s: Streamed) -> None:
     done = loop.create_future()
     try:
         transport, answer = await asyncio.wait_for(
-            loop.create_connection(lambda: _Answer(s.chunks, s.chunk_times, done), endpoint.host, endpoint.port,
+            loop.create_connection(lambda: _Answer(s.chunks, s.chunk_times, done, endpoint), endpoint.host, endpoint.port,
                                    ssl=endpoint.tls), CONNECT_TIMEOUT_S)
     except (OSError, asyncio.TimeoutError) as e:
         s.error = f"{CONNECT_FAILED}: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
         return
+    whole = False
     try:
         transport.write(endpoint.request(path, body))
         while True:  # the answer's end, or its silence past the read timeout
@@ -101,8 +118,12 @@ async def post(endpoint: Endpoint, path: str, body: bytes, s: Streamed) -> None:
                     return
         if answer.error is not None:
             s.error = answer.error
+        whole = True
     finally:
-        transport.close()
+        if whole and not transport.is_closing():
+            endpoint.open.add(transport)  # the server closes it (or the grace timer does); the run's end at the latest
+        else:
+            transport.close()
 
 
 class AnswerReader:
