@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from prefillbench.backends.server import client, client_workers
+from prefillbench.backends.server import client, client_pool, client_workers
 from prefillbench.backends.server.client_events import EventReader, LlamaApi, OpenAIApi
 from prefillbench.backends.server.client_http import read_stream
 from prefillbench.backends.server.client_settings import ClientSettings
@@ -221,7 +221,7 @@ def test_workers_send_their_slices_on_one_schedule_and_the_records_merge_into_on
     with stub_server("--token-ms", "2") as url:
         jobs = [client_workers.SliceJob(url, "llama", s.requests, s.concurrency)
                 for s in client_workers.slices(requests, 0, 2)]
-        run = client_workers.stream_in_workers(jobs)
+        run = client_pool.stream_in_workers(jobs)
     assert run.workers == 2 and run.cpu_s > 0 and len(run.done) == 12
     assert sorted(s.request.arrival_s for s in run.done) == [r.arrival_s for r in requests]
     for s in run.done:

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.lib import cli
-from prefillbench.backends.server import client, client_workers
+from prefillbench.backends.server import client, client_pool, client_workers
 from prefillbench.backends.server.process import ServerProcess, free_port
 from prefillbench.bench.client_columns import late_bound_ms
 from prefillbench.sequence import Request
@@ -100,7 +100,7 @@ def _workers_part(args: argparse.Namespace) -> None:
             else:
                 jobs = [client_workers.SliceJob(url, args.api, s.requests, s.concurrency)
                         for s in client_workers.slices(requests, 0, workers)]
-                run = client_workers.stream_in_workers(jobs)
+                run = client_pool.stream_in_workers(jobs)
         finally:
             server.stop()
         ok = [s for s in run.done if s.error is None]

@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar
 
 from prefillbench.backends.base import ServingBackend
 from prefillbench.backends.prefix import DEFAULT_BLOCK_SIZE, PrefixSettings
-from prefillbench.backends.server import client, client_http, client_workers, engine_clock
+from prefillbench.backends.server import client, client_http, client_pool, client_workers, engine_clock
 from prefillbench.backends.server.client_settings import ClientSettings
 from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, VLLM_LENGTH, Engine, parse_template
 from prefillbench.backends.server.process import START_TIMEOUT_S, ServerProcess, free_port
@@ -230,7 +230,7 @@ class ServerBackend(ServingBackend):
             jobs = [client_workers.SliceJob(url, self.engine.api, s.requests, s.concurrency, self.served_model,
                                             headers, self.caches_prefixes)
                     for s in self.client.worker_slices(requests, concurrency)]
-            run = client_workers.stream_in_workers(jobs, ray=self.client.ray, alive=alive)
+            run = client_pool.stream_in_workers(jobs, ray=self.client.ray, alive=alive)
             for s in run.done:
                 done(s)
         run.latency_from = self.client.latency_from

@@ -15,7 +15,7 @@ expected token rate (its arrival rate times the mean tokens a request) with one 
 events a second, and a closed loop with one for each IN_FLIGHT_PER_WORKER requests in flight.
 
   python -m prefillbench.backends.server.client_workers   (a worker: a pickled SliceJob on stdin, its SliceResult
-                                                           on stdout; started by stream_in_workers)
+                                                           on stdout; started by client_pool.stream_in_workers)
 """
 from __future__ import annotations
 
@@ -156,19 +156,7 @@ def merge(results: list[SliceResult], start: float) -> StreamRun:
     return StreamRun(start, end, done, cpu_s=sum(r.cpu_s for r in results), workers=len(results))
 
 
-def stream_in_workers(jobs: list[SliceJob], *, ray: bool = False, alive: Callable[[], Exception | None] | None = None,
-                      poll_s: float = 0.05) -> StreamRun:
-    """Each job in a worker of its own (a process here, or a Ray actor), started together; one run merged."""
-    if ray:
-        from prefillbench.backends.server.client_ray import run_on_ray
-
-        results, start = run_on_ray(jobs, alive, poll_s)
-    else:
-        results, start = _run_in_processes(jobs, alive, poll_s)
-    return merge(results, start)
-
-
-def _run_in_processes(jobs: list[SliceJob], alive, poll_s: float) -> tuple[list[SliceResult], float]:
+def run_in_processes(jobs: list[SliceJob], alive, poll_s: float) -> tuple[list[SliceResult], float]:
     from prefillbench.backends.server.process import _die_with_parent
 
     logs = [tempfile.TemporaryFile() for _ in jobs]
