@@ -74,6 +74,7 @@ class Sglang(Strategy):
         self.chunked: int | None = None  # chunked_req: the one prompt in progress
         self._last_ids: set[int] = set()  # the sequences of the last step: one that left made the batch shrink
         self._last_chunked = False
+        self._emptied = False  # the last step was a prefill batch that left the running batch empty
         self.prefix_cache = False
 
     def attach(self, memory, engine_max_num_seqs: int | None = None, prefix_cache: bool = False) -> None:
@@ -90,7 +91,11 @@ class Sglang(Strategy):
         live.update(s.seq_id for s in running)
         # what the last batch's filtering does to the flag: a request that left, or the prompt in progress taken
         # out of the merged batch, shrinks it; an empty running batch resets it
-        if not running or self._last_chunked or not self._last_ids <= live:
+        # The flag is the running batch's own (ScheduleBatch.batch_is_full). A prefill batch that left the running
+        # batch empty (nothing was running, or mixed chunk took every decode into it) becomes the running batch at
+        # the next merge (get_next_batch_to_run: `if running_batch.is_empty(): running_batch = last_batch`), and a
+        # new batch's flag is ScheduleBatch's default, False: a NO_TOKEN met beside it does not outlive it.
+        if not running or self._last_chunked or self._emptied or not self._last_ids <= live:
             self.batch_is_full = False
         chunked = next((s for s in waiting if s.seq_id == self.chunked), None)
         step = self._prefill(waiting, running, chunked)
@@ -99,6 +104,7 @@ class Sglang(Strategy):
         self._last_ids = {c.seq_id for c in step.prefills}
         self._last_ids.update(d.seq_id for d in step.decodes)
         self._last_chunked = self.chunked is not None
+        self._emptied = bool(step.prefills) and (bool(step.decodes) or not running)
         return step
 
     # ---- _get_new_batch_prefill_raw -------------------------------------------------------------------------

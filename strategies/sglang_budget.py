@@ -39,7 +39,7 @@ class PrefillBudget:
     """One batch's budget as SGLang's PrefillAdder keeps it (page_size 1)."""
 
     __slots__ = ("available", "total_offset", "current_offset", "rem_input", "rem_chunk", "admitted", "running",
-                 "ratio", "ignore_eos")
+                 "ratio", "ignore_eos", "states")
 
     def __init__(self, available: float, running: list[Sequence], ratio: float, max_prefill_tokens: int,
                  chunked_prefill_size: int, mixed_decodes: int, ignore_eos: bool) -> None:
@@ -53,6 +53,7 @@ class PrefillBudget:
         self.rem_input = max_prefill_tokens - mixed_decodes
         self.rem_chunk = chunked_prefill_size - mixed_decodes
         self.admitted: list[Sequence] = []  # can_run_list
+        self.states: list[tuple[float, int]] | None = None  # add_one_req_ignore_eos's req_states, once built
 
     @property
     def rem_total(self) -> float:
@@ -115,12 +116,25 @@ class PrefillBudget:
         if paged > min(self.cur_rem, self.rem_total):
             return False
         per_request = 1.0 if self.ignore_eos else self.ratio
-        states = []
-        for s in (seq, *self.running, *self.admitted):
+
+        def state(s: Sequence) -> tuple[float, int] | None:
             left = s.n_gen * per_request - len(s.generated)
-            if left > 0:
-                states.append((left, s.request_prompt_len + len(s.generated)))
-        states.sort(key=lambda st: st[0])
+            return (left, s.request_prompt_len + len(s.generated)) if left > 0 else None
+
+        states = self.states
+        if states is None:
+            # the batch's first candidate: it, the running requests and those admitted so far, sorted (stable)
+            states = self.states = [st for st in map(state, (seq, *self.running, *self.admitted)) if st is not None]
+            states.sort(key=lambda st: st[0])
+        elif (new := state(seq)) is not None:
+            # a later candidate joins the list kept since (add_req_state(insert_sort=True)), before the first state
+            # with as many tokens left or more; with none, the scan stops on the last index and it goes in before
+            # the last state, not after it, as SGLang's loop leaves `i` there
+            i = 0
+            for i in range(len(states)):
+                if new[0] <= states[i][0]:
+                    break
+            states.insert(i, new)
         cur = self.cur_rem - paged
         freed = 0
         for i, (left, occupied) in enumerate(states):

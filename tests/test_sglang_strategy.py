@@ -181,3 +181,35 @@ def test_settings_are_checked():
         make_strategy("sglang:ignore-eos=2")
     with pytest.raises(ValueError, match="has no setting 'threshold'"):
         make_strategy("sglang-mixed:threshold=4")
+
+
+def test_a_prefill_batch_that_empties_the_running_batch_takes_the_full_flag_with_it():
+    # get_next_batch_to_run: the running batch left empty by a prefill batch (mixed chunk took its decodes) is
+    # replaced at the next merge by that batch, whose batch_is_full is ScheduleBatch's default: False. Request 2
+    # meets NO_TOKEN in the mixed batch of request 1 (300 + 400 + 1 > 899 - 1 - 199 x 0.7 - 61) and is tried, and
+    # fits, in the very next one (checked against SGLang's own code: benchmarks/engine/sglang_steps.py)
+    memory = KVMemory(1000, 1)
+    r0 = decoding(0, 100, 1, n_gen=200)
+    memory.grow(0, 101)
+    a, b = Sequence(1, tuple(range(50)), 10, 0.0), Sequence(2, tuple(range(300)), 400, 0.0)
+    strategy = attached("sglang-mixed", 256, memory)
+    step = strategy.next_step([a, b], [r0])
+    assert [(c.seq_id, len(c.tokens)) for c in step.prefills] == [(1, 50)] and strategy.batch_is_full
+    memory.grow(0, 102)
+    memory.grow(1, 50)
+    a.n_prefilled, a.generated = 50, [5]
+    r0.generated.append(5)
+    step = strategy.next_step([b], [r0, a])
+    assert [(c.seq_id, len(c.tokens)) for c in step.prefills] == [(2, 254)]
+    assert [d.seq_id for d in step.decodes] == [0, 1] and not strategy.batch_is_full
+
+
+def test_ignore_eos_admission_inserts_a_later_candidate_as_sglang_does():
+    # add_one_req_ignore_eos keeps its request states for the batch: a later candidate is inserted before the first
+    # state with as many tokens left or more, and one with more than all of them before the last (the scan leaves
+    # its index there). Request 1 (256 left) goes before request 0 (198 left): 546 - 46 - 2 x 256 <= 2, NO_TOKEN;
+    # sorted, it would fit (546 - 46 - 2 x 198 > 2, then 500 + 253 - 256 > 1)
+    strategy = attached("sglang:ignore-eos=1", 256, KVMemory(800, 1))
+    first, second = Sequence(0, tuple(range(253)), 198, 0.0), Sequence(1, tuple(range(45)), 256, 0.0)
+    step = strategy.next_step([first, second], [])
+    assert [(c.seq_id, len(c.tokens)) for c in step.prefills] == [(0, 253)] and strategy.batch_is_full
