@@ -106,7 +106,7 @@ def test_quick_is_its_preset_under_whatever_is_given():
     assert [k.tbt_p99_ms for k in o.criteria] == [500.0] and o.criteria[0].percentile == 99.0
     assert o.settings.requests == 20 and o.settings.precision == pytest.approx(0.10) and o.top_k == 2
     assert sorted({c.budget for c in o.configs if c.budget}) == [32, 64, 128, 256]
-    assert sorted({c.strategy for c in o.configs}) == ["chunked", "packed", "sarathi-serve", "sequential"]
+    assert sorted({c.strategy for c in o.configs}) == ["chunked", "packed", "sarathi-serve", "sequential", "slo-budget"]
     given = TuneOptions.from_flags(backend="gguf", quick=True, slo="tbt=300", requests=30, chunk_size=[64])
     assert [k.tbt_p99_ms for k in given.criteria] == [300.0] and given.settings.requests == 30
     assert sorted({c.budget for c in given.configs if c.budget}) == [64]
