@@ -95,6 +95,10 @@ PRESETS = (
     # output in a small cache before it admits one
     Preset("ignore-eos-small-kv", 11, 40, Config(128, 16384, 2500, 64, False), True, max_prompt=400, max_output=300,
            mean_gap=3.0, lull=600, why="ignore_eos in a small cache: admission by add_one_req_ignore_eos's simulation"),
+    # a cache of 600 tokens, prompts to 150 and outputs to 250: several candidates a batch meet the simulation, the
+    # later ones inserted into the request states kept since the batch's first (add_req_state(insert_sort=True))
+    Preset("ignore-eos-tight", 13, 20, Config(256, 16384, 600, 64, False), True, max_prompt=150, max_output=250,
+           mean_gap=3.0, why="ignore_eos in a smaller cache: a batch's later candidates in its kept request states"),
     Preset("retract-mixed", 3, 40, Config(192, 16384, 3000, 64, True), False, max_prompt=200, max_output=500,
            mean_gap=4.0, lull=700, why="the same with --enable-mixed-chunk: mixed batches never retract, decodes do"),
 )
@@ -118,6 +122,27 @@ def make_trace(seed: int, n: int, ignore_eos: bool, max_prompt: int, max_output:
             output = max(1, kv_capacity_tokens - prompt - 2)
         out.append(TraceRequest(i, prompt, output, step, ignore_eos))
         step += int(rng.expovariate(1.0 / mean_gap))
+    return out
+
+
+def random_cases(seed: int, n: int) -> list[tuple[str, list[TraceRequest], Config]]:
+    """`n` seeded random configurations, each with a trace of its own: chunk sizes down to a few tokens (below the
+    mixed decodes' count), max_prefill_tokens below the chunk, caches of a few hundred tokens, one to many running
+    requests, ignore_eos on and off, arrivals in bursts and after idle gaps. Where the presets exercise the rules
+    one at a time, these meet them together (the ignore_eos admission's kept request states were found here)."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(n):
+        config = Config(rng.choice([4, 12, 32, 64, 100, 256]), rng.choice([48, 100, 300, 16384]),
+                        rng.choice([400, 800, 1500, 5000, 100_000]), rng.choice([2, 3, 8, 64]), rng.random() < 0.5)
+        ignore_eos = rng.random() < 0.5
+        trace, step = [], 0
+        for i in range(rng.randint(5, 40)):
+            cap = config.kv_capacity_tokens // 3
+            prompt, output = rng.randint(1, min(600, cap)), rng.randint(1, min(300, cap))
+            trace.append(TraceRequest(i, prompt, output, step, ignore_eos))
+            step += rng.choice([0, 0, 1, 2, 3, 5, 20, 60])
+        out.append((f"random {seed}/{k}", trace, config))
     return out
 
 
@@ -304,6 +329,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", action="append", choices=[p.name for p in PRESETS],
                         help="a preset trace (repeatable; default: all of them)")
     parser.add_argument("--seed", type=int, default=None, help="a trace of your own instead: its seed")
+    parser.add_argument("--random", type=int, default=0, metavar="N",
+                        help="N random configurations and traces instead (random_cases; --seed seeds them, default 0)")
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--chunked-prefill-size", type=int, default=256)
     parser.add_argument("--max-prefill-tokens", type=int, default=16384)
@@ -315,7 +342,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.seed is not None:
+    if args.random:
+        jobs = random_cases(args.seed or 0, args.random)
+    elif args.seed is not None:
         config = Config(args.chunked_prefill_size, args.max_prefill_tokens, args.kv_cache_tokens,
                         args.max_running_requests, args.mixed)
         jobs = [(f"seed {args.seed}", make_trace(args.seed, args.requests, bool(args.ignore_eos), 700, 160, 6.0,
