@@ -21,7 +21,9 @@ DEFAULT_TOP_K = 3
 #: about 10 minutes for the shipped model on a 2-core CPU. P99 TBT 500 ms leaves the smallest budget's step (a
 #: 32-token chunk beside its decodes: 200-300 ms there) a margin: at 300 ms every chunked configuration sat at the
 #: edge of the SLO, where a 10% slower minute moved its capacity by 20-50%. The next budget's step nears 500 ms:
-#: the picks, ranked by what they keep with slower steps, pass over it (docs/history/2026-12-02).
+#: the picks, ranked by what they keep with slower steps, pass over it (docs/history/2026-12-02). slo-budget is
+#: listed beside the budgets (where the backend can run it): it and the sim's best fixed budget are measured as well,
+#: one or two searches more than those 10 minutes (not yet timed on a quiet machine).
 QUICK = dict(pg=(256, 32), slo="tbt=500", requests=20, precision=10.0, budgets=[32, 64, 128, 256], top_k=2,
              strategies=["sequential", "chunked", "sarathi-serve", "packed", "slo-budget"], skip_idle=True)
 #: vLLM's scheduler with its head-of-line settings, searched beside the budgets where -s names no strategy (and no
