@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from prefillbench.backends.base import Backend
 from prefillbench.bench.pricing import Pricer
+from prefillbench.bench.slo_pricing import prices_steps
 from prefillbench.bench.tune import (Config, ConfigCallback, ConfigResult, GridResult, ProbeCallback, TuneSettings, by_criteria,
-                                     prices_steps, ranked, run_grid)
+                                     ranked, run_grid)
 
 
 def pick_for_measurement(order: list[ConfigResult], top_k: int, baseline: Config = Config("sequential", None)) -> list[Config]:
@@ -41,7 +42,7 @@ def picks(predicted: list[ConfigResult], settings: TuneSettings, top_k: int,
         mine = by_criteria(predicted, k)
         chosen += pick_for_measurement(margin_ranked(mine, by_criteria(slower, k)) if slower else ranked(mine), top_k,
                                        settings.baseline)
-        adaptive = [r.config for r in mine if prices_steps(r.config)]
+        adaptive = [r.config for r in mine if prices_steps(r.config.strategy)]
         fixed = [r.config for r in ranked(mine) if r.config.budget is not None][:1]
         chosen += adaptive + (fixed if adaptive else [])
     return list(dict.fromkeys(chosen))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-from strategies import Strategy
+from strategies import STRATEGIES, Strategy, split_spec
 
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
 from prefillbench.backends.sim.cost import Batch, CostModel
@@ -68,6 +68,11 @@ class SimPrice:
             shapes.append((start, tokens))
             emits += last
         return cost.fast_seconds(shapes, n, total, emits, window_ctx, False)
+
+
+def prices_steps(strategy: str) -> bool:
+    """Whether the strategy (as -s names it) chooses each step by its price against the SLO (slo-budget)."""
+    return STRATEGIES[split_spec(strategy)[0]].needs_price
 
 
 def step_limit_ms(tbt_ms: float | None, tpot_ms: float | None) -> float | None:
@@ -172,5 +177,5 @@ def run_pricing(backend, calibration: str | None) -> StepPricing | None:
     return of_calibration(calibration) if calibration else None
 
 
-__all__ = ["MOST_PERCENTILE", "SimPrice", "StepPricing", "fit_error", "of_calibration", "of_sim", "priced", "run_pricing",
-           "step_limit_ms"]
+__all__ = ["MOST_PERCENTILE", "SimPrice", "StepPricing", "WIDE_MARGIN", "fit_error", "of_calibration", "of_sim", "priced",
+           "prices_steps", "run_pricing", "step_limit_ms"]

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from strategies import STRATEGIES, configurations, split_spec
+from strategies import configurations
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend, BackendError
@@ -30,7 +30,7 @@ from prefillbench.bench.capacity import DEFAULT_START_RATE, CapacityConfig, Crit
 from prefillbench.bench.cases import BenchConfig, Case, warm_up
 from prefillbench.bench.metrics import strategy_label
 from prefillbench.bench.pricing import Pricer
-from prefillbench.bench.slo_pricing import StepPricing
+from prefillbench.bench.slo_pricing import StepPricing, prices_steps
 from prefillbench.bench.turns import BackendCall, run_here, take_turns
 from prefillbench.bench.workloads import TestSpec, make_requests, request_lengths
 
@@ -212,7 +212,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
     step = 1 + REPEAT_GROWTH_PRECISIONS * settings.precision
     results = [ConfigResult(config, c, stage=stage, planned_seeds=settings.repeats) for c in settings.criteria]
     # A strategy that prices its steps aims at each criteria's own SLO: its runs serve that criteria alone.
-    own_runs = prices_steps(config)
+    own_runs = prices_steps(config.strategy)
     current: list[Probe] = []
     last_e2e_s = 0.0
     index = 0
@@ -487,11 +487,6 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
                 out.left.append(c)
             out.results += results_of(c)
     return out
-
-
-def prices_steps(config: Config) -> bool:
-    """Whether the configuration's strategy chooses each step by its price against the SLO (slo-budget)."""
-    return STRATEGIES[split_spec(config.strategy)[0]].needs_price
 
 
 # ---- ranking --------------------------------------------------------------------------------------------------

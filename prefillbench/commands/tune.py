@@ -117,7 +117,7 @@ def run_tune(o: TuneOptions) -> int:
         session.stop(grid.stopped == "interrupted", grid.failure)
         return grid
 
-    adaptive_grid = any(tune.prices_steps(c) for c in configs)
+    adaptive_grid = any(slo_pricing.prices_steps(c.strategy) for c in configs)
 
     def priced_by(pricing: slo_pricing.StepPricing | None) -> tune.TuneSettings:
         """The settings with what slo-budget prices its steps by, said once per SLO."""

@@ -7,13 +7,14 @@ intervals overlap (ConfigResult.ties), as everywhere in tune.
 """
 from __future__ import annotations
 
-from prefillbench.bench.tune import ConfigResult, prices_steps, ranked
+from prefillbench.bench.slo_pricing import prices_steps
+from prefillbench.bench.tune import ConfigResult, ranked
 from prefillbench.report.capacity import capacity_text
 
 
 def best_fixed(results: list[ConfigResult]) -> ConfigResult | None:
     """The highest capacity among the configurations at a fixed budget (one criteria's results)."""
-    fixed = [r for r in results if r.config.budget is not None and not prices_steps(r.config)]
+    fixed = [r for r in results if r.config.budget is not None and not prices_steps(r.config.strategy)]
     return ranked(fixed)[0] if fixed else None
 
 
@@ -40,7 +41,7 @@ def against_fixed(results: list[ConfigResult]) -> list[str]:
     if fixed is None:
         return []
     lines = []
-    for r in ranked([r for r in results if prices_steps(r.config)]):
+    for r in ranked([r for r in results if prices_steps(r.config.strategy)]):
         lines.append(f"{r.config.label} within {r.criteria.describe()}: {capacity_text(r.capacity, r.hit_bound, 3)} req/s "
                      f"{_interval(r)}; it {outcome(r, fixed)} the best fixed budget, {fixed.config.label}: "
                      f"{capacity_text(fixed.capacity, fixed.hit_bound, 3)} req/s {_interval(fixed)}{_gain(r, fixed)}")
@@ -50,7 +51,7 @@ def against_fixed(results: list[ConfigResult]) -> list[str]:
 def win_text(best: ConfigResult, results: list[ConfigResult]) -> str:
     """For the verdict, where the best configuration is an adaptive one clear of every fixed budget: by how much, and
     which fixed budget comes nearest ('' otherwise: a tie is the verdict's own ties)."""
-    if not prices_steps(best.config):
+    if not prices_steps(best.config.strategy):
         return ""
     fixed = best_fixed(results)
     if fixed is None or outcome(best, fixed) != "beats":

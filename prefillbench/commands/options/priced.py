@@ -9,14 +9,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from strategies import STRATEGIES, split_spec
-
-from prefillbench.bench.slo_pricing import step_limit_ms
+from prefillbench.bench.slo_pricing import prices_steps, step_limit_ms
 from prefillbench.errors import UsageError
 
-
-def prices_steps(name: str) -> bool:
-    return STRATEGIES[split_spec(name)[0]].needs_price
+__all__ = ["checked", "prices_steps", "pricing_file", "server_refusal", "step_limit_ms", "why_not"]
 
 
 def server_refusal(name: str, backend: str) -> UsageError:
