@@ -12,6 +12,7 @@ from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.bench.capacity import CertainFailure, Criteria
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests
 from strategies import STRATEGIES, make_strategy
+from strategies.sglang import INIT_RATIO, MIN_RATIO, RATIO_DECAY
 
 TEST = TestSpec(400, 120, spread=0.9)
 
@@ -50,7 +51,14 @@ def both_ways(strategy: str, reqs, concurrency: int, jitter: float = 0.0, stop=N
     return out
 
 
-@pytest.mark.parametrize("strategy", [n for n, c in STRATEGIES.items() if not c.needs_price])  # slo-budget: test_slo_budget.py
+#: The shipped strategies whose next step depends on more than which sequences wait and run and how far each prompt
+#: is: SGLang's, whose new_token_ratio falls with every decode batch it chooses (a count of its calls), so the engine
+#: asks them for every step.
+COUNTS_ITS_CALLS = {"sglang", "sglang-mixed"}
+
+
+@pytest.mark.parametrize("strategy", [n for n, c in STRATEGIES.items()
+                                      if not c.needs_price and n not in COUNTS_ITS_CALLS])  # slo-budget: test_slo_budget.py
 @pytest.mark.parametrize("rate, concurrency, jitter", [(2.0, 0, 0.0), (6.0, 12, 0.15), (None, 8, 0.1)])
 def test_a_run_with_decode_runs_records_what_single_steps_record(strategy, rate, concurrency, jitter):
     (fast, a), (slow, b) = both_ways(strategy, requests(80, rate), concurrency, jitter)
@@ -86,9 +94,27 @@ def test_a_strategy_that_is_not_steady_is_asked_for_every_step():
     assert Counting.calls == len(record.steps) and not backend.runs
 
 
-def test_every_shipped_strategy_lets_the_engine_run_decodes():
-    # Each of them chooses from which sequences wait and run and how far each prompt is, nothing else.
-    assert all(cls.steady_decodes for cls in STRATEGIES.values())
+def test_every_shipped_strategy_lets_the_engine_run_decodes_but_those_that_count_their_calls():
+    # Each of them chooses from which sequences wait and run and how far each prompt is, nothing else; SGLang's
+    # ratio decays once a decode batch, so a decode run that skipped its calls would leave it where it was.
+    assert {name for name, cls in STRATEGIES.items() if not cls.steady_decodes} == COUNTS_ITS_CALLS
+
+
+@pytest.mark.parametrize("strategy", sorted(COUNTS_ITS_CALLS))
+def test_a_strategy_that_counts_its_calls_is_asked_for_every_step_and_its_ratio_falls_with_each(strategy):
+    backend = sim()
+    record = engine.run(backend, make_strategy(strategy, 128), requests(30, 2.0), 0)
+    assert not backend.runs
+    ratios = [dict(s.policy_values)["new_token_ratio"] for s in record.steps]
+    decodes = [not s.prefill_chunks for s in record.steps]
+    # every decode batch (no retraction here: memory is ample) takes one decay off, a prefill batch none (or, after
+    # the engine idled, the ratio is back at its start)
+    for before, after, decode in zip(ratios, ratios[1:], decodes[1:]):
+        if decode:
+            assert after == pytest.approx(max(before - RATIO_DECAY, MIN_RATIO), abs=1e-12)
+        else:
+            assert after in (before, INIT_RATIO)
+    assert sum(decodes) > len(decodes) / 2 and min(ratios) < INIT_RATIO - 10 * RATIO_DECAY
 
 
 def test_a_backend_that_runs_every_pass_is_never_asked_for_a_decode_run():

@@ -32,8 +32,11 @@ class Recording:
     def reset(self):
         self.inner.reset()
 
-    def attach(self, memory, engine_max_num_seqs=None):
-        self.inner.attach(memory, engine_max_num_seqs)
+    def attach(self, memory, engine_max_num_seqs=None, prefix_cache=False):
+        self.inner.attach(memory, engine_max_num_seqs, prefix_cache)
+
+    def idle(self):
+        self.inner.idle()
 
     def __getattr__(self, name):  # the rest of the strategy's contract (its memory policy, block size) is the inner's
         return getattr(self.inner, name)
