@@ -120,7 +120,7 @@ class Sglang(Strategy):
         if self.prefix_cache and len(new) <= LPM_MAX_WAITING:  # LPM: the longest cached prefix first (stable)
             new = sorted(new, key=lambda s: -s.n_cached)
         memory = self.memory
-        free = memory.free_blocks * memory.block_size if memory is not None else float("inf")
+        free = memory.free_tokens if memory is not None else float("inf")
         mixed = self.mixed and bool(running)
         budget = PrefillBudget(free, running, self.ratio, self.max_prefill_tokens, self.chunk_size,
                                len(running) if mixed else 0, bool(self.ignore_eos))
@@ -162,7 +162,7 @@ class Sglang(Strategy):
     # ---- update_running_batch ----------------------------------------------------------------------------------
     def _decode(self, running) -> Step:
         memory = self.memory
-        free = memory.free_blocks * memory.block_size if memory is not None else float("inf")
+        free = memory.free_tokens if memory is not None else float("inf")
         keep = list(running)
         retracted: list[Preemption] = []
         if len(keep) > free:  # check_decode_mem: a token each

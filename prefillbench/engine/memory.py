@@ -46,6 +46,11 @@ class KVMemory:
         return max(self.blocks_for(tokens) - self.held.get(seq_id, 0), 0)
 
     @property
+    def free_tokens(self) -> float:
+        """Tokens the free blocks hold (SGLang's allocator.available_size() with one-token pages)."""
+        return self.free_blocks * self.block_size
+
+    @property
     def capacity_tokens(self) -> float:
         return math.inf if self.total_blocks is None else self.total_blocks * self.block_size
 
