@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 
 from prefillbench.backends.server import client_http
+from prefillbench.backends.server.client_alarm import SendAlarm, until
 from prefillbench.backends.server.client_events import APIS, Api, LlamaApi, OpenAIApi
 from prefillbench.backends.server.client_http import StreamReading, read_stream
 from prefillbench.backends.server.client_records import StreamRun, Streamed, clock
@@ -58,16 +59,6 @@ def stream_requests(url: str, api_name: str, requests: list[Request], concurrenc
         raise KeyboardInterrupt from None  # a Ctrl-C asyncio's runner passed on as the cancelled task
 
 
-async def _until(due: float) -> None:
-    """Not before `due` on the clock: a loop's timer may fire up to half a millisecond early (uvloop's are kept in
-    whole milliseconds), and a request sent early would show a lag below zero; the rest is waited out in passes of
-    the loop, which read what came meanwhile."""
-    if due - clock() > 0.002:
-        await asyncio.sleep(due - clock() - 0.001)
-    while clock() < due:
-        await asyncio.sleep(0)
-
-
 def _run_loop(main):
     """The run on uvloop (libuv's event loop in C: a read costs a third of what asyncio's own loop's does), or on
     asyncio's where uvloop is not installed (Windows)."""
@@ -90,7 +81,7 @@ async def _stream_all(url, api, requests, concurrency, model, headers, watch, al
     # a session's later turns wait for the turn before them to finish; the rest queue by arrival
     held = SessionTurns(requests)
     pending: deque[Request] = deque(held.first)
-    turn_due = asyncio.Event()  # a held turn joined `pending`: the sender looks again
+    turn_due = SendAlarm(asyncio.get_running_loop())  # when the next is due; rung when a held turn joins `pending`
     places = asyncio.Semaphore(cap)
     failure: Exception | None = None
     sent: list[asyncio.Task] = []  # every request's task: none may outlive the run (a stop, a server's death)
@@ -119,29 +110,24 @@ async def _stream_all(url, api, requests, concurrency, model, headers, watch, al
             follow = held.after(request.session, request.turn, (s.token_times[-1] if s.token_times else clock()) - run.start)
             if follow is not None:
                 queue_by_arrival(pending, follow)
-                turn_due.set()
+                turn_due.ring()
 
     async def send_all() -> None:
         tasks = []
         if not open_loop:
-            await _until(run.start)  # a closed loop's first requests are due at the start
+            await until(run.start)  # a closed loop's first requests are due at the start
         while pending or held:
             if not pending:  # only turns whose turn before is still in flight
-                await turn_due.wait()
-                turn_due.clear()
+                await turn_due.wait(None)
                 continue
             request = pending[0]
             if open_loop:
                 due = run.start + request.arrival_s
-                delay = due - clock()
-                if delay > 0:
-                    turn_due.clear()
-                    try:  # until it is due, or until a turn that may come first is queued
-                        await asyncio.wait_for(turn_due.wait(), delay)
+                if due > clock():
+                    if await turn_due.wait(due):  # a turn that may come first was queued
                         continue
-                    except asyncio.TimeoutError:
-                        pass
-                    await _until(due)
+                    if pending[0] is not request:  # one was queued ahead of it meanwhile, due as soon
+                        continue
             else:
                 await places.acquire()  # a closed loop's request is due when a place frees
                 places.release()
@@ -182,6 +168,7 @@ async def _stream_all(url, api, requests, concurrency, model, headers, watch, al
             task.cancel()
         await asyncio.gather(*sent, return_exceptions=True)
         endpoint.close()  # connections whose server has not closed them yet
+        turn_due.close()
     run.end = clock()
     if failure is not None:
         raise failure

@@ -94,36 +94,81 @@ class Endpoint:
 
 
 async def post(endpoint: Endpoint, path: str, body: bytes, s: Streamed) -> None:
-    """One request; its answer's bytes kept in `s.chunks` (with `s.chunk_times`), or why it failed in `s.error`."""
+    """One request; its answer's bytes kept in `s.chunks` (with `s.chunk_times`), or why it failed in `s.error`.
+
+    One timer a request keeps its time limits: the connect's, then the answer's silence, re-armed as it expires while
+    reads came (asyncio.wait_for costs a task and a timer a wait, two waits a request: a tenth of the client's CPU per
+    request, issue 60's profile)."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
+    answer = _Answer(s.chunks, s.chunk_times, done, endpoint)
+    limit = _Limit(loop, asyncio.current_task(), done, s)
     try:
-        transport, answer = await asyncio.wait_for(
-            loop.create_connection(lambda: _Answer(s.chunks, s.chunk_times, done, endpoint), endpoint.host, endpoint.port,
-                                   ssl=endpoint.tls), CONNECT_TIMEOUT_S)
-    except (OSError, asyncio.TimeoutError) as e:
+        transport, _ = await loop.create_connection(lambda: answer, endpoint.host, endpoint.port, ssl=endpoint.tls)
+    except asyncio.CancelledError:
+        if not limit.expired:
+            raise
+        s.error = f"{CONNECT_FAILED}: TimeoutError: no connection in {CONNECT_TIMEOUT_S:g} s"
+        return
+    except OSError as e:
+        limit.cancel()
         s.error = f"{CONNECT_FAILED}: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
         return
     whole = False
     try:
+        limit.reading()
         transport.write(endpoint.request(path, body))
-        while True:  # the answer's end, or its silence past the read timeout
-            seen = len(s.chunk_times)
-            try:
-                await asyncio.wait_for(asyncio.shield(done), READ_TIMEOUT_S)
-                break
-            except asyncio.TimeoutError:
-                if len(s.chunk_times) == seen:
-                    s.error = f"no answer for {READ_TIMEOUT_S:g} s"
-                    return
+        try:
+            await done
+        except asyncio.CancelledError:
+            if not limit.expired:  # the connect's limit passed as the connection came: its cancel arrives here
+                raise
+            s.error = f"{CONNECT_FAILED}: TimeoutError: no connection in {CONNECT_TIMEOUT_S:g} s"
+            return
+        if limit.silent:
+            s.error = f"no answer for {READ_TIMEOUT_S:g} s"
+            return
         if answer.error is not None:
             s.error = answer.error
         whole = True
     finally:
+        limit.cancel()
         if whole and not transport.is_closing():
             endpoint.open.add(transport)  # the server closes it (or the grace timer does); the run's end at the latest
         else:
             transport.close()
+
+
+class _Limit:
+    """A request's time limits on one timer: the connect's (the connecting task cancelled), then the answer's silence
+    (`done` settled, `silent` set), looked at each READ_TIMEOUT_S and re-armed while reads still come."""
+
+    __slots__ = ("loop", "task", "done", "s", "handle", "expired", "silent", "seen")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task, done: asyncio.Future, s: Streamed) -> None:
+        self.loop, self.task, self.done, self.s = loop, task, done, s
+        self.expired = self.silent = False
+        self.seen = 0
+        self.handle = loop.call_later(CONNECT_TIMEOUT_S, self._connect_expired)
+
+    def _connect_expired(self) -> None:
+        self.expired = True
+        self.task.cancel()
+
+    def reading(self) -> None:
+        self.handle.cancel()
+        self.handle = self.loop.call_later(READ_TIMEOUT_S, self._look)
+
+    def _look(self) -> None:
+        if len(self.s.chunk_times) == self.seen and not self.done.done():
+            self.silent = True
+            self.done.set_result(None)
+            return
+        self.seen = len(self.s.chunk_times)
+        self.handle = self.loop.call_later(READ_TIMEOUT_S, self._look)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 class AnswerReader:

@@ -13,7 +13,7 @@ from prefillbench.sequence import Request
 clock = time.monotonic
 
 
-@dataclass
+@dataclass(repr=False)
 class Streamed:
     """One request as the client saw it."""
 
@@ -37,6 +37,12 @@ class Streamed:
     chunk_times: list[float] = field(default_factory=list)
     parsed: bool = False  # its events are read: tokens, times and outcome are known
 
+    def __repr__(self) -> str:
+        # short: asyncio's runner formats its main task, result and all, when it restores the SIGINT handler
+        # (signal.getsignal's enum lookup); a record's every chunk and time in that text cost a tenth of the run's CPU
+        return (f"Streamed(n_prompt={len(self.request.prompt)}, n_gen={self.request.n_gen}, "
+                f"tokens={len(self.tokens)}, reads={len(self.chunk_times)}, error={self.error!r})")
+
     @property
     def lag(self) -> float:
         return (self.sent - self.scheduled) if self.sent is not None else 0.0
@@ -54,7 +60,7 @@ class Streamed:
                 setattr(self, name, value + delta)
 
 
-@dataclass
+@dataclass(repr=False)
 class StreamRun:
     start: float
     end: float
@@ -68,3 +74,6 @@ class StreamRun:
     #: where the row's latencies start: "scheduled" (each request's due time, MLPerf loadgen's rule: a late client
     #: cannot hide delay) or "sent" (when it went out, as vLLM's bench serve times it)
     latency_from: str = "scheduled"
+
+    def __repr__(self) -> str:
+        return f"StreamRun({len(self.done)} requests, {self.end - self.start:.3f} s, workers={self.workers})"
