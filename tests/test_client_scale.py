@@ -144,6 +144,27 @@ def test_a_chunked_answer_reads_as_its_body_in_any_chunks_and_reads(size):
         assert (split.tokens, split.error) == (whole.tokens, None), (size, cut)
 
 
+def test_a_read_per_chunk_reads_as_the_answer_read_whole_each_token_at_its_reads_arrival():
+    # A server's write of one event is one chunk, and one read where the client keeps up: read on its own path
+    events = [e + b"\n\n" for e in _llama_stream(3).split(b"\n\n") if e]
+    writes = [b"%x\r\n" % len(e) + e + b"\r\n" for e in events] + [b"0\r\n\r\n"]
+    s = client.Streamed(Request(tuple(range(8)), 3), 0.0, sent=0.0)
+    s.chunks, s.chunk_times = [CHUNKED_HEAD, *writes], [1.0] + [2.0 + i for i in range(len(writes))]
+    read_stream(LlamaApi(), s)
+    whole = _answer([CHUNKED_HEAD + b"".join(writes)], Request(tuple(range(8)), 3))
+    assert s.error is None and s.tokens == whole.tokens == [0, 1, 2]
+    assert s.token_times == [3.0, 4.0, 5.0]  # the reads of the three token events (the first is the prompt's)
+    # a read of one chunk and the start of the next goes the general way and reads the same
+    joined = [CHUNKED_HEAD, writes[0], writes[1] + writes[2][:9], writes[2][9:], *writes[3:]]
+    assert _answer(joined, Request(tuple(range(8)), 3)).tokens == [0, 1, 2]
+
+
+@pytest.mark.parametrize("line", [b"data: {\"content\": \"x\"} x", b"data: {\"a\": 1}{\"b\": 2}", b"data: ", b"data: [1"])
+def test_an_event_that_is_not_one_json_value_is_malformed(line):
+    s = _read(LlamaApi(), Request((1,), 2), [(line + b"\n\n", 1.0)])
+    assert s.error == "a malformed event in the stream"
+
+
 def test_an_answer_cut_before_its_last_chunk_is_a_cut_stream():
     raw = CHUNKED_HEAD + _chunked(_llama_stream(2), 64)
     s = _answer([raw[:-5]])  # every event there, the last chunk not

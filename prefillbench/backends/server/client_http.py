@@ -190,9 +190,21 @@ class AnswerReader:
 
     def feed(self, data: bytes, arrived: float) -> None:
         self.seen = True
+        first = len(self.events.s.token_times)
+        if self.state == "size" and not self.buffer:
+            # most reads: one whole chunk of the chunked encoding (a server's write of one event)
+            end = data.find(b"\r\n")
+            if end > 0:
+                try:
+                    size = int(data[:end], 16)
+                except ValueError:
+                    size = -1
+                if size > 0 and len(data) == end + size + 4 and data.endswith(b"\r\n"):
+                    self._body(data[end + 2:end + 2 + size], arrived)
+                    self.events.date_by_server(first)
+                    return
         buf = self.buffer + data if self.buffer else data
         at = 0
-        first = len(self.events.s.token_times)
         while at < len(buf) and self.state != "done":
             state = self.state
             if state == "head":
