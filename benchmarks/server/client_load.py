@@ -3,6 +3,10 @@ tokens at a set pace and schedules nothing, at rising request rates. Per rate: t
 send time) p50/p99, the client's CPU time per streamed token, and whether every request completed.
 
   python -m benchmarks.server.client_load --rates 10,25,50,100 --tokens 100 --seconds 10
+  python -m benchmarks.server.client_load --module old_client    # another client (a module with stream_requests)
+
+Both streams by default (`--apis llama,openai`): llama-server's /completion and the OpenAI /v1/completions that
+vLLM and SGLang serve, their events of different sizes and fields.
 
 The stub runs in a process of its own (on this 2-core VM it shares the cores with the client, as an engine would
 not: its cost is its own process's CPU time, reported apart).
@@ -10,6 +14,7 @@ not: its cost is its own process's CPU time, reported apart).
 from __future__ import annotations
 
 import argparse
+import importlib
 import resource
 import sys
 import time
@@ -17,7 +22,6 @@ import time
 import numpy as np
 
 from benchmarks.lib import cli
-from prefillbench.backends.server import client
 from prefillbench.backends.server.process import ServerProcess, free_port
 from prefillbench.sequence import Request
 
@@ -28,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens each request sends")
     parser.add_argument("--seconds", type=float, default=10.0, help="arrivals span this long at each rate")
     parser.add_argument("--token-ms", type=float, default=10.0, help="the stub's pace: ms between a request's tokens")
+    parser.add_argument("--apis", default="llama,openai", help="the streams, a comma list (default both)")
+    parser.add_argument("--module", default="prefillbench.backends.server.client", help="the client's module")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -36,21 +42,24 @@ def main(args: argparse.Namespace) -> None:
                             "--token-ms", str(args.token_ms)], f"http://127.0.0.1:{port}/health")
     server.start()
     url = f"http://127.0.0.1:{port}"
-    print("| rate req/s | requests | failed | send lag p50 ms | send lag p99 ms | client CPU us/token | client CPU % |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    client = importlib.import_module(args.module)
+    print(f"{args.module}, the stub pacing {args.token_ms:g} ms a token, {args.tokens} tokens a request\n")
+    print("| stream | rate req/s | requests | failed | send lag p50 ms | send lag p99 ms | client CPU us/token | "
+          "client CPU % |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     try:
-        for rate in (float(r) for r in args.rates.split(",")):
+        for api, rate in ((a, float(r)) for a in args.apis.split(",") for r in args.rates.split(",")):
             n = max(int(rate * args.seconds), 2)
             arrivals = _poisson(n, rate)
             requests = [Request(tuple(range(i % 1000, i % 1000 + args.prompt)), args.tokens, float(t))
                         for i, t in enumerate(arrivals)]
             cpu0, wall0 = _cpu(), time.perf_counter()
-            run = client.stream_requests(url, "llama", requests, 0)
+            run = client.stream_requests(url, api, requests, 0)
             cpu, wall = _cpu() - cpu0, time.perf_counter() - wall0
             lags = np.array([s.lag for s in run.done]) * 1e3
             tokens = sum(len(s.tokens) for s in run.done)
             failed = sum(s.error is not None for s in run.done)
-            print(f"| {rate:g} | {n} | {failed} | {np.percentile(lags, 50):.2f} | {np.percentile(lags, 99):.2f} | "
+            print(f"| {api} | {rate:g} | {n} | {failed} | {np.percentile(lags, 50):.2f} | {np.percentile(lags, 99):.2f} | "
                   f"{1e6 * cpu / max(tokens, 1):.1f} | {100 * cpu / wall:.0f} |", flush=True)
     finally:
         server.stop()
