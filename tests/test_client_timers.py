@@ -155,3 +155,19 @@ def test_a_records_text_stays_short_however_much_it_holds():
     s.chunk_times = [0.0] * 10_000
     run = StreamRun(0.0, 1.0, [s] * 1000)
     assert len(repr(s)) < 200 and len(repr(run)) < 200
+
+
+def test_the_alarm_gives_its_timerfd_back():
+    if client_alarm._LIBC is None:
+        pytest.skip("no timerfd on this platform")
+    import os
+
+    async def main():
+        for _ in range(50):
+            alarm = client_alarm.SendAlarm(asyncio.get_running_loop())
+            await alarm.wait(clock() + 0.0001)
+            alarm.close()
+
+    before = len(os.listdir("/proc/self/fd"))
+    run_loop(main())
+    assert len(os.listdir("/proc/self/fd")) == before
