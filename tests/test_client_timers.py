@@ -5,6 +5,7 @@ formats its result when it ends)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -160,7 +161,6 @@ def test_a_records_text_stays_short_however_much_it_holds():
 def test_the_alarm_gives_its_timerfd_back():
     if client_alarm._LIBC is None:
         pytest.skip("no timerfd on this platform")
-    import os
 
     async def main():
         for _ in range(50):

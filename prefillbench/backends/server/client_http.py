@@ -103,40 +103,36 @@ async def post(endpoint: Endpoint, path: str, body: bytes, s: Streamed) -> None:
     done = loop.create_future()
     answer = _Answer(s.chunks, s.chunk_times, done, endpoint)
     limit = _Limit(loop, asyncio.current_task(), done, s)
+    transport, whole = None, False
     try:
-        transport, _ = await loop.create_connection(lambda: answer, endpoint.host, endpoint.port, ssl=endpoint.tls)
-    except asyncio.CancelledError:
-        if not limit.expired:
-            raise
-        s.error = f"{CONNECT_FAILED}: TimeoutError: no connection in {CONNECT_TIMEOUT_S:g} s"
-        return
-    except OSError as e:
-        limit.cancel()
-        s.error = f"{CONNECT_FAILED}: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
-        return
-    whole = False
-    try:
+        try:
+            transport, _ = await loop.create_connection(lambda: answer, endpoint.host, endpoint.port, ssl=endpoint.tls)
+        except OSError as e:
+            s.error = f"{CONNECT_FAILED}: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
+            return
         limit.reading()
         transport.write(endpoint.request(path, body))
-        try:
-            await done
-        except asyncio.CancelledError:
-            if not limit.expired:  # the connect's limit passed as the connection came: its cancel arrives here
-                raise
-            s.error = f"{CONNECT_FAILED}: TimeoutError: no connection in {CONNECT_TIMEOUT_S:g} s"
-            return
+        await done
         if limit.silent:
             s.error = f"no answer for {READ_TIMEOUT_S:g} s"
             return
         if answer.error is not None:
             s.error = answer.error
         whole = True
+    except asyncio.CancelledError:
+        if not limit.expired:  # the run's own cancel (a stop, a server's death)
+            raise
+        # the connect's limit passed: its cancel came at the connect, or at the answer's wait where the connection
+        # came as the limit passed
+        s.error = f"{CONNECT_FAILED}: TimeoutError: no connection in {CONNECT_TIMEOUT_S:g} s"
     finally:
         limit.cancel()
-        if whole and not transport.is_closing():
-            endpoint.open.add(transport)  # the server closes it (or the grace timer does); the run's end at the latest
-        else:
-            transport.close()
+        if transport is not None:
+            if whole and not transport.is_closing():
+                # the server closes it (or the grace timer does); the run's end at the latest
+                endpoint.open.add(transport)
+            else:
+                transport.close()
 
 
 class _Limit:
