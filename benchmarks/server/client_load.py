@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import resource
-import sys
 import time
 
 import numpy as np
 
 from benchmarks.lib import cli
-from prefillbench.backends.server.process import ServerProcess, free_port
-from prefillbench.sequence import Request
+from benchmarks.lib.stub_load import open_loop, stub_server
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,22 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    port = free_port()
-    server = ServerProcess([sys.executable, "-m", "prefillbench.backends.server.stub", "--port", str(port),
-                            "--token-ms", str(args.token_ms)], f"http://127.0.0.1:{port}/health")
-    server.start()
-    url = f"http://127.0.0.1:{port}"
     client = importlib.import_module(args.module)
     print(f"{args.module}, the stub pacing {args.token_ms:g} ms a token, {args.tokens} tokens a request\n")
     print("| stream | rate req/s | requests | failed | send lag p50 ms | send lag p99 ms | client CPU us/token | "
           "client CPU % |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    try:
+    with stub_server(args.token_ms) as url:
         for api, rate in ((a, float(r)) for a in args.apis.split(",") for r in args.rates.split(",")):
             n = max(int(rate * args.seconds), 2)
-            arrivals = _poisson(n, rate)
-            requests = [Request(tuple(range(i % 1000, i % 1000 + args.prompt)), args.tokens, float(t))
-                        for i, t in enumerate(arrivals)]
+            requests = open_loop(n, rate, args.prompt, args.tokens)
             cpu0, wall0 = _cpu(), time.perf_counter()
             run = client.stream_requests(url, api, requests, 0)
             cpu, wall = _cpu() - cpu0, time.perf_counter() - wall0
@@ -61,18 +52,11 @@ def main(args: argparse.Namespace) -> None:
             failed = sum(s.error is not None for s in run.done)
             print(f"| {api} | {rate:g} | {n} | {failed} | {np.percentile(lags, 50):.2f} | {np.percentile(lags, 99):.2f} | "
                   f"{1e6 * cpu / max(tokens, 1):.1f} | {100 * cpu / wall:.0f} |", flush=True)
-    finally:
-        server.stop()
 
 
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def _poisson(n: int, rate: float) -> list[float]:
-    gaps = np.random.default_rng(7).exponential(1.0 / rate, n)
-    return list(np.cumsum(gaps) - gaps[0])
 
 
 if __name__ == "__main__":

@@ -15,14 +15,12 @@ import argparse
 import cProfile
 import importlib
 import pstats
-import sys
 import time
 
 import numpy as np
 
 from benchmarks.lib import cli
-from prefillbench.backends.server.process import ServerProcess, free_port
-from prefillbench.sequence import Request
+from benchmarks.lib.stub_load import open_loop, stub_server
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,24 +36,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     client = importlib.import_module(args.module)
-    port = free_port()
-    server = ServerProcess([sys.executable, "-m", "prefillbench.backends.server.stub", "--port", str(port),
-                            "--token-ms", str(args.token_ms)], f"http://127.0.0.1:{port}/health")
-    server.start()
     n = max(int(args.rate * args.seconds), 2)
-    gaps = np.random.default_rng(7).exponential(1.0 / args.rate, n)
-    arrivals = np.cumsum(gaps) - gaps[0]
-    requests = [Request(tuple(range(i % 1000, i % 1000 + 64)), args.tokens, float(t)) for i, t in enumerate(arrivals)]
+    requests = open_loop(n, args.rate, 64, args.tokens)
     profile = cProfile.Profile(time.process_time)  # CPU time: a machine shared with others does not count
-    try:
+    with stub_server(args.token_ms) as url:
         cpu0 = time.process_time()
         if not args.no_profile:
             profile.enable()
-        run = client.stream_requests(f"http://127.0.0.1:{port}", args.api, requests, 0)
+        run = client.stream_requests(url, args.api, requests, 0)
         profile.disable()
         cpu = time.process_time() - cpu0
-    finally:
-        server.stop()
     tokens = sum(len(s.tokens) for s in run.done if s.error is None)
     lags = np.array([s.lag for s in run.done]) * 1e3
     print(f"{args.module}: {n} requests at {args.rate:g}/s x {args.tokens} tokens ({args.api}), {tokens} tokens, "

@@ -28,18 +28,15 @@ import os
 import resource
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
 from benchmarks.lib import cli
+from benchmarks.lib.stub_load import open_loop, stub_server
 from prefillbench.backends.server import client, client_pool, client_workers
-from prefillbench.backends.server.process import ServerProcess, free_port
 from prefillbench.bench.client_columns import late_bound_ms
-from prefillbench.sequence import Request
 
 #: The smaller run whose CPU is taken off each side's: process start, imports, the first connections.
 BASELINE_REQUESTS = 10
@@ -70,20 +67,6 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stub(token_ms: float) -> tuple[ServerProcess, str]:
-    port = free_port()
-    server = ServerProcess([sys.executable, "-m", "prefillbench.backends.server.stub", "--port", str(port),
-                            "--token-ms", str(token_ms)], f"http://127.0.0.1:{port}/health")
-    server.start()
-    return server, f"http://127.0.0.1:{port}"
-
-
-def _requests(n: int, rate: float, prompt: int, tokens: int, seed: int = 7) -> list[Request]:
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, n)
-    arrivals = np.cumsum(gaps) - gaps[0]
-    return [Request(tuple(range(i % 1000, i % 1000 + prompt)), tokens, float(t)) for i, t in enumerate(arrivals)]
-
-
 def _workers_part(args: argparse.Namespace) -> None:
     n = max(int(args.rate * args.seconds), 2)
     print(f"\n## {args.rate:g} req/s x {args.tokens} tokens ({args.rate * args.tokens:,.0f} tokens/s, {n} requests, "
@@ -92,17 +75,14 @@ def _workers_part(args: argparse.Namespace) -> None:
           "client CPU % | client CPU us/token |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
     for workers in (int(w) for w in args.workers.split(",")):
-        server, url = _stub(args.token_ms)
-        try:
-            requests = _requests(n, args.rate, args.prompt, args.tokens)
+        with stub_server(args.token_ms) as url:
+            requests = open_loop(n, args.rate, args.prompt, args.tokens)
             if workers == 1:
                 run = client.stream_requests(url, args.api, requests, 0)
             else:
                 jobs = [client_workers.SliceJob(url, args.api, s.requests, s.concurrency)
                         for s in client_workers.slices(requests, 0, workers)]
                 run = client_pool.stream_in_workers(jobs)
-        finally:
-            server.stop()
         ok = [s for s in run.done if s.error is None]
         lags = np.array([s.lag for s in run.done if not s.queued]) * 1e3
         gaps = np.concatenate([np.diff(s.token_times) for s in ok]) * 1e3 if ok else np.zeros(0)
@@ -117,7 +97,7 @@ def _workers_part(args: argparse.Namespace) -> None:
 
 def _ours_cpu(url: str, n: int, rate: float, tokens: int) -> float:
     """This client's CPU seconds for n requests (process time, this process: parsing included)."""
-    requests = _requests(n, rate, 64, tokens, seed=11)
+    requests = open_loop(n, rate, 64, tokens, seed=11)
     t0 = time.process_time()
     run = client.stream_requests(url, "openai", requests, 0)
     failed = sum(s.error is not None for s in run.done)
@@ -154,8 +134,7 @@ def _vllm_part(args: argparse.Namespace) -> None:
     print("| ---: | ---: | ---: | ---: |", flush=True)
     ratios = []
     for r in range(args.vllm_rounds):
-        server, url = _stub(args.token_ms)
-        try:
+        with stub_server(args.token_ms) as url:
             measured = {}
             for side in (("ours", "vllm") if r % 2 == 0 else ("vllm", "ours")):  # alternated: drift cancels
                 if side == "ours":
@@ -164,8 +143,6 @@ def _vllm_part(args: argparse.Namespace) -> None:
                     cost = (_vllm_cpu(vllm, url, n, args.vllm_rate, tokens, tokenizer)
                             - _vllm_cpu(vllm, url, small, args.vllm_rate, tokens, tokenizer))
                 measured[side] = 1e6 * cost / streamed
-        finally:
-            server.stop()
         ratios.append(measured["ours"] / measured["vllm"])
         print(f"| {r + 1} | {measured['ours']:.1f} | {measured['vllm']:.1f} | {ratios[-1]:.2f} |", flush=True)
     print(f"\nmedian ours / vLLM: {statistics.median(ratios):.2f} (the issue's target: at most 0.5)")
