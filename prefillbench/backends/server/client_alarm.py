@@ -21,6 +21,9 @@ from prefillbench.backends.server.client_records import clock
 _CLOCK_MONOTONIC = 1
 _TFD_NONBLOCK_CLOEXEC = os.O_NONBLOCK | os.O_CLOEXEC  # TFD_NONBLOCK and TFD_CLOEXEC are O_NONBLOCK and O_CLOEXEC
 _TFD_TIMER_ABSTIME = 1
+#: How early asyncio's timer may end a wait (uvloop's whole milliseconds of a clock read at the pass's start: up to
+#: 1.5 ms): a wait that near its due time is waited out in passes of the loop.
+TIMER_EARLY_S = 0.002
 
 
 class _Timespec(ctypes.Structure):
@@ -48,8 +51,8 @@ _LIBC = _libc()
 async def until(due: float) -> None:
     """Not before `due` on the clock, with asyncio's timer and passes of the loop (no timerfd): a timer may fire up
     to 1.5 ms early; the rest is waited out in passes of the loop, which read what came meanwhile."""
-    if due - clock() > 0.002:
-        await asyncio.sleep(due - clock() - 0.001)
+    if due - clock() > TIMER_EARLY_S:
+        await asyncio.sleep(due - clock() - TIMER_EARLY_S / 2)
     while clock() < due:
         await asyncio.sleep(0)
 
@@ -112,7 +115,7 @@ class SendAlarm:
             self._settle()
 
     def _settle(self) -> None:
-        if self.waiter is not None and not self.waiter.done() and clock() >= self.due - 0.002:
+        if self.waiter is not None and not self.waiter.done() and clock() >= self.due - TIMER_EARLY_S:
             self.waiter.set_result(False)
 
     def close(self) -> None:
