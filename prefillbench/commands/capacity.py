@@ -9,7 +9,6 @@ from prefillbench.bench import capacity, slo_pricing
 from prefillbench.bench.cases import Case
 from prefillbench.bench.metrics import strategy_label
 from prefillbench.commands.options import CapacityOptions
-from prefillbench.commands.options.priced import prices_steps
 from prefillbench.commands.session import Output, open_session
 from prefillbench.errors import UsageError
 from prefillbench.report.capacity import best_line, render_md
@@ -23,7 +22,7 @@ def cmd_capacity(options: CapacityOptions) -> int:
                ] if options.export else []
     session = open_session(options.load, outputs, **options.workload_settings(), **config.settings())
     loaded = session.backend
-    if any(map(prices_steps, config.strategies)):  # slo-budget: the run's prices
+    if any(map(slo_pricing.prices_steps, config.strategies)):  # slo-budget: the run's prices
         config.pricing = slo_pricing.run_pricing(loaded, options.pricing_calibration)
         if is_rank_zero():
             c = config.criteria

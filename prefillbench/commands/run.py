@@ -10,7 +10,6 @@ from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.bench import interleave, serving_checks, slo_pricing
 from prefillbench.bench.cases import BenchConfig, CaseResult, run_case, verify_handoff, verify_logits
 from prefillbench.commands.options import RunOptions
-from prefillbench.commands.options.priced import prices_steps
 from prefillbench.commands.session import Output, error_prefix, open_session, progress_bar
 from prefillbench.errors import UsageError
 from prefillbench.report import compare_tables, tables, traces, verdict
@@ -30,7 +29,7 @@ def cmd_run(options: RunOptions) -> int:
                if results_path else None]
     session = open_session(options.load, [o for o in outputs if o is not None], **options.workload_settings())
     backend = session.backend
-    if any(map(prices_steps, config.strategies)):  # slo-budget: the run's prices
+    if any(map(slo_pricing.prices_steps, config.strategies)):  # slo-budget: the run's prices
         config.pricing = slo_pricing.run_pricing(backend, options.pricing_calibration)
         if is_rank_zero():
             print(f"prefillbench: {config.pricing.describe(config.slo.tbt_ms, config.slo.tpot_ms, 99.0)}", file=sys.stderr)

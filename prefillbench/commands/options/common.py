@@ -15,7 +15,8 @@ from prefillbench.bench.mix import PREFIX as MIX_PREFIX, MixSpec
 from prefillbench.bench.sessions import PREFIX as SESSIONS_PREFIX
 from prefillbench.bench.workloads import (SessionSpec, TestSpec, TraceReading, load_workload, make_tests, sessions_test,
                                           workload_test)
-from prefillbench.commands.options.priced import prices_steps, server_refusal
+from prefillbench.bench.slo_pricing import prices_steps
+from prefillbench.commands.options.priced import server_refusal
 from prefillbench.errors import BackendError, UsageError
 from prefillbench.writers import format_for_path
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from prefillbench.bench.slo_pricing import prices_steps, step_limit_ms
 from prefillbench.errors import UsageError
 
-__all__ = ["checked", "prices_steps", "pricing_file", "server_refusal", "step_limit_ms", "why_not"]
+__all__ = ["checked", "pricing_file", "server_refusal", "why_not"]
 
 
 def server_refusal(name: str, backend: str) -> UsageError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from prefillbench.bench import capacity, tune
+from prefillbench.bench import capacity, slo_pricing, tune
 from prefillbench.bench.workloads import TraceReading
 from prefillbench.commands.options import priced
 from prefillbench.commands.options.common import (BackendOptions, Measuring, check_precision, check_queue_growth,
@@ -219,7 +219,7 @@ class TuneOptions(Measuring):
         self.design_tests = [self.searched_test(shape, self.arrival, "tune") for shape in shapes]
         test = self.design_tests[0]
         strategies = strategy_names(self.strategy, self.load)
-        unaimed = [k for k in self.criteria if priced.step_limit_ms(k.tbt_p99_ms, k.tpot_ms) is None]
+        unaimed = [k for k in self.criteria if slo_pricing.step_limit_ms(k.tbt_p99_ms, k.tpot_ms) is None]
         aim = (unaimed or self.criteria)[0]  # slo-budget aims at every SLO listed: each needs a TBT or TPOT limit
         strategies = priced.checked(strategies, named, self.load, aim.tbt_p99_ms, aim.tpot_ms,
                                     self.on_sim or not self.no_sim or bool(self.calibration),
