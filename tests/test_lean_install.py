@@ -66,3 +66,18 @@ def test_a_backend_whose_extra_is_missing_says_which_to_install():
                           "-p", "0", "-n", "0", "-c", "1", "--no-progress", "--no-results-file")
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "pip install 'prefillbench[ray]'" in lines[0], done.stderr
+
+
+def test_what_pip_install_leaves_in_the_tree_is_ignored():
+    """`pip install .` builds in place (setuptools' build/ and *.egg-info/), `python -m build` writes dist/, `pip wheel
+    .` a wheel in the root: none of it shows in `git status` as a second copy of the package."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    left = ["build/lib/prefillbench/cli.py", "build/bdist.linux-x86_64/wheel/x", "prefillbench.egg-info/PKG-INFO",
+            "dist/prefillbench-0.1.tar.gz", "prefillbench-0.1-py3-none-any.whl", ".eggs/x"]
+    kept = ["prefillbench/cli.py", "prefillbench/backends/server/build.py", "docs/distributed.md"]
+    check = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=root, input="\n".join(left + kept),
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode in (0, 1), check.stderr
+    assert check.stdout.split() == left
