@@ -94,6 +94,13 @@ class Sequence:
     retractions: int = 0  # of those, the times it went to the queue's tail (SGLang's retraction), not its head
     recomputed: int = 0  # tokens whose KV was computed, freed by a preemption, and must be computed again
     length_class: str | None = None  # the request's class (Request.length_class), carried to its record
+    #: Speculative decoding: the draft tokens proposed for its next step (the engine's proposer fills it after each
+    #: step; a strategy may feed fewer), and the counts so far: draft tokens fed, of those accepted, verify steps
+    #: (decode steps that carried at least one draft).
+    drafts: list[int] = field(default_factory=list)
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_verify_steps: int = 0
 
     @classmethod
     def admit(cls, seq_id: int, request: "Request", arrival: float, start: float = 0.0) -> "Sequence":

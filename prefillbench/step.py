@@ -35,11 +35,14 @@ class PrefillChunk(NamedTuple):
 
 
 class DecodeToken(NamedTuple):
-    """The newest token of a running sequence, fed back at `position`."""
+    """The newest token of a running sequence, fed back at `position`; with speculative decoding, its draft tokens
+    follow at position+1 .. position+len(drafts) in the same pass (K+1 query positions, a logit at each), and the
+    engine accepts what the target agrees with (prefillbench/speculation.py)."""
 
     seq_id: int
     token: int
     position: int
+    drafts: tuple[int, ...] = ()
 
 
 class Preemption(NamedTuple):
@@ -71,7 +74,16 @@ class Step:
 
     @property
     def n_decode_tokens(self) -> int:
-        return len(self.decodes)
+        """Decode query tokens: each decode's token and its drafts."""
+        n = len(self.decodes)
+        for d in self.decodes:
+            if d[3]:
+                n += len(d[3])
+        return n
+
+    @property
+    def n_draft_tokens(self) -> int:
+        return sum(len(d.drafts) for d in self.decodes)
 
     @property
     def n_tokens(self) -> int:
@@ -93,6 +105,9 @@ class StepResult:
 
     next_tokens: dict[int, int]
     logits: dict[int, "object"] | None = field(default=None)
+    #: Decodes that carried drafts: the target's greedy token after each of the 1+K fed tokens (its next_tokens
+    #: entry is the first). The engine, not the backend, accepts from it.
+    verified: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -111,7 +126,26 @@ class PackedStep:
     chunk_offsets: tuple[int, ...]  # where each prefill chunk starts in the row
     decode_from: int  # decodes occupy [decode_from, T)
     logit_rows: np.ndarray  # rows whose next token is wanted, in `emitting` order
-    emitting: tuple[int, ...]  # the sequence of each logit row
+    emitting: tuple[int, ...]  # the sequences that get a token, in logit-row order
+    #: Logit rows per emitting sequence where some decode carries drafts (1 + K for such a decode, 1 otherwise);
+    #: () when none does, and then logit rows and `emitting` pair one to one.
+    row_counts: tuple[int, ...] = ()
+
+    def greedy_result(self, row_tokens, logits: dict | None = None) -> "StepResult":
+        """The step's result from the greedy token of every logit row (in `logit_rows` order): each emitting
+        sequence's next token, and for a decode with drafts the target's token after each fed token (`verified`)."""
+        row_tokens = [int(t) for t in row_tokens]
+        if not self.row_counts:
+            return StepResult(dict(zip(self.emitting, row_tokens)), logits)
+        next_tokens: dict[int, int] = {}
+        verified: dict[int, tuple[int, ...]] = {}
+        i = 0
+        for seq_id, n in zip(self.emitting, self.row_counts):
+            next_tokens[seq_id] = row_tokens[i]
+            if n > 1:
+                verified[seq_id] = tuple(row_tokens[i:i + n])
+            i += n
+        return StepResult(next_tokens, logits, verified)
 
 
 def pack(step: Step) -> PackedStep:
@@ -130,12 +164,23 @@ def pack(step: Step) -> PackedStep:
         positions += range(chunk.start, chunk.start + n)
         seq_ids += [chunk.seq_id] * n
     decode_from = len(tokens)
-    logit_rows += range(decode_from, decode_from + len(step.decodes))
-    tokens += [d.token for d in step.decodes]
-    positions += [d.position for d in step.decodes]
-    seq_ids += [d.seq_id for d in step.decodes]
+    row_counts: tuple[int, ...] = ()
+    if any(d.drafts for d in step.decodes):
+        # Each decode's token, then its drafts at the following positions, a logit row at every one.
+        row_counts = (1,) * len(logit_rows) + tuple(1 + len(d.drafts) for d in step.decodes)
+        for d in step.decodes:
+            n = 1 + len(d.drafts)
+            logit_rows += range(len(tokens), len(tokens) + n)
+            tokens += (d.token, *d.drafts)
+            positions += range(d.position, d.position + n)
+            seq_ids += [d.seq_id] * n
+    else:
+        logit_rows += range(decode_from, decode_from + len(step.decodes))
+        tokens += [d.token for d in step.decodes]
+        positions += [d.position for d in step.decodes]
+        seq_ids += [d.seq_id for d in step.decodes]
     as_array = lambda values: np.asarray(values, dtype=np.int64)
     return PackedStep(
         as_array(tokens), as_array(positions), as_array(seq_ids), tuple(offsets), decode_from,
-        as_array(logit_rows), tuple(step.emitting_seq_ids),
+        as_array(logit_rows), tuple(step.emitting_seq_ids), row_counts,
     )

@@ -119,5 +119,13 @@ _new_tuple = tuple.__new__
 def decode_tokens(running: Seq[Sequence]) -> tuple[DecodeToken, ...]:
     # Once per decoding sequence per step: Sequence.position is inlined, and tuple.__new__ builds each DecodeToken
     # without the NamedTuple's Python-level __new__ (a third of this function's time on the sim).
-    return tuple([_new_tuple(DecodeToken, (s.seq_id, s.generated[-1], len(s.prompt) + len(s.generated) - s.earlier - 1))
+    # Each carries the sequence's full drafts (speculative decoding; the engine's proposer fills `drafts` after each
+    # step): a strategy that charges them to a budget may cut them (`cut_drafts`).
+    return tuple([_new_tuple(DecodeToken, (s.seq_id, s.generated[-1], len(s.prompt) + len(s.generated) - s.earlier - 1,
+                                           tuple(s.drafts)))
                   for s in running])
+
+
+def cut_drafts(decode: DecodeToken, n: int) -> DecodeToken:
+    """`decode` with only its first `n` drafts (vLLM's spec_token_ids[:n] where the budget left is short)."""
+    return decode if len(decode.drafts) <= n else decode._replace(drafts=decode.drafts[:max(n, 0)])

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Lowest first. A module belongs to the longest prefix that names it.
 LAYERS: list[tuple[str, ...]] = [
-    ("prefillbench.errors", "prefillbench.step", "prefillbench.sequence", "prefillbench.writers"),
+    ("prefillbench.errors", "prefillbench.step", "prefillbench.sequence", "prefillbench.speculation",
+     "prefillbench.writers"),
     ("strategies",),
     ("prefillbench.backends", "prefillbench.models"),
     ("prefillbench.engine",),
