@@ -101,6 +101,7 @@ class Sequence:
     n_drafted: int = 0
     n_accepted: int = 0
     n_verify_steps: int = 0
+    n_decode_steps: int = 0  # decode steps it was in, counted only with speculation on (else one token each)
 
     @classmethod
     def admit(cls, seq_id: int, request: "Request", arrival: float, start: float = 0.0) -> "Sequence":

@@ -37,10 +37,11 @@ def split_spec(spec: str) -> tuple[str, dict[str, int]]:
     return name, settings
 
 
-def make_strategy(name: str, chunk_size: int | None = None) -> Strategy:
+def make_strategy(name: str, chunk_size: int | None = None, speculation=None) -> Strategy:
     """The strategy `name` (with its settings, split_spec) at token budget `chunk_size` (DEFAULT_BUDGET where None:
-    those that ignore it)."""
+    those that ignore it), with speculative decoding's settings `speculation` (a SpecConfig; None: off)."""
     base, settings = split_spec(name)
+    composition = parse(name)
     try:
         cls = STRATEGIES[base]
     except KeyError:

@@ -31,6 +31,9 @@ class Strategy(ABC):
     memory = None
     #: The engine's cap on running sequences (vLLM's max_num_seqs) where the backend stands for an engine; None: none.
     engine_max_num_seqs: int | None = None
+    #: Speculative decoding's settings for the run (prefillbench/speculation.py; None: off), set by make_strategy:
+    #: the engine drafts by it, and an engine's rules for drafts (the budget they take, mixing turned off) read it.
+    speculation = None
 
     #: Settings -s may give after the name ('vllm-v1:threshold=512'): each one's attribute and what it is.
     settings: dict[str, tuple[str, str]] = {}
@@ -92,6 +95,11 @@ class Strategy(ABC):
         reset."""
         self.memory = memory
         self.engine_max_num_seqs = engine_max_num_seqs
+
+    def speculation_warnings(self) -> list[str]:
+        """What its engine would warn on stderr about the run's speculative decoding (vLLM's budget advice), for the
+        command to print once; none where its engine has no rule for drafts."""
+        return []
 
     def idle(self) -> None:
         """Nothing is in flight and nothing waits: an engine's scheduler may forget what load taught it (SGLang's

@@ -1,6 +1,6 @@
 """vLLM's V1 scheduler (vLLM 0.32.0, `vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`), for the configuration
 prefillbench's vLLM preset launches: chunked prefill on, `--max-num-batched-tokens` the budget (`chunk_size`),
-`--max-num-seqs` the run's concurrency, prefix caching off, FCFS, no speculative decoding, no LoRA, no multimodal
+`--max-num-seqs` the run's concurrency, prefix caching off, FCFS, speculative decoding as --spec gives, no LoRA, no multimodal
 inputs, one data-parallel rank, synchronous scheduling.
 
 What `schedule()` does and this strategy does the same way:
@@ -55,10 +55,31 @@ prompts in progress at once, at most `long-partial` of them longer than `thresho
 letting the shorter ones behind it start, and each prompt of a step at most the budget divided by the prompts it
 holds (V0's partial_prefill_budget_lookup_list). V0's rules as read, on the sim only: no vLLM here runs them.
 
+Speculative decoding (--spec, `self.speculation`; vLLM 0.32's `Scheduler.schedule` with `--speculative-config`):
+- A running request asks for `num_tokens_with_spec + num_output_placeholders - num_computed_tokens` tokens: a decode
+  its token and every draft (`seq.drafts`, the engine's proposer's), charged to the same budget as prompt tokens and
+  cut to what the budget has left, the drafts then `spec_token_ids[:num_scheduled_spec_tokens]`
+  (DecodeToken(..., drafts=seq.drafts[:n])); long_prefill_token_threshold caps it as any request's.
+- `num_lookahead_tokens = K` KV slots more a step for eagle, eagle3, mtp and a draft model, none for ngram
+  (VllmConfig.num_lookahead_tokens, config/vllm.py; `allocate_slots(..., num_lookahead_tokens)`), for running and
+  waiting requests alike.
+- A draft model takes one input slot more per scheduled request (`max_num_new_slots_for_drafting`,
+  config/speculative.py): `input_budget` (max_num_batched_tokens) falls by tokens + 1 a request and the loops stop
+  once it is at 1.
+- Dynamic K (`num_speculative_tokens_per_batch_size`, --spec ...:batch=lo-hi/k): the K drafted after a step is
+  `dynamic_sd_lookup[requests the step scheduled]` (`schedule()`'s num_spec_tokens_to_schedule,
+  v1/spec_decode/dynamic/utils.py build_dynamic_sd_schedule_lookup): drafts are cut to the K of the step before.
+- A budget under 8192 is named on stderr as vLLM warns of it (`VllmConfig._set_max_num_scheduled_tokens`).
+- Not followed: a new request of one token padded to 1+K rows for CUDA graphs (waiting loop, `pad_spec_decode`; a
+  prompt here is never one token), multi-module MTP's prefill lookahead (`_reserve_prefill_lookahead`), async
+  scheduling's placeholders (off on a CPU, and off with ngram drafts on any device), prefix caching with drafts.
+- vLLM keeps the blocks a rejected draft was given (a request's blocks only grow); the engine's memory frees those
+  that became empty, so under memory pressure the two may part.
+
 What it leaves out, and why:
 - `max_num_seqs`: where the backend stands for an engine (the sim) its cap on running requests; elsewhere the run's
   concurrency cap plays it.
-- Prefix caching, KV connectors, encoder inputs, spec decode, Mamba alignment, structured output, pause states:
+- Prefix caching, KV connectors, encoder inputs, Mamba alignment, structured output, pause states:
   off in the preset, or not what prefillbench measures.
 """
 from __future__ import annotations
@@ -66,7 +87,18 @@ from __future__ import annotations
 from prefillbench.sequence import Sequence
 from prefillbench.step import Preemption, PrefillChunk, Step
 
-from .base import Strategy, decode_tokens, prefill_chunk
+from .base import Strategy, cut_drafts, decode_tokens, prefill_chunk
+
+
+#: Methods whose drafter writes KV past the verified tokens: VllmConfig.num_lookahead_tokens (config/vllm.py) is K for
+#: them (use_eagle(): eagle, eagle3, mtp; and uses_draft_model()), 0 for ngram.
+LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft")
+#: SpeculativeConfig.max_num_new_slots_for_drafting (config/speculative.py): the extra input slots a scheduled request
+#: takes beside its tokens, 1 for an autoregressive draft model ("the draft-model input retains one unsliced token"),
+#: 0 for eagle, eagle3, mtp and ngram.
+DRAFT_SLOTS = {"draft": 1}
+#: VllmConfig._set_max_num_scheduled_tokens warns below this budget with speculative decoding on.
+SPEC_BUDGET_ADVICE = 8192
 
 
 class VllmV1(Strategy):
@@ -119,6 +151,15 @@ class VllmV1(Strategy):
         # numbered as it is, past every seq_id
         self._order: dict[int, int] = {}
         self._next = 0
+        self._last_scheduled = 0  # requests the last step scheduled: dynamic K's batch size
+
+    def speculation_warnings(self) -> list[str]:
+        spec = self.speculation
+        if spec is None or self.chunk_size >= SPEC_BUDGET_ADVICE:
+            return []
+        return [f"vllm-v1: max_num_scheduled_tokens is {self.chunk_size} with speculative decoding ({spec.label}); "
+                f"vLLM 0.32 warns below {SPEC_BUDGET_ADVICE} that this 'may lead to suboptimal performance' "
+                "(config/vllm.py, VllmConfig._set_max_num_scheduled_tokens)"]
 
     def next_step(self, waiting, running):
         budget = self.chunk_size
@@ -131,12 +172,29 @@ class VllmV1(Strategy):
         decodes: list[Sequence] = []
         preempted: list[Preemption] = []
         free = memory.free_blocks if bounded else 0
+        spec = self.speculation
+        # Speculative decoding (Scheduler.schedule, vLLM 0.32): a decode asks for its token and its drafts
+        # (num_tokens_with_spec - num_computed_tokens), cut to the budget left; KV for `lookahead` more slots
+        # (allocate_slots' num_lookahead_tokens); `slots` input slots more a request (the draft model's), out of an
+        # input budget of max_num_batched_tokens beside the token budget.
+        lookahead = spec.k if spec is not None and spec.method in LOOKAHEAD_METHODS else 0
+        slots = DRAFT_SLOTS.get(spec.method, 0) if spec is not None else 0
+        k_now = spec.k_for_batch(self._last_scheduled) if spec is not None and spec.k_by_batch else None
+        asked = len(running)
+        if spec is not None:
+            asked += sum([min(len(s.drafts), k_now) if k_now is not None else len(s.drafts) for s in running])
+            asked += slots * len(running)
+        inputs = budget  # input_budget: max_num_batched_tokens (max_num_scheduled_tokens is the same by default)
+        cuts: dict[int, int] = {}  # drafts a decode may keep where its budget or dynamic K is short
         # the blocks every decode needs, once: the common case below takes them all or none
-        grow = sum([memory.needed(s.seq_id, s.n_tokens) for s in running]) if bounded and not in_progress else 0
-        if not in_progress and len(running) <= budget and grow <= free:
+        grow = sum([memory.needed(s.seq_id, s.n_tokens + len(s.drafts) + lookahead) for s in running]) \
+            if bounded and not in_progress else 0
+        capped = threshold and spec is not None and any(len(s.drafts) >= threshold for s in running)
+        if not in_progress and asked <= budget and grow <= free and k_now is None and not capped:
             # The common case in one pass: RUNNING holds decodes only, and all of them fit the budget and memory.
             decodes = sorted(running, key=lambda s: order.get(s.seq_id, s.seq_id)) if order else running
-            budget -= len(running)
+            budget -= asked - slots * len(running)
+            inputs -= asked
             free -= grow
             new = waiting
         else:
@@ -146,11 +204,21 @@ class VllmV1(Strategy):
             slot = self._slot_budget(in_progress, waiting)
             i = 0
             while i < len(queue) and budget > 0:
+                if inputs <= slots:
+                    break
                 seq = queue[i]
                 mid_prompt = seq.n_prefilled < len(seq.prompt)
-                n = min(len(seq.prompt) - seq.n_prefilled, self._cap(min(budget, slot), threshold)) if mid_prompt else 1
+                if mid_prompt:
+                    n = min(len(seq.prompt) - seq.n_prefilled, self._cap(min(budget, slot), threshold),
+                            inputs - slots)
+                else:
+                    drafts = len(seq.drafts) if k_now is None else min(len(seq.drafts), k_now)
+                    n = min(1 + drafts, self._cap(budget, threshold), inputs - slots)
+                    if n - 1 < len(seq.drafts):
+                        cuts[seq.seq_id] = n - 1  # spec_token_ids[:num_scheduled_spec_tokens]
                 if bounded:
-                    need = memory.needed(seq.seq_id, (seq.n_prefilled if mid_prompt else seq.n_tokens - 1) + n)
+                    need = memory.needed(seq.seq_id,
+                                         (seq.n_prefilled if mid_prompt else seq.n_tokens - 1) + n + lookahead)
                     # allocate_slots failed: preempt RUNNING's last request until it fits, perhaps this one
                     while need > free:
                         victim = queue.pop()
@@ -168,7 +236,8 @@ class VllmV1(Strategy):
                     budget -= len(chunk.tokens)
                 else:
                     decodes.append(seq)
-                    budget -= 1
+                    budget -= n
+                inputs -= n + slots
                 i += 1
             new = [s for s in waiting if s.n_prefilled == 0]
         n_running = len(running) + len(in_progress) - len(preempted)
@@ -179,23 +248,29 @@ class VllmV1(Strategy):
         if limits:
             new, slot = self._partial_limits(in_progress, preempted, new, budget, threshold)
         for seq in new:  # the WAITING queue, FCFS (preempted requests at its head)
-            if budget <= 0 or (cap is not None and n_running >= cap):
+            if budget <= 0 or inputs <= slots or (cap is not None and n_running >= cap):
                 break
-            chunk = prefill_chunk(seq, self._cap(min(budget, slot) if limits else budget, threshold))
+            room = min(budget, inputs - slots)
+            chunk = prefill_chunk(seq, self._cap(min(room, slot) if limits else room, threshold))
             if bounded:
                 if self.reserve_full_isl and memory.blocks_for(len(seq.prompt)) > free:
                     break  # head of line: no preemption on behalf of a waiting request
-                need = memory.blocks_for(chunk.end)
+                need = memory.blocks_for(chunk.end + lookahead)
                 if need > free:
                     break
                 free -= need
             prefills.append(chunk)
             budget -= len(chunk.tokens)
+            inputs -= len(chunk.tokens) + slots
             n_running += 1
             if seq.preemptions or order:  # RUNNING's tail, after every request in it: numbered from the first resume
                 order[seq.seq_id] = self._next + 1_000_000_000
                 self._next += 1
-        return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes), preempted=tuple(preempted))
+        fed = decode_tokens(decodes)
+        if cuts:
+            fed = tuple([cut_drafts(d, cuts[d.seq_id]) if d.seq_id in cuts else d for d in fed])
+        self._last_scheduled = len(prefills) + len(fed)
+        return Step(prefills=tuple(prefills), decodes=fed, preempted=tuple(preempted))
 
     def _slot_budget(self, in_progress, waiting) -> int:
         """V0's share of the budget for one prompt: the budget over the prompts a step holds (no limits: all of it)."""

@@ -98,6 +98,90 @@ def test_vllm_v1_runs_like_sarathi_serve_at_the_presets_defaults():
     assert steps == schedule("sarathi-serve", 4, requests, 2)
 
 
+def drafting(i: int, drafts, prompt_len: int = 3) -> Sequence:
+    s = decoding(i, prompt_len)
+    s.drafts = list(drafts)
+    return s
+
+
+def fed_drafts(step: Step) -> dict[int, tuple[int, ...]]:
+    return {d.seq_id: d.drafts for d in step.decodes}
+
+
+def test_vllm_v1_charges_drafts_to_the_budget_and_cuts_them_to_what_is_left():
+    from prefillbench.speculation import parse_spec
+
+    strategy = make_strategy("vllm-v1", 6)
+    strategy.speculation = parse_spec("ngram:3")
+    assert strategy.speculation_warnings()  # a budget under 8192: vLLM's warning, named
+    # request 0 asks 1+3, request 1 1+3: 4 + 2 of the 6, its drafts cut to 1 (spec_token_ids[:1]); no room for 2
+    step = strategy.next_step([seq(2, 10)], [drafting(0, (7, 8, 9)), drafting(1, (4, 5, 6))])
+    assert layout(step) == ([], [0, 1]) and fed_drafts(step) == {0: (7, 8, 9), 1: (4,)}
+    assert step.n_tokens == 6
+    # with room to spare the new prompt takes the rest, after every draft
+    strategy = make_strategy("vllm-v1", 12)
+    strategy.speculation = parse_spec("ngram:3")
+    step = strategy.next_step([seq(2, 10)], [drafting(0, (7, 8, 9)), drafting(1, (4, 5))])
+    assert layout(step) == ([(2, 0, 5)], [0, 1]) and step.n_decode_tokens == 7
+    # a budget of 8192 or more: no warning
+    wide = make_strategy("vllm-v1", 8192)
+    wide.speculation = parse_spec("ngram:3")
+    assert wide.speculation_warnings() == []
+
+
+def test_vllm_v1_gives_eagle_k_lookahead_slots_and_a_draft_model_an_input_slot_a_request():
+    from prefillbench.engine.memory import KVMemory
+    from prefillbench.speculation import parse_spec
+
+    def with_memory(spec: str, blocks: int):
+        strategy = make_strategy("vllm-v1", 64)
+        strategy.kv_block_size = 4
+        memory = KVMemory(blocks * 4, 4)
+        memory.grow(0, 4)  # request 0 holds its 3 prompt tokens and its first output: one block, full
+        strategy.attach(memory)
+        strategy.speculation = parse_spec(spec)
+        return strategy
+
+    running = [drafting(0, (7, 8))]  # 4 tokens computed but the newest; 1+2 more: 6 in all, two blocks
+    # ngram: no lookahead, so one block more fits in a memory of 2
+    assert layout(with_memory("ngram:2", 2).next_step([], running)) == ([], [0])
+    # eagle: K=2 lookahead slots more, 8 tokens, still two blocks; K=3 asks 9, three blocks: the request is preempted
+    assert layout(with_memory("eagle:2:accept=0.5", 2).next_step([], running)) == ([], [0])
+    step = with_memory("eagle:3:accept=0.5", 2).next_step([], [drafting(0, (7, 8))])
+    assert [p.seq_id for p in step.preempted] == [0] and not step.decodes
+    # a draft model: every scheduled request takes one input slot more (max_num_new_slots_for_drafting)
+    strategy = make_strategy("vllm-v1", 8)
+    strategy.speculation = parse_spec("draft:2:accept=0.5")
+    step = strategy.next_step([seq(2, 10)], [drafting(0, (7, 8)), drafting(1, (4, 5))])
+    # request 0: 3 tokens, 4 inputs; request 1: min(3, 8-3, 4-1) = 3, 4 inputs; nothing left for request 2
+    assert layout(step) == ([], [0, 1]) and fed_drafts(step) == {0: (7, 8), 1: (4, 5)}
+    step = strategy.next_step([seq(2, 10)], [drafting(0, (7, 8)), drafting(1, (4, 5, 6))])
+    assert fed_drafts(step) == {0: (7, 8), 1: (4, 5)}  # 3 inputs left less its slot: 2 drafts
+
+
+def test_vllm_v1_dynamic_k_cuts_drafts_to_the_k_of_the_batch_before():
+    from prefillbench.speculation import parse_spec
+
+    strategy = make_strategy("vllm-v1", 64)
+    strategy.speculation = parse_spec("ngram:3:batch=1-1/3+2-8/1")
+    one = strategy.next_step([], [drafting(0, (7, 8, 9))])  # the first step: K for no batch yet, 3
+    assert fed_drafts(one) == {0: (7, 8, 9)}
+    two = strategy.next_step([], [drafting(0, (7, 8, 9)), drafting(1, (4, 5, 6))])  # after a batch of 1: K=3
+    assert fed_drafts(two) == {0: (7, 8, 9), 1: (4, 5, 6)}
+    three = strategy.next_step([], [drafting(0, (7, 8, 9)), drafting(1, (4, 5, 6))])  # after a batch of 2: K=1
+    assert fed_drafts(three) == {0: (7,), 1: (4,)}
+
+
+def test_vllm_v1_long_prefill_threshold_caps_a_decode_with_drafts_too():
+    from prefillbench.speculation import parse_spec
+
+    strategy = make_strategy("vllm-v1", 64)
+    strategy.long_prefill_token_threshold = 2
+    strategy.speculation = parse_spec("ngram:3")
+    step = strategy.next_step([seq(2, 10)], [drafting(0, (7, 8, 9))])
+    assert fed_drafts(step) == {0: (7,)} and layout(step) == ([(2, 0, 2)], [0])
+
+
 # ---------------------------------------------------------------- llama-server: update_slots
 
 

@@ -135,8 +135,15 @@ class StepBackend(Backend):
 
     #: (asked, allowed) concurrencies the engine clamped to (`note_clamp`); replaced, never appended to in place.
     clamped: list[tuple[int, int]] = []
+    #: (asked, kind, limit) of the clamp lines said so far (`note_clamp`); replaced, never added to in place.
+    said_clamps: frozenset[tuple[int, str, str]] = frozenset()
     #: Seconds the clock has jumped over so far (added to every reading of it; see `skip_idle`).
     idle_skipped: float = 0.0
+    #: Speculative decoding methods whose drafts it verifies (prefillbench/speculation.py: a decode's drafts fed in
+    #: the same pass, `StepResult.verified` filled); empty: none, and --spec is refused on it.
+    spec_methods: ClassVar[tuple[str, ...]] = ()
+    #: Whether its tokens are a model's own, so drafts may be looked up in them (n-gram); the sim's are not.
+    real_tokens: ClassVar[bool] = True
 
     @abstractmethod
     def prepare(self, max_sequences: int, max_seq_len: int, max_step_tokens: int) -> None:
@@ -149,6 +156,12 @@ class StepBackend(Backend):
     @abstractmethod
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence and free its KV cache."""
+
+    def truncate(self, seq_id: int, n_tokens: int) -> None:
+        """Keep only the first `n_tokens` positions of `seq_id`'s KV (speculative decoding: the KV of rejected drafts
+        dropped). A backend whose attention reads each sequence's cache only up to the positions a step feeds has
+        nothing to do (the next step's tokens overwrite those slots); one whose cache attends to all it holds (llama.cpp)
+        must remove them."""
 
     def reuse_prefix(self, seq_id: int, prompt: tuple[int, ...]) -> int:
         """Asked as a sequence is admitted, where `caches_prefixes`: how many leading tokens of its prompt the

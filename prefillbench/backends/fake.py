@@ -32,12 +32,14 @@ class FakeBackend(StepBackend):
     vocab_size = 1000
     weights = "none"
     options: ClassVar[frozenset[str]] = frozenset()
+    spec_methods: ClassVar[tuple[str, ...]] = ("ngram",)  # its "model" says the token after each fed position
 
     def __init__(self, seconds_per_token: float = 0.001, seconds_per_step: float = 0.01) -> None:
         self.clock = 0.0
         self.per_token, self.per_step = seconds_per_token, seconds_per_step
         self.steps: list[Step] = []
         self.released: list[int] = []
+        self.truncated: list[tuple[int, int]] = []  # (seq_id, tokens kept) of every rollback
         self.slots = SlotTable(0)
         self.executed = 0
         self.fail_at, self.kill_at = _step_number(FAIL_AT_VARIABLE), _step_number(KILL_AT_VARIABLE)
@@ -61,7 +63,12 @@ class FakeBackend(StepBackend):
         self.clock += self.per_step + self.per_token * step.n_tokens
         nxt = {c.seq_id: c.end % 997 for c in step.prefills if c.is_last}
         nxt.update({d.seq_id: (d.position + 1) % 997 for d in step.decodes})
-        return StepResult(nxt)
+        verified = {d.seq_id: tuple((d.position + 1 + i) % 997 for i in range(1 + len(d.drafts)))
+                    for d in step.decodes if d.drafts}
+        return StepResult(nxt, verified=verified)
+
+    def truncate(self, seq_id, n_tokens):
+        self.truncated.append((seq_id, n_tokens))
 
     def release(self, seq_id):
         self.released.append(seq_id)

@@ -31,11 +31,13 @@ from strategies import Strategy
 
 from prefillbench.backends.base import Backend, BackendError, ServingBackend, StepBackend
 from prefillbench.engine.admission import Admission, Feed, fit
+from prefillbench.engine.drafts import proposer_for
 from prefillbench.engine.loop import STOP_CHECK_STEPS, Loop, StepFailed
 from prefillbench.engine.memory import KVMemory
 from prefillbench.engine.records import Progress, RequestRecord, RunRecord, StepRecord
 from prefillbench.engine.served import serve
 from prefillbench.sequence import Request
+from prefillbench.speculation import SpecConfig
 
 __all__ = ["STOP_CHECK_STEPS", "Backend", "Progress", "RequestRecord", "RunRecord", "ServingBackend", "StepBackend",
            "StepFailed", "StepRecord", "run"]
@@ -81,19 +83,45 @@ def run(
         # the whole length reserved as a sequence is admitted (Orca's, FasterTransformer's): at most what fits
         cap = fit(backend, strategy, asked, longest_prompt, max_seq_len)
         memory = KVMemory(backend.kv_capacity_tokens(strategy.max_step_tokens(longest_prompt, cap)), 1)
-    backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap))
+    spec = strategy.speculation
+    proposer = _proposer(backend, spec, keep_logits, reqs) if spec is not None else None
+    # Each decode may carry its drafts beside its token: a step's bound grows by K per sequence (a strategy that
+    # charges drafts to its budget stays within its own).
+    drafts_room = 0 if spec is None else cap * max([spec.k, *(k for _, _, k in spec.k_by_batch)])
+    backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap) + drafts_room)
     depth = max(1, backend.max_steps_in_flight)
+    # With a prefix cache, a strategy that reads blocks as its engine caches them (vllm-v1) has the engine's memory
+    # decide the hits (engine/block_cache.py: shared blocks counted once); the backend only executes the chunks it is
+    # given, from past the cached prefix, and is not asked for its own cache's hits.
+    engine_cache = (backend.caches_prefixes and strategy.kv_policy == "paged" and strategy.reads_block_cache
+                    and memory.total_blocks is not None)
+    if engine_cache:
+        memory.cached()
+    backend.kv_shared = engine_cache
     strategy.reset()
     strategy.attach(memory, backend.engine_max_num_seqs, prefix_cache=backend.caches_prefixes)
     # Decode runs (Loop.decode_run) skip the strategy and the step-by-step bookkeeping, where the backend can run
     # them; a forced token or kept logits need every step's own.
+    # With speculation on, decode runs are off: every step's drafts come from the tokens of the step before.
     steady = (strategy.steady_decodes and backend.runs_decodes and depth == 1 and not keep_logits
-              and all(r.forced_tokens is None for r in reqs))
+              and all(r.forced_tokens is None for r in reqs) and spec is None)
     admission = Admission(reqs if feed is None else [], open_loop, cap, start=backend.now(),
-                          reuse=backend.reuse_prefix if backend.caches_prefixes else None,
+                          reuse=backend.reuse_prefix if backend.caches_prefixes and not engine_cache else None,
                           accept=backend.accept_handoff, feed=feed,
                           reserve=memory if strategy.kv_policy != "paged" else None)
-    return Loop(backend, strategy, admission, memory, depth, steady, keep_logits, on_tokens, stop).run()
+    return Loop(backend, strategy, admission, memory, depth, steady, keep_logits, on_tokens, stop,
+                spec, proposer).run()
+
+
+def _proposer(backend: StepBackend, spec: SpecConfig, keep_logits: bool, reqs: list[Request]):
+    """The run's drafter (engine/drafts.py); BackendError where the backend cannot verify the method's drafts."""
+    if spec.method not in backend.spec_methods:
+        can = ", ".join(backend.spec_methods) or "no speculative decoding"
+        raise BackendError(f"{backend.name} cannot run --spec {spec.label}: it runs {can}")
+    if keep_logits or any(r.forced_tokens is not None for r in reqs):
+        raise ValueError(f"--spec {spec.label} verifies drafts by the model's own greedy tokens: it cannot run "
+                         "with forced tokens or kept logits (--verify)")
+    return proposer_for(spec, backend.real_tokens, backend.context_length)
 
 
 def _checked(requests: Iterable[Request], concurrency: int,

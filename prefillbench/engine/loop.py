@@ -21,6 +21,7 @@ from strategies import Strategy
 
 from prefillbench.backends.base import Backend, BackendError, Launched
 from prefillbench.engine.admission import Admission
+from prefillbench.engine.drafts import accepted_tokens
 from prefillbench.engine.memory import KVMemory, OutOfMemory
 from prefillbench.engine.records import Progress, RequestRecord, RunRecord, StepRecord, request_record, step_record
 from prefillbench.sequence import Sequence
@@ -41,11 +42,11 @@ class Loop:
 
     __slots__ = ("backend", "strategy", "admission", "memory", "paged", "ahead", "late", "depth", "pipelined", "steady",
                  "keep_logits", "on_tokens", "stop", "start", "live", "waiting", "running", "in_flight", "busy", "done",
-                 "done_ids", "steps", "logits")
+                 "done_ids", "steps", "logits", "spec", "proposer")
 
     def __init__(self, backend: Backend, strategy: Strategy, admission: Admission, memory: KVMemory, depth: int,
                  steady: bool, keep_logits: bool, on_tokens: Callable[[int], None] | None,
-                 stop: Callable[[Progress], bool] | None) -> None:
+                 stop: Callable[[Progress], bool] | None, spec=None, proposer=None) -> None:
         self.backend = backend
         self.strategy = strategy
         self.admission = admission
@@ -70,6 +71,10 @@ class Loop:
         self.done_ids: list[int] = []
         self.steps: list[StepRecord] = []
         self.logits: dict[int, list] = {}
+        # Speculative decoding (prefillbench/speculation.py): the run's settings and its drafter (engine/drafts.py);
+        # None: off, and the loop is as it was.
+        self.spec = spec
+        self.proposer = proposer
 
     def run(self) -> RunRecord:
         """Step until every request has finished or `stop` ends the run; what happened."""
@@ -175,6 +180,7 @@ class Loop:
         waiting[:] = [s for s in waiting if s.seq_id not in gone]
         for p in step.preempted:
             seq = live[p.seq_id]
+            seq.drafts = []  # its next token comes from a prompt again
             memory.free(seq.seq_id)
             backend.release(seq.seq_id)
             seq.preempt(p.to_head)
@@ -193,7 +199,7 @@ class Loop:
                 for c in step.prefills:
                     grow(c.seq_id, c.end + c.pad)
                 for d in step.decodes:
-                    grow(d.seq_id, d.position + 1)
+                    grow(d.seq_id, d.position + 1 + len(d[3]))  # its drafts' slots too (vLLM's allocate_slots)
             except OutOfMemory as e:
                 raise RuntimeError(f"strategy {self.strategy.name} scheduled past the KV memory: {e}") from None
         try:
@@ -239,12 +245,15 @@ class Loop:
             logits = self.logits
             for seq_id in result.next_tokens:
                 logits.setdefault(seq_id, []).append(result.logits[seq_id])
-        for seq_id, token in result.next_tokens.items():
-            seq = live[seq_id]
-            if seq.append_token(token, end):
-                finished.append(seq)
+        if self.proposer is not None:
+            self.take_verified(step, result, end, finished)
+        else:
+            for seq_id, token in result.next_tokens.items():
+                seq = live[seq_id]
+                if seq.append_token(token, end):
+                    finished.append(seq)
         if self.on_tokens is not None:  # prompt tokens count as work: a 512-token prefill is not one token of progress
-            self.on_tokens(sum(len(c.tokens) for c in step.prefills) + len(step.decodes))
+            self.on_tokens(sum(len(c.tokens) for c in step.prefills) + step.n_decode_tokens)
         if prefilled:
             waiting, running = self.waiting, self.running
             waiting[:] = [s for s in waiting if s.n_prefilled < len(s.prompt)]
@@ -255,6 +264,55 @@ class Loop:
                 running.sort(key=lambda s: s.seq_id)  # a step may finish a younger prompt before an older one
         if finished:
             self.leave(finished)
+        if self.proposer is not None:
+            self.propose(step)
+
+    def take_verified(self, step: Step, result, end: float, finished: list[Sequence]) -> None:
+        """Speculative decoding's retire: a decode that carried drafts keeps the longest prefix the target agreed
+        with plus the target's next token (1..K+1 tokens, never past the request's output length), every one
+        stamped at the step's end, when they all appear (TBT: see docs/speculative-decoding.md); the rejected drafts'
+        KV is rolled back in the backend and the blocks left empty freed."""
+        live, verified = self.live, result.verified
+        fed = {d.seq_id: d for d in step.decodes}
+        for seq_id, token in result.next_tokens.items():
+            seq = live[seq_id]
+            d = fed.get(seq_id)
+            if d is not None:
+                seq.n_decode_steps += 1
+            if d is None or not d.drafts:
+                if seq.append_token(token, end):
+                    finished.append(seq)
+                continue
+            try:
+                tokens = accepted_tokens(d.drafts, verified[seq_id])
+            except KeyError:
+                raise self.failed(step, BackendError(f"no verified tokens for sequence {seq_id}'s drafts")) from None
+            seq.n_verify_steps += 1
+            seq.n_drafted += len(d.drafts)
+            seq.n_accepted += len(tokens) - 1
+            done = False
+            for t in tokens[:seq.n_gen - len(seq.generated)]:
+                done = seq.append_token(t, end)
+            if done:
+                finished.append(seq)
+            elif len(tokens) <= len(d.drafts):  # a draft was rejected: its KV and the ones after it go
+                kept = d.position + len(tokens)  # positions 0 .. position + accepted drafts
+                self.backend.truncate(seq_id, kept)
+                if self.paged:
+                    self.memory.shrink(seq_id, kept)
+
+    def propose(self, step: Step) -> None:
+        """Drafts for the next step of every sequence this step gave a token and that still decodes (vLLM's
+        propose_draft_token_ids after each forward pass), at most what its output has left less one: a verify step
+        emits up to K+1 tokens, and none past the request's length is ever computed."""
+        live, proposer, spec = self.live, self.proposer, self.spec
+        k = spec.k_for_batch(len(self.running)) if spec.k_by_batch else spec.k
+        for seq_id in step.emitting_seq_ids:
+            seq = live.get(seq_id)
+            if seq is None or not seq.prefill_done:
+                continue
+            room = min(k, seq.n_gen - len(seq.generated) - 1)
+            seq.drafts = proposer.propose(seq, room) if room > 0 else []
 
     def leave(self, finished: list[Sequence]) -> None:
         """Only a sequence that just got a token can have finished; admission (seq_id) order, as live keeps it."""

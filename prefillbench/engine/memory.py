@@ -75,6 +75,20 @@ class KVMemory:
         self.used -= n
         return n
 
+    def shrink(self, seq_id: int, tokens: int) -> int:
+        """`seq_id` holds only its first `tokens` tokens from now on (speculative decoding's rejected drafts rolled
+        back): the blocks left empty are freed (vLLM frees none, its rejected slots are overwritten by the next step's
+        tokens; a block-exact engine would). How many. With the prefix cache a sequence's blocks may be shared: kept
+        until it finishes."""
+        if self.cache is not None:
+            return 0
+        held = self.held.get(seq_id, 0)
+        n = max(held - self.blocks_for(tokens), 0)
+        if n:
+            self.held[seq_id] = held - n
+            self.used -= n
+        return n
+
     def peak_fraction(self) -> float:
         """The most blocks held at once, as a share of the capacity (nan where unbounded)."""
         return math.nan if not self.total_blocks else self.peak / self.total_blocks

@@ -56,8 +56,15 @@ class RequestRecord:
     #: Times its KV was freed before it finished (preempted or retracted), and the tokens computed again for it.
     preemptions: int = 0
     recomputed: int = 0
+    found_again: int = 0  # of the tokens its preemptions freed, those the engine's block cache held on resuming
     retractions: int = 0  # of its preemptions, those that sent it to the queue's tail (SGLang's retraction)
     length_class: str | None = None  # the request's class (Request.length_class); None: none given
+    #: Speculative decoding (counted only with it on): draft tokens fed, of those accepted, decode steps that carried
+    #: drafts (verify steps), and decode steps in all.
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+    decode_steps: int = 0
 
 
 @dataclass
@@ -116,5 +123,7 @@ def request_record(seq: Sequence, logits: list, cached: bool = False) -> Request
     return RequestRecord(seq.request_prompt_len, seq.arrival, seq.token_times, seq.generated, logits, seq.first_scheduled,
                          cached_tokens=seq.n_cached if cached else None, session=seq.session, turn=seq.turn,
                          kv_arrival=seq.kv_arrival, preemptions=seq.preemptions, recomputed=seq.recomputed,
+                         found_again=seq.found_again,
                          retractions=seq.retractions,
-                         length_class=seq.length_class)
+                         length_class=seq.length_class, drafted=seq.n_drafted, accepted=seq.n_accepted,
+                         verify_steps=seq.n_verify_steps, decode_steps=seq.n_decode_steps)
