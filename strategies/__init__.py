@@ -48,6 +48,7 @@ def make_strategy(name: str, chunk_size: int | None = None, speculation=None) ->
         raise ValueError(f"unknown strategy {base!r}; choose from {', '.join(STRATEGIES)}") from None
     strategy = cls(DEFAULT_BUDGET if chunk_size is None else chunk_size)
     strategy.budget_given = chunk_size is not None
+    strategy.speculation = speculation
     strategy.configure(settings)
     return strategy
 
