@@ -16,17 +16,30 @@ class Cache:
     `step_tokens` when n * seq_len + step_tokens <= room."""
 
     kv_cache_tokens = None  # no --kv-cache-tokens
+    engine_max_num_seqs = None
 
-    def __init__(self, room: int) -> None:
+    def __init__(self, room: int, max_num_seqs: int | None = None, kv_cache_tokens: int | None = None) -> None:
         self.cache_room = room
+        self.engine_max_num_seqs = max_num_seqs
+        self.kv_cache_tokens = kv_cache_tokens
         self.asked: list[int] = []
         self.clamps: list[tuple[int, int]] = []
+        self.limits: list[str] = []
+
+    def own_kv_capacity_tokens(self, max_step_tokens: int) -> int:
+        return max(0, self.cache_room - max_step_tokens)
+
+    def kv_capacity_tokens(self, max_step_tokens: int) -> int:
+        own = self.own_kv_capacity_tokens(max_step_tokens)
+        return own if self.kv_cache_tokens is None else min(own, self.kv_cache_tokens)
 
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int) -> int | None:
-        return max(0, (self.cache_room - max_step_tokens) // max_seq_len)
+        fits = self.own_kv_capacity_tokens(max_step_tokens) // max_seq_len
+        return fits if self.engine_max_num_seqs is None else min(fits, self.engine_max_num_seqs)
 
-    def note_clamp(self, asked: int, allowed: int) -> None:
+    def note_clamp(self, asked: int, allowed: int, limit: str = "") -> None:
         self.clamps.append((asked, allowed))
+        self.limits.append(limit)
 
     def room(self) -> str:
         return f"{self.cache_room} tokens"
@@ -34,6 +47,8 @@ class Cache:
 
 class PerSequence:
     """A strategy whose largest step is one token per sequence in flight (a decode of each)."""
+
+    spec = "per-sequence"
 
     def max_step_tokens(self, longest_prompt: int, n: int) -> int:
         return n
@@ -50,6 +65,43 @@ def test_fit_bisects_to_the_most_that_fit_with_their_steps():
     # n * 100 + n <= 1000: 9 fit, 10 do not (10 * 100 + 10 > 1000) though the cache alone holds 10
     assert fit(backend, PerSequence(), 64, 50, 100) == 9
     assert backend.clamps == [(64, 9)]
+
+
+class WholePrompts(PerSequence):
+    """A strategy whose largest step is every admitted prompt at once (padded, orca)."""
+
+    spec = "whole-prompts"
+
+    def max_step_tokens(self, longest_prompt: int, n: int) -> int:
+        return longest_prompt * n
+
+
+def test_the_clamp_names_the_kv_tokens_where_a_step_changes_nothing():
+    backend = Cache(room=1000)
+    assert fit(backend, PerSequence(), 64, 50, 100) == 9
+    # without a step 10 would fit (1000 // 100), with one of 10 tokens only 9: the step binds, by the room of one
+    assert backend.limits == ["per-sequence's step activations: its largest step, 10 tokens for 10 sequences, takes "
+                              "the room of 1; the KV alone holds 10 at their whole length"]
+    backend = Cache(room=1050)  # 10 * 100 + 10 <= 1050: the 11th is kept out by the KV alone
+    assert fit(backend, PerSequence(), 64, 50, 100) == 10
+    assert backend.limits == ["KV tokens: 1,050 hold 10 sequences of 100 tokens at their whole length"]
+
+
+def test_the_clamp_names_the_step_activations_of_whole_prompts():
+    backend = Cache(room=1000)
+    # n * 100 + 50 * n <= 1000: 6; the KV alone holds 10
+    assert fit(backend, WholePrompts(), 64, 50, 100) == 6
+    assert backend.limits[0].startswith("whole-prompts's step activations: its largest step, 350 tokens for 7 "
+                                        "sequences, takes the room of 4; the KV alone holds 10")
+
+
+def test_the_clamp_names_max_num_seqs_and_kv_cache_tokens():
+    backend = Cache(room=100_000, max_num_seqs=8)
+    assert fit(backend, PerSequence(), 64, 50, 100) == 8
+    assert backend.limits == ["max_num_seqs 8"]
+    backend = Cache(room=100_000, kv_cache_tokens=450)
+    assert fit(backend, PerSequence(), 64, 50, 100) == 4
+    assert backend.limits == ["--kv-cache-tokens 450 holds 4 sequences of 100 tokens at their whole length"]
 
 
 def test_fit_fails_when_not_one_sequence_fits():

@@ -165,7 +165,7 @@ def main(args: argparse.Namespace) -> int:
 
     def one(label: str, name: str):
         backend = SimBackend.load("mistral-7b", "a100", pp=args.pp)
-        backend.say_clamp = lambda asked, allowed: None  # the KV cache's cap (~130 in flight), once a run: said below
+        backend.say_clamp = lambda asked, allowed, limit="": None  # the KV cache's cap (~130 in flight), once a run: said below
         strategy = make_strategy(name, args.chunk)
         c0 = time.process_time()
         record = engines[label].run(backend, strategy, requests, 0, stop=stop)

@@ -206,26 +206,27 @@ class StepBackend(Backend):
         """How many sequences of `max_seq_len` fit in the KV cache; None: as many as asked."""
         return None
 
-    def note_clamp(self, asked: int, allowed: int) -> None:
+    def note_clamp(self, asked: int, allowed: int, limit: str = "") -> None:
         """Told when the engine runs fewer sequences at once than asked, because of `max_concurrency`: kept in
         `clamped` for the metadata, and said on stderr once per asked count (the room left beside a step
-        depends on its budget, so a grid of budgets clamps to a few neighbouring counts: one line, not one each)."""
-        if (asked, allowed) in self.clamped:
-            return
-        kind = self.clamp_kind(allowed)
-        said = any(a == asked and self.clamp_kind(b) == kind for a, b in self.clamped)
-        self.clamped = [*self.clamped, (asked, allowed)]
-        if not said:
-            self.say_clamp(asked, allowed)
+        depends on its budget, so a grid of budgets clamps to a few neighbouring counts: one line, not one each).
+        `limit`: which limit binds, in words (engine.admission.binding_limit), said in the line; a line is said
+        once per asked count, kind and limit (the words before its colon: "packed's step activations")."""
+        if (asked, allowed) not in self.clamped:
+            self.clamped = [*self.clamped, (asked, allowed)]
+        key = (asked, self.clamp_kind(allowed), limit.split(":")[0])
+        if key not in self.said_clamps:
+            self.said_clamps = self.said_clamps | {key}
+            self.say_clamp(asked, allowed, limit)
 
     def clamp_kind(self, allowed: int) -> str:
         """What bound a clamp to `allowed` (a backend with several limits says each once per asked count)."""
         return "kv"
 
-    def say_clamp(self, asked: int, allowed: int) -> None:
+    def say_clamp(self, asked: int, allowed: int, limit: str = "") -> None:
         """The clamp's line; a worker process replaces it to send the line to its parent instead."""
         print(f"prefillbench: {self.name}: only {allowed} of {asked} sequences fit in {self.room()}; "
-              f"running {allowed} at a time", file=sys.stderr)
+              f"running {allowed} at a time" + (f" (binding: {limit})" if limit else ""), file=sys.stderr)
 
     def room(self) -> str:
         """Where the sequences in flight must fit, for `note_clamp`'s line and the engine's refusal."""

@@ -166,7 +166,19 @@ def warm_up(backend: Backend, strategy: Strategy, case: Case, config: BenchConfi
     warm = (sessions.requests(backend.vocab_size, config.seed + 1, [0.0] * sessions.n) if sessions is not None
             else make_requests(case.test, c, backend.vocab_size, config.seed + 1))[:c]
     short = [Request(r.prompt[:WARMUP_PROMPT_TOKENS], min(r.n_gen, 2)) for r in warm]
-    engine.run(backend, strategy, short, c)
+    # Its short sequences fit where the case's may not: a clamp of its own would be said first and hide the case's
+    # (note_clamp says one line per asked count), so it is neither said nor kept.
+    clamped, said = getattr(backend, "clamped", []), getattr(backend, "said_clamps", frozenset())
+    say = backend.__dict__.get("say_clamp")
+    backend.say_clamp = lambda asked, allowed, limit="": None
+    try:
+        engine.run(backend, strategy, short, c)
+    finally:
+        backend.clamped, backend.said_clamps = clamped, said
+        if say is None:
+            del backend.say_clamp
+        else:
+            backend.say_clamp = say
 
 
 def prepare_case(backend: Backend, case: Case, config: BenchConfig) -> tuple[Strategy, list[Request]]:

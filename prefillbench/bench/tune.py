@@ -385,7 +385,7 @@ def _worker_init(backend: Backend, messages) -> None:
     gc.set_threshold(20_000, 20, 20)
     _worker_backend, _worker_queue = backend, messages
     # The parent says each clamp once for the whole pool.
-    backend.say_clamp = lambda asked, allowed: messages.put(("clamp", None, asked, allowed))
+    backend.say_clamp = lambda asked, allowed, limit="": messages.put(("clamp", limit, asked, allowed))
 
 
 def _worker_first_seeds(chain: list[Config], settings: TuneSettings, hints: dict[Config, float], stage: str) -> None:
@@ -445,7 +445,7 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
             except queue_mod.Empty:
                 return
             if kind == "clamp":
-                backend.note_clamp(index, p)
+                backend.note_clamp(index, p, c)
             elif kind == "found":
                 seeds_left[c] = settings.repeats
                 firsts = [r.searches[0].capacity for r in p]

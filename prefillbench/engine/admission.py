@@ -42,8 +42,31 @@ def fit(backend: Backend, strategy: Strategy, asked: int, longest_prompt: int, m
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     if lo < 1:
         raise BackendError(f"not one sequence of {max_seq_len} tokens fits in {backend.room()}")
-    backend.note_clamp(asked, lo)
+    backend.note_clamp(asked, lo, binding_limit(backend, strategy, lo, longest_prompt, max_seq_len))
     return lo
+
+
+def binding_limit(backend: Backend, strategy: Strategy, allowed: int, longest_prompt: int, max_seq_len: int) -> str:
+    """Which limit keeps sequence `allowed` + 1 out, in words for the clamp line: the engine's max_num_seqs,
+    --kv-cache-tokens, the activations of the strategy's largest step (the KV alone would hold more at their whole
+    length), or the KV tokens themselves."""
+    cap = backend.engine_max_num_seqs
+    if cap is not None and allowed >= cap:
+        return f"max_num_seqs {cap}"
+    step = strategy.max_step_tokens(longest_prompt, allowed + 1)
+    own = backend.own_kv_capacity_tokens(step)
+    given = backend.kv_cache_tokens
+    whole = f"{allowed} sequences of {max_seq_len:,} tokens at their whole length"
+    if given is not None and (own is None or given < own) and given // max(max_seq_len, 1) <= allowed:
+        return f"--kv-cache-tokens {given:,} holds {whole}"
+    alone = backend.max_concurrency(max_seq_len, 0)
+    if alone is None or alone > allowed:
+        held = "all asked" if alone is None else f"{alone}"
+        return (f"{strategy.spec}'s step activations: its largest step, {step:,} tokens for {allowed + 1} sequences, "
+                f"takes the room of {'the rest' if alone is None else alone - allowed}; the KV alone holds {held} at "
+                f"their whole length")
+    room = backend.own_kv_capacity_tokens(0)
+    return f"KV tokens: {'the cache' if room is None else f'{room:,}'} hold {whole}"
 
 
 class Feed(Protocol):

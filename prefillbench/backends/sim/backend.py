@@ -245,9 +245,9 @@ class SimBackend(StepBackend):
     def clamp_kind(self, allowed: int) -> str:
         return "engine" if allowed >= self.max_num_seqs else "kv"
 
-    def say_clamp(self, asked: int, allowed: int) -> None:
+    def say_clamp(self, asked: int, allowed: int, limit: str = "") -> None:
         if self.clamp_kind(allowed) == "kv":
-            return super().say_clamp(asked, allowed)
+            return super().say_clamp(asked, allowed, limit)
         print(f"prefillbench: sim: {asked} sequences asked; the engine runs at most {allowed} at a time, the rest "
               f"wait in its queue (max_num_seqs {allowed}: {self.max_num_seqs_source})", file=sys.stderr)
 
