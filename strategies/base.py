@@ -34,6 +34,9 @@ class Strategy(ABC):
     #: Speculative decoding's settings for the run (prefillbench/speculation.py; None: off), set by make_strategy:
     #: the engine drafts by it, and an engine's rules for drafts (the budget they take, mixing turned off) read it.
     speculation = None
+    #: Whether its engine drafts K tokens on a request's last steps too (vLLM's drafter knows no max_tokens: the
+    #: verify step computes drafts past the output, and their acceptances are counted); else at most what is left.
+    drafts_past_output: bool = False
 
     #: Settings -s may give after the name ('vllm-v1:threshold=512'): each one's attribute and what it is.
     settings: dict[str, tuple[str, str]] = {}

@@ -106,6 +106,7 @@ class VllmV1(Strategy):
     uses_chunk_size = True
     steady_decodes = True  # the step is a function of which sequences wait and run and how far each prompt is
     kv_block_size = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py)
+    drafts_past_output = True  # NgramProposer.propose and the scheduler cap drafts by max_model_len only
     #: SchedulerConfig.long_prefill_token_threshold: the most tokens of one prompt a step (0: no cap, vLLM's default)
     long_prefill_token_threshold: int = 0
     #: SchedulerConfig.max_num_seqs as a cap on running sequences (None: the engine's, where the backend stands for

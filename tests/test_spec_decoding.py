@@ -110,10 +110,18 @@ def test_a_verify_step_feeds_k_plus_one_positions_and_rolls_back_past_the_accept
 
 
 def test_drafts_never_reach_past_the_output_length():
-    backend, record = fake_run("ngram:5", n_gen=7)
+    backend, record = fake_run("ngram:5", "sarathi-serve", n_gen=7)
     for step in backend.steps:
         for d in step.decodes:
             assert d.position + len(d.drafts) < len(PROMPT) + 7 - 1
+    assert all(len(r.tokens) == 7 for r in record.requests)
+
+
+def test_vllm_v1_drafts_k_on_a_requests_last_steps_as_vllm_does():
+    # vLLM's NgramProposer and scheduler know no max_tokens: the last verify step carries K drafts past the output,
+    # and the output is still cut at its length
+    backend, record = fake_run("ngram:5", "vllm-v1", n_gen=7)
+    assert any(d.position + len(d.drafts) >= len(PROMPT) + 7 - 1 for step in backend.steps for d in step.decodes)
     assert all(len(r.tokens) == 7 for r in record.requests)
 
 

@@ -306,12 +306,16 @@ class Loop:
         propose_draft_token_ids after each forward pass), at most what its output has left less one: a verify step
         emits up to K+1 tokens, and none past the request's length is ever computed."""
         live, proposer, spec = self.live, self.proposer, self.spec
-        k = spec.k_for_batch(len(self.running)) if spec.k_by_batch else spec.k
+        # Dynamic K: vLLM's is that of the requests the step scheduled, prompt chunks included (schedule()'s
+        # num_spec_tokens_to_schedule = dynamic_sd_lookup[len(num_scheduled_tokens)]).
+        k = spec.k_for_batch(len(step.prefills) + len(step.decodes)) if spec.k_by_batch else spec.k
+        # An engine whose drafter knows no output length (vLLM's) drafts K on a request's last steps too.
+        past = self.strategy.drafts_past_output
         for seq_id in step.emitting_seq_ids:
             seq = live.get(seq_id)
             if seq is None or not seq.prefill_done:
                 continue
-            room = min(k, seq.n_gen - len(seq.generated) - 1)
+            room = k if past else min(k, seq.n_gen - len(seq.generated) - 1)
             seq.drafts = proposer.propose(seq, room) if room > 0 else []
 
     def leave(self, finished: list[Sequence]) -> None:
