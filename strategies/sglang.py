@@ -21,6 +21,15 @@ default, is the engine's async property: a finished request's memory seen a step
   to 0.098; after a retraction, set to what the remaining requests have made of their outputs (plus 20 steps each);
   back to 0.7 when the scheduler is idle.
 
+Speculative decoding (--spec; SGLang 0.5.23, srt/arg_groups/speculative_hook.py `_handle_eagle_family`,
+`_handle_ngram`, launched as --speculative-algorithm, K steps, topk 1, K + 1 draft tokens): a decode batch feeds every
+running request's drafts; --enable-mixed-chunk is turned off for NGRAM and STANDALONE (a draft model), so every prefill
+batch stalls every decode, and stays on for EAGLE, EAGLE3 and NEXTN (mtp), whose mixed steps decode one plain token
+(`supports_mixed_chunk`); --max-running-requests is 48 where none is given; the decode memory check keeps
+2 x (K + 1) tokens a request past its committed KV (`ScheduleBatch._new_tokens_required_next_decode_spec_v2`,
+`get_alloc_reserve_per_decode`), so a batch retracts sooner. (SGLang's over-allocation is kept across steps; here a
+request holds what it computed, so the check asks a little more than SGLang's.)
+
 Settings (-s sglang:ignore-eos=1:max-prefill=N:max-running=N): `ignore-eos` 1 says every request is sent with
 ignore_eos (prefillbench's own client does; real traffic does not): running requests are then charged their whole
 remaining output, and with the radix cache off a prompt is admitted only if its own simulation of every request's
@@ -32,7 +41,7 @@ from __future__ import annotations
 from prefillbench.sequence import Sequence
 from prefillbench.step import Preemption, Step
 
-from .base import Strategy, decode_tokens, prefill_chunk
+from .base import Strategy, cut_drafts, decode_tokens, prefill_chunk
 from .sglang_budget import CONTINUE, MAX_PREFILL_TOKENS, NO_TOKEN, OTHER, PrefillBudget
 
 #: environ.py: SGLANG_INIT_NEW_TOKEN_RATIO, _MIN_NEW_TOKEN_RATIO_FACTOR, _NEW_TOKEN_RATIO_DECAY_STEPS,
@@ -43,6 +52,15 @@ RATIO_DECAY = (INIT_RATIO - MIN_RATIO) / 600
 RETRACT_DECODE_STEPS = 20
 #: WAITING_QUEUE_PREFIX_MATCH_MAX (schedule_policy.py): past this many waiting, LPM falls back to FCFS
 LPM_MAX_WAITING = 128
+#: --spec's method as SGLang's --speculative-algorithm (srt/speculative/spec_info.py SpeculativeAlgorithm; mtp is
+#: NEXTN, a reserved alias of EAGLE; a draft model is STANDALONE)
+SGLANG_ALGORITHMS = {"ngram": "NGRAM", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "EAGLE", "draft": "STANDALONE"}
+#: SpeculativeAlgorithm.supports_mixed_chunk(): the algorithms --enable-mixed-chunk stays on with (their running
+#: requests decode one plain token in a mixed step); every other one turns it off (arg_groups/speculative_hook.py
+#: _handle_eagle_family, _handle_ngram)
+MIXED_CHUNK_ALGORITHMS = ("EAGLE", "EAGLE3")
+#: --max-running-requests where none is given and speculation is on (_handle_eagle_family, _handle_ngram)
+SPEC_MAX_RUNNING = 48
 
 
 class Sglang(Strategy):
@@ -112,7 +130,8 @@ class Sglang(Strategy):
         new = [s for s in waiting if s is not chunked]
         if (self.batch_is_full or not new) and chunked is None:
             return None
-        cap = self.max_running_requests or self.engine_max_num_seqs or len(waiting) + len(running)
+        cap = (self.max_running_requests or (SPEC_MAX_RUNNING if self.speculation is not None else 0)
+               or self.engine_max_num_seqs or len(waiting) + len(running))
         allocatable = cap - len(running)
         if allocatable <= 0 and chunked is None:
             self.batch_is_full = True
@@ -121,7 +140,7 @@ class Sglang(Strategy):
             new = sorted(new, key=lambda s: -s.n_cached)
         memory = self.memory
         free = memory.free_tokens if memory is not None else float("inf")
-        mixed = self.mixed and bool(running)
+        mixed = self.mixes and bool(running)
         budget = PrefillBudget(free, running, self.ratio, self.max_prefill_tokens, self.chunk_size,
                                len(running) if mixed else 0, bool(self.ignore_eos))
         chunks = []
@@ -155,8 +174,9 @@ class Sglang(Strategy):
         decodes = ()
         if mixed:  # check_decode_mem after the prompts' KV: the decodes sit the step out where it fails
             taken = sum(len(c.tokens) for c in chunks)
-            if len(running) <= free - taken:
-                decodes = decode_tokens(running)
+            if self._decode_need(running) <= free - taken:
+                # a mixed step degrades its running requests to a plain one-token decode (_handle_eagle_family)
+                decodes = tuple([cut_drafts(d, 0) for d in decode_tokens(running)])
         return Step(prefills=tuple(chunks), decodes=decodes, policy_values=(("new_token_ratio", self.ratio),))
 
     # ---- update_running_batch ----------------------------------------------------------------------------------
@@ -165,12 +185,13 @@ class Sglang(Strategy):
         free = memory.free_tokens if memory is not None else float("inf")
         keep = list(running)
         retracted: list[Preemption] = []
-        if len(keep) > free:  # check_decode_mem: a token each
+        if self._decode_need(keep) > free:  # check_decode_mem: a token each, or spec's reserve
             # retract_decode: fewest outputs first, ties the longest prompt (sorted descending, popped from the end)
             order = sorted(range(len(keep)), key=lambda i: (len(keep[i].generated), -keep[i].request_prompt_len),
                            reverse=True)
             victims = set()
-            while len(keep) - len(victims) > 1 and (not retracted or len(keep) - len(victims) > free):
+            while len(keep) - len(victims) > 1 and (
+                    not retracted or self._decode_need([s for s in keep if s.seq_id not in victims]) > free):
                 victim = keep[order.pop()]
                 victims.add(victim.seq_id)
                 free += memory.held_blocks(victim.seq_id) * memory.block_size
@@ -184,6 +205,42 @@ class Sglang(Strategy):
             self.ratio = max(self.ratio - RATIO_DECAY, MIN_RATIO)
         return Step(decodes=decode_tokens(keep), preempted=tuple(retracted),
                     policy_values=(("new_token_ratio", self.ratio),))
+
+    # ---- speculative decoding (--spec) --------------------------------------------------------------------------
+    @property
+    def algorithm(self) -> str | None:
+        """--speculative-algorithm as the run launches SGLang (None: off)."""
+        return None if self.speculation is None else SGLANG_ALGORITHMS[self.speculation.method]
+
+    @property
+    def mixes(self) -> bool:
+        """--enable-mixed-chunk as SGLang resolves it: off with every algorithm but EAGLE and EAGLE3."""
+        return self.mixed and (self.algorithm is None or self.algorithm in MIXED_CHUNK_ALGORITHMS)
+
+    def speculation_warnings(self) -> list[str]:
+        lines = []
+        if self.mixed and not self.mixes:
+            lines.append(f"{self.name}: mixed chunked prefill is disabled with {self.algorithm} speculative decoding "
+                         "(SGLang 0.5.23, arg_groups/speculative_hook.py): every prefill batch runs without decodes")
+        if self.speculation is not None and not self.max_running_requests:
+            lines.append(f"{self.name}: max running requests is reset to {SPEC_MAX_RUNNING} for speculative decoding "
+                         "(SGLang 0.5.23; -s {0}:max-running=N overrides it)".format(self.name))
+        return lines
+
+    def _decode_need(self, seqs) -> float:
+        """KV tokens the next decode batch of `seqs` allocates (ScheduleBatch.new_tokens_required_next_decode, one-token
+        pages): a token each; with speculation, each request's KV is kept `2 * alloc_len` past its committed tokens
+        (allocation_sizing.get_alloc_reserve_per_decode; alloc_len = max(steps * topk, num_draft_tokens) = K + 1 as
+        the run launches SGLang: topk 1, K steps, K + 1 draft tokens), so it retracts sooner. What a request holds is
+        the engine's blocks, which rejected drafts leave (SGLang keeps its over-allocation: it asks less)."""
+        if self.speculation is None:
+            return len(seqs)
+        reserve = 2 * (self.speculation.k + 1)
+        memory = self.memory
+        if memory is None:
+            return 0
+        held = memory.held_blocks
+        return sum([max(0, s.n_tokens - 1 + reserve - held(s.seq_id) * memory.block_size) for s in seqs])
 
     def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:
         # a prefill batch holds at most the budget (and, mixed, the decodes); a decode batch one token a request

@@ -213,3 +213,56 @@ def test_ignore_eos_admission_inserts_a_later_candidate_as_sglang_does():
     first, second = Sequence(0, tuple(range(253)), 198, 0.0), Sequence(1, tuple(range(45)), 256, 0.0)
     step = strategy.next_step([first, second], [])
     assert [(c.seq_id, len(c.tokens)) for c in step.prefills] == [(0, 253)] and strategy.batch_is_full
+
+
+# ---------------------------------------------------------------- speculative decoding (arg_groups/speculative_hook.py)
+
+
+def test_spec_turns_mixing_off_for_ngram_and_a_draft_model_not_for_eagle_and_sets_48_running():
+    from prefillbench.speculation import parse_spec
+
+    reqs = [Request(tuple(range(16)), 40, arrival_s=0.0), Request(tuple(range(1000, 1000 + 300)), 4, arrival_s=5.5)]
+    for spec, mixes in (("ngram:3", False), ("draft:3:accept=0.6", False), ("eagle:3:accept=0.6", True),
+                        ("mtp:2:accept=0.8", True)):
+        strategy = make_strategy("sglang-mixed", 64, parse_spec(spec))
+        assert strategy.mixes is mixes
+        assert any("48" in line for line in strategy.speculation_warnings())
+        assert any("disabled" in line for line in strategy.speculation_warnings()) is not mixes
+    # ngram with --enable-mixed-chunk asked: every chunk of the long prompt stalls the running decode
+    backend = FakeBackend(seconds_per_token=0.0, seconds_per_step=1.0)
+    record = engine.run(backend, make_strategy("sglang-mixed", 64, parse_spec("ngram:3")), reqs, 0)
+    assert "mixed" not in kinds(record) and kinds(record).count("prefill") >= math.ceil(300 / 64)
+
+
+def test_spec_caps_running_requests_at_48_where_none_is_given():
+    from prefillbench.speculation import parse_spec
+
+    waiting = [Sequence(i, (1, 2, 3), 8, 0.0) for i in range(60)]
+    strategy = make_strategy("sglang", 4096, parse_spec("ngram:3"))
+    strategy.reset()
+    strategy.attach(KVMemory(None, 1), None)
+    assert len(strategy.next_step(waiting, []).prefills) == 48
+    given = make_strategy("sglang:max-running=50", 4096, parse_spec("ngram:3"))
+    given.reset()
+    given.attach(KVMemory(None, 1), None)
+    assert len(given.next_step(waiting, []).prefills) == 50 and not given.speculation_warnings()
+
+
+def test_spec_decode_memory_check_keeps_two_k_plus_one_tokens_a_request_and_retracts_sooner():
+    from prefillbench.speculation import parse_spec
+
+    def step(spec):
+        memory = KVMemory(100, 1)
+        running = [decoding(0, 20, 5), decoding(1, 20, 2)]
+        for s in running:
+            memory.grow(s.seq_id, s.n_tokens - 1)
+        memory.grow(99, 100 - memory.used - 10)  # ten tokens free
+        strategy = make_strategy("sglang", 64, parse_spec(spec) if spec else None)
+        strategy.reset()
+        strategy.attach(memory, None)
+        return strategy.next_step([], running)
+
+    assert not step(None).preempted  # two tokens: they fit
+    # K=1: 2 x 2 = 4 tokens a request, 8 in all: they fit; K=2: 6 a request, 12 > 10: request 1 (fewer outputs) goes
+    assert not step("ngram:1").preempted
+    assert step("ngram:2").preempted == (Preemption(1, False),)
