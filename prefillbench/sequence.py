@@ -93,6 +93,7 @@ class Sequence:
     preemptions: int = 0  # times its KV was freed and it went back to waiting (preempted or retracted)
     retractions: int = 0  # of those, the times it went to the queue's tail (SGLang's retraction), not its head
     recomputed: int = 0  # tokens whose KV was computed, freed by a preemption, and must be computed again
+    found_again: int = 0  # of the tokens a preemption freed, those found again in the block cache on resuming
     length_class: str | None = None  # the request's class (Request.length_class), carried to its record
     #: Speculative decoding: the draft tokens proposed for its next step (the engine's proposer fills it after each
     #: step; a strategy may feed fewer), and the counts so far: draft tokens fed, of those accepted, verify steps

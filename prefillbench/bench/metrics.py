@@ -28,6 +28,7 @@ from prefillbench.bench import stats
 from prefillbench.errors import BackendError
 from prefillbench.engine import RequestRecord, RunRecord
 from prefillbench.bench.stats import mean_std, percentile
+from prefillbench.bench.spec_columns import spec_columns
 from prefillbench.bench.stalls import stall_columns
 from prefillbench.bench.engine_columns import engine_columns, memory_columns
 from prefillbench.bench.class_columns import class_columns
@@ -174,6 +175,14 @@ class ResultRow:
     retractions: float = math.nan  # of the preemptions, SGLang's retractions (to the waiting queue's tail)
     recomputed_tokens: float = math.nan
     kv_peak_pct: float = math.nan
+    # The engine's block cache (engine/block_cache.py, vllm-v1 with a prefix cache): tokens preempted requests found
+    # cached again on resuming (not recomputed), and cached blocks evicted, per repetition; NaN: no block cache.
+    found_again_tokens: float = math.nan
+    kv_evicted_blocks: float = math.nan
+    # A server's KV memory as the engine reported it (backends/server/engine_metrics.py): where it was read ("vllm
+    # /metrics", "sglang /metrics", "llama-server /slots", with what it did not export), its capacity in tokens.
+    kv_source: str = ""
+    kv_capacity_tokens: float = math.nan
     # Multi-turn sessions: the TTFT p50 of turns after the first (their prompts resend the history); NaN without.
     ttft_later_turns_p50_ms: float = math.nan
     # Request classes (bench/class_columns.py): JSON text, each class's n and TTFT p50/p99 ms; "" where none has one.
@@ -189,6 +198,13 @@ class ResultRow:
     tbt_tail_behind_prefill: float = math.nan
     tbt_p99_decode_only_ms: float = math.nan
     tbt_p99_with_prefill_ms: float = math.nan
+    # Speculative decoding (bench/spec_columns.py): its setting, K, the share of draft tokens accepted, the tokens a
+    # verify step gave a request, output tokens per decode step per request; "" and NaN with it off.
+    spec: str = ""
+    spec_k: float = math.nan
+    spec_acceptance: float = math.nan
+    spec_accepted_len: float = math.nan
+    spec_tokens_per_step: float = math.nan
     # A disaggregated deployment (deploy/): its layout ("P:D 1:1"; "" one engine), the KV transfer per request, and
     # the share of the run each pool's instances spent in steps (their mean).
     deployment: str = ""
@@ -311,7 +327,11 @@ def sched_delay_ms(req: RequestRecord) -> float:
 
 
 def request_tbts_ms(req: RequestRecord) -> np.ndarray:
-    return 1000 * np.diff(req.token_times)
+    """The gaps between a request's tokens, one per step that brought it tokens: a speculative verify step's tokens
+    appear together, and vLLM bench serve's ITL counts them as one gap (one streamed chunk), never split (its
+    endpoint_request_func.py: itl.append(timestamp - most_recent_timestamp) per chunk); TPOT still counts each."""
+    gaps = 1000 * np.diff(req.token_times)
+    return gaps[gaps > 0] if req.accepted else gaps
 
 
 def ttfts_ms(run: RunRecord) -> list[float]:
@@ -479,6 +499,7 @@ def summarize(
         ttft_later_turns_p50_ms=percentile([ttft_ms(r) for r in reqs if r.turn > 0], 50),
         **class_columns(reqs),
         **stall_columns(runs),
+        **spec_columns(strategy, reqs),
         deployment=deployment,
         **deployment_columns(runs),
     )

@@ -85,19 +85,20 @@ def run(
         memory = KVMemory(backend.kv_capacity_tokens(strategy.max_step_tokens(longest_prompt, cap)), 1)
     spec = strategy.speculation
     proposer = _proposer(backend, spec, keep_logits, reqs) if spec is not None else None
+    backend.speculate(spec)
     # Each decode may carry its drafts beside its token: a step's bound grows by K per sequence (a strategy that
     # charges drafts to its budget stays within its own).
     drafts_room = 0 if spec is None else cap * max([spec.k, *(k for _, _, k in spec.k_by_batch)])
-    backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap) + drafts_room)
-    depth = max(1, backend.max_steps_in_flight)
     # With a prefix cache, a strategy that reads blocks as its engine caches them (vllm-v1) has the engine's memory
-    # decide the hits (engine/block_cache.py: shared blocks counted once); the backend only executes the chunks it is
-    # given, from past the cached prefix, and is not asked for its own cache's hits.
-    engine_cache = (backend.caches_prefixes and strategy.kv_policy == "paged" and strategy.reads_block_cache
-                    and memory.total_blocks is not None)
+    # decide the hits (engine/block_cache.py: shared blocks counted once), where the backend holds no KV of its own
+    # to copy (the sim): it executes the chunks it is given, from past the cached prefix, its own cache not asked.
+    engine_cache = (backend.caches_prefixes and backend.shares_kv_blocks and strategy.kv_policy == "paged"
+                    and strategy.reads_block_cache and memory.total_blocks is not None and spec is None)
     if engine_cache:
         memory.cached()
     backend.kv_shared = engine_cache
+    backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap) + drafts_room)
+    depth = max(1, backend.max_steps_in_flight)
     strategy.reset()
     strategy.attach(memory, backend.engine_max_num_seqs, prefix_cache=backend.caches_prefixes)
     # Decode runs (Loop.decode_run) skip the strategy and the step-by-step bookkeeping, where the backend can run

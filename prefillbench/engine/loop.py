@@ -163,7 +163,8 @@ class Loop:
         memory = self.memory
         return RunRecord(self.start, end, [done[i] for i in order], self.steps, stopped,
                          arrival_lags=self.admission.arrival_lags,
-                         kv_peak_fraction=memory.peak_fraction(), kv_policy=self.strategy.kv_policy)
+                         kv_peak_fraction=memory.peak_fraction(), kv_policy=self.strategy.kv_policy,
+                         kv_cache=None if memory.cache is None else memory.cache.stats)
 
     def failed(self, step: Step, e: BackendError) -> StepFailed:
         return StepFailed(f"step {len(self.steps)} ({step.n_tokens} tokens) failed: {e}")
@@ -183,7 +184,10 @@ class Loop:
             seq.drafts = []  # its next token comes from a prompt again
             memory.free(seq.seq_id)
             backend.release(seq.seq_id)
+            first_hit = seq.n_cached
             seq.preempt(p.to_head)
+            if memory.cache is not None:  # its first lookup's hit stays its own (vLLM's prefix_cache_hits)
+                seq.n_cached = first_hit
             if reuse is not None:  # resumed, it looks its tokens up again (vLLM's get_computed_blocks)
                 seq.n_prefilled = seq.n_cached = reuse(seq.seq_id, seq.prompt)
             if p.to_head:
@@ -214,6 +218,14 @@ class Loop:
         # A decoding sequence had its prompt in an earlier step: only a prompt chunk can be a first schedule.
         for chunk in step.prefills:
             seq = self.live[chunk.seq_id]
+            if chunk.start > seq.n_prefilled:  # the engine's block cache held the tokens before it (vllm-v1's lookup)
+                found = chunk.start - seq.n_prefilled
+                if seq.first_scheduled is None:
+                    seq.n_cached = chunk.start
+                else:  # a preempted sequence finding its own blocks again: those tokens are not computed again
+                    seq.found_again += found
+                    seq.recomputed -= min(found, seq.recomputed)
+                seq.n_prefilled = chunk.start
             if seq.first_scheduled is None:
                 seq.first_scheduled = launched.start
                 record.cached += seq.n_cached
@@ -250,7 +262,13 @@ class Loop:
         else:
             for seq_id, token in result.next_tokens.items():
                 seq = live[seq_id]
-                if seq.append_token(token, end):
+                if seq.forced_tokens is None:  # Sequence.append_token written out: once per token of a run
+                    generated = seq.generated
+                    generated.append(token)
+                    seq.token_times.append(end)
+                    if len(generated) >= seq.n_gen and seq.n_prefilled >= len(seq.prompt):  # Sequence.finished
+                        finished.append(seq)
+                elif seq.append_token(token, end):
                     finished.append(seq)
         if self.on_tokens is not None:  # prompt tokens count as work: a 512-token prefill is not one token of progress
             self.on_tokens(sum(len(c.tokens) for c in step.prefills) + step.n_decode_tokens)
@@ -324,7 +342,7 @@ class Loop:
         running = self.running
         running[:] = [s for s in running if not s.finished]
         backend, live, done, done_ids, logits = self.backend, self.live, self.done, self.done_ids, self.logits
-        cached = self.admission.reuse is not None
+        cached = self.admission.reuse is not None or self.memory.cache is not None
         finish = self.admission.finished
         free = self.late.append if self.ahead else self.memory.free
         for seq in finished:
@@ -384,13 +402,13 @@ class Loop:
             begin = end
         if step.preempted:  # carried out before the run's first step (Loop.preempt)
             steps[first].preempted = len(step.preempted)
-        if self.paged:
-            grow = memory.grow
-            for d in step.decodes:
-                grow(d.seq_id, d.position + len(ends))
         for seq in seqs:
             seq.generated.extend(tokens[seq.seq_id])
             seq.token_times.extend(ends)
+        if self.paged:  # after the tokens are in: a block cache names the blocks they fill by them
+            grow = memory.grow
+            for d in step.decodes:
+                grow(d.seq_id, d.position + len(ends))
         if self.on_tokens is not None:
             self.on_tokens(n * len(ends))
         finished = [s for s in seqs if s.finished]

@@ -17,7 +17,7 @@ class OutOfMemory(RuntimeError):
 class KVMemory:
     """The blocks of one engine's KV cache and who holds them."""
 
-    __slots__ = ("block_size", "total_blocks", "held", "used", "peak")
+    __slots__ = ("block_size", "total_blocks", "held", "used", "peak", "cache")
 
     def __init__(self, capacity_tokens: int | None, block_size: int = 1) -> None:
         if block_size < 1:
@@ -28,10 +28,23 @@ class KVMemory:
         self.held: dict[int, int] = {}  # seq_id -> blocks it holds
         self.used = 0
         self.peak = 0
+        #: the blocks as a cache (engine/block_cache.py: vLLM's prefix caching, shared by reference, freed blocks
+        #: kept until evicted); None: every sequence's blocks its own (`cached` turns it on)
+        self.cache = None
+
+    def cached(self) -> "KVMemory":
+        """The same memory holding its blocks as vLLM's prefix cache does (a bounded one: the cache needs a pool)."""
+        from prefillbench.engine.block_cache import BlockCache
+
+        if self.total_blocks is not None:
+            self.cache = BlockCache(self.total_blocks, self.block_size)
+        return self
 
     # ---- what a strategy reads ----------------------------------------------------
     @property
     def free_blocks(self) -> float:
+        if self.cache is not None:  # cached blocks no one holds are free too (evicted as they are handed out)
+            return self.cache.num_free
         return math.inf if self.total_blocks is None else self.total_blocks - self.used
 
     def blocks_for(self, tokens: int) -> int:
@@ -39,11 +52,13 @@ class KVMemory:
         return -(-tokens // self.block_size)
 
     def held_blocks(self, seq_id: int) -> int:
+        if self.cache is not None:
+            return self.cache.held(seq_id)
         return self.held.get(seq_id, 0)
 
     def needed(self, seq_id: int, tokens: int) -> int:
         """More blocks `seq_id` needs to hold `tokens` tokens in all (vLLM's get_num_blocks_to_allocate)."""
-        return max(self.blocks_for(tokens) - self.held.get(seq_id, 0), 0)
+        return max(self.blocks_for(tokens) - self.held_blocks(seq_id), 0)
 
     @property
     def free_tokens(self) -> float:
@@ -59,6 +74,13 @@ class KVMemory:
         """`seq_id` holds `tokens` tokens in all from now on (never fewer blocks than it held). `strict`: past the
         capacity is an error (a paged strategy's step); else recorded as it is (a reservation the engine sized)."""
         more = self.needed(seq_id, tokens)
+        if self.cache is not None:  # even with no block more: the blocks its new tokens filled are cached
+            if self.cache.num_free < more:
+                raise OutOfMemory(f"sequence {seq_id} needs {more} more KV block(s) of {self.block_size} tokens, "
+                                  f"{self.cache.num_free} free of {self.total_blocks}")
+            self.cache.grow(seq_id, tokens)
+            self._note_use()
+            return
         if not more:
             return
         if strict and self.total_blocks is not None and self.used + more > self.total_blocks:
@@ -69,8 +91,26 @@ class KVMemory:
         if self.used > self.peak:
             self.peak = self.used
 
+    def allocate(self, seq, computed: int, new_tokens: int, hit=(), must_fit: int = 0) -> bool:
+        """With the cache: vLLM's allocate_slots, carried out as its scheduler calls it (BlockCache.allocate: a later
+        request of the same step finds the blocks an earlier one was given); False where they do not fit."""
+        if not self.cache.allocate(seq, computed, new_tokens, hit, must_fit):
+            return False
+        self._note_use()
+        return True
+
+    def _note_use(self) -> None:
+        """With the cache: blocks held are those out of the free queue (vLLM's usage), the peak among them."""
+        self.used = self.total_blocks - self.cache.num_free
+        if self.used > self.peak:
+            self.peak = self.used
+
     def free(self, seq_id: int) -> int:
         """Free every block of `seq_id` (finished, preempted or retracted); how many."""
+        if self.cache is not None:  # only the blocks no other sequence holds come free
+            n = self.cache.free(seq_id)
+            self.used -= n
+            return n
         n = self.held.pop(seq_id, 0)
         self.used -= n
         return n

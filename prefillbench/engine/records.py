@@ -77,6 +77,8 @@ class RunRecord:
     failed: list[RequestRecord] = field(default_factory=list)  # served requests that failed: counted, never timed
     # a served run's engine clock (backends.server.engine_clock.Reading): what its /metrics counted over the run
     engine_clock: Any = None
+    # a served run's KV memory as the engine reported it (backends.server.engine_metrics.KVMemory)
+    engine_kv: Any = None
     # seconds each open-loop request was taken late: sent after its due time (a server's client; not those that
     # waited for a place in flight), or admitted after arriving while the engine waited idle (a step backend)
     arrival_lags: list[float] = field(default_factory=list)
@@ -84,6 +86,9 @@ class RunRecord:
     #: whole lengths from admission, "paged": blocks as computed, with preemption); "" for a served run
     kv_peak_fraction: float = math.nan
     kv_policy: str = ""
+    #: the engine's block cache over the run (engine/block_cache.py CacheStats: vLLM's prefix-cache counters and the
+    #: blocks evicted); None: no block cache
+    kv_cache: Any = None
     #: a served run's client (backends/server/client.py): the CPU seconds its processes spent over the run, and how
     #: many processes sent it (0: no client, a step backend)
     client_cpu_s: float = math.nan
