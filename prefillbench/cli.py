@@ -25,7 +25,7 @@ from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
 from prefillbench.commands import ab, calibrate, capacity, compare, designs, merge, plot, run, tune
 from prefillbench.commands.flags import (CAPACITY_PANEL, DEPLOY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
-                                         ClientRay, ClientWorkers, EngineName, ExpertParallel, LatencyFrom, Shard, Strict, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimOverheads, SimPricing, MaxNumSeqs, KvCacheTokens, Url,
+                                         ClientRay, ClientWorkers, EngineName, ExpertParallel, LatencyFrom, Shard, Strict, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimLink, SimOverheads, SimPricing, MaxNumSeqs, KvCacheTokens, Url,
                                          Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
                                          MaxQueueGrowth, MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
@@ -143,6 +143,7 @@ def _model_and_backend(
     kernels: Kernels = "auto",
     sim_model: SimModel = None,
     sim_gpu: SimGpu = None,
+    sim_link: SimLink = None,
     tp: TensorParallel = B.tp,
     pp: PipelineStages = B.pp,
     ep: ExpertParallel = B.ep,

@@ -424,7 +424,7 @@ def test_new_gpu_presets():
 
 #: Each GPU preset's memory as its datasheet states it, "N GB".
 DATASHEET_GB = {"A6000": 48, "A100-SXM": 80, "A100-PCIe": 80, "H100-SXM": 80, "H200": 141, "B200": 180, "MI300X": 192,
-                "L40S": 48}
+                "L40S": 48, "H100-PCIe": 80, "H100-NVL": 94, "L4": 24, "RTX6000-Ada": 48}
 #: Total memory the devices report in nvidia-smi, MiB: H100 and A100 80GB modal-labs/modal-client#2797 (H100 also
 #: NVIDIA/nccl#1264), H200 NVIDIA/TensorRT-LLM#9554, B200 NVIDIA/TensorRT-LLM#10278.
 REPORTED_MIB = {"H100-SXM": 81559, "A100-SXM": 81920, "H200": 143771, "B200": 183359}

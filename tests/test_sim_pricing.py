@@ -111,9 +111,12 @@ def test_an_engines_overheads_are_its_presets_terms():
     v, s = ENGINE_OVERHEADS["vllm"], ENGINE_OVERHEADS["sarathi"]
     for batch in (1, 64):
         b = Batch(decodes=(1024,) * batch)
+        plain.allreduce_engine = "vllm"  # each engine's GPU time runs its own all-reduce (measured/allreduce.py)
         gpu = plain.seconds(b)
         assert gpu > v.graph_launch_s and gpu > v.cpu_seconds(batch, batch, 4) - v.exposed_s
         assert vllm.seconds(b) == pytest.approx(gpu + v.exposed_s, rel=REL)
+        plain.allreduce_engine = "nccl"  # Sarathi-Serve's torch.distributed
+        gpu = plain.seconds(b)
         kernels, _, _ = sarathi.kernels
         assert sarathi.seconds(b) == pytest.approx(max(gpu, kernels * s.launch_s) + s.cpu_seconds(batch, batch, 4), rel=REL)
     # the terms are in the breakdown, by name

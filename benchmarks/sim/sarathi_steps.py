@@ -32,25 +32,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tabulate import tabulate
 
 from prefillbench.backends.sim.configs import load_gpu_spec
 from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.pricing import OVERHEADS, PRICINGS, engine_overheads, pricing_for
-from prefillbench.backends.sim.specs import GPUSpec, ModelSpec
+from prefillbench.backends.sim.links import with_link
+from prefillbench.backends.sim.presets import MODEL_PRESETS
+from prefillbench.backends.sim.specs import GPUSpec
 
 from benchmarks.lib import cli
 
-YI_34B = ModelSpec("yi-34b", 60, 7168, 56, 8, 20480, 64000, max_context=200000,
-                   source="https://huggingface.co/01-ai/Yi-34B/blob/main/config.json (num_hidden_layers 60, hidden_size "
-                   "7168, num_attention_heads 56, num_key_value_heads 8, intermediate_size 20480, vocab_size 64000); "
-                   "Yi-34B-200K, which the artifact runs, has the same shapes")
+YI_34B = MODEL_PRESETS["yi-34b"]
 ARTIFACT = ("microsoft/sarathi-serve osdi-sarathi-serve@ceaa0660ea2487976101a8167aad5c8046e85b27 "
             "osdi-experiments/{figure-2/decode.csv, figure-2/prefill.csv, table-2/results.csv}")
-#: NVLink bridge of two A100 PCIe cards, per direction (600 GB/s both ways, NVIDIA's A100 datasheet).
-NVLINK_BRIDGE_BW = 300e9
 #: Contexts of figure-2's decode-only steps (see the module docstring) and of table-2's decodes.
 FIG2_CONTEXTS = (1021, 1022, 1023)
 TABLE2_CONTEXT = 1032
@@ -101,9 +98,10 @@ def all_steps() -> list[Step]:
 
 
 def gpus(link: str) -> dict[str, GPUSpec]:
-    """The GPU specs to price on: the a100-pcie preset as it is, and with the NVLink bridge as its link."""
+    """The GPU specs to price on: the a100-pcie preset as it is, and with its NVLink bridge as its link (the CLI's
+    --sim-link nvlink-bridge: links.with_link)."""
     pcie = load_gpu_spec("a100-pcie")
-    out = {"pcie": pcie, "nvlink": replace(pcie, name="A100-PCIe+NVLink", interconnect_bw=NVLINK_BRIDGE_BW)}
+    out = {"pcie": pcie, "nvlink": with_link(pcie, "nvlink-bridge", 2)}
     return out if link == "both" else {link: out[link]}
 
 

@@ -71,12 +71,18 @@ FlashAttn = Annotated[Optional[str], option(
 # sim backend (used only with --backend sim)
 SimModel = Annotated[Optional[str], option(
     "--sim-model", panel=SIM_PANEL, help="sim: model preset (llama-13b, llama-33b, llama-2-70b, mistral-7b, gpt3-175b, "
-    "llama-3.1-8b, llama-3.1-70b, qwen3-32b, qwen3-30b-a3b, mixtral-8x7b, deepseek-v3, gpt-oss-20b, gpt-oss-120b) "
+    "llama-3.1-8b, llama-3.1-70b, qwen3-32b, qwen3-30b-a3b, mixtral-8x7b, deepseek-v3, gpt-oss-20b, gpt-oss-120b, yi-34b) "
     "or a transformers config.json (default: llama-13b)")]
 SimGpu = Annotated[Optional[str], option(
     "--sim-gpu", panel=SIM_PANEL,
-    help="sim: GPU preset (a6000, a100-sxm, a100-pcie, h100-sxm, h200, b200, mi300x, l40s) or a spec .yaml/.json "
+    help="sim: GPU preset (a6000, a100-sxm, a100-pcie, h100-sxm, h100-pcie, h100-nvl, h200, b200, mi300x, l40s, l4, "
+    "rtx6000-ada) or a spec .yaml/.json "
     "(default: a6000)")]
+SimLink = Annotated[Optional[str], option(
+    "--sim-link", panel=SIM_PANEL, metavar="pcie4|pcie5|nvlink-bridge|nvlink",
+    help="sim: the link between the GPUs as you own them: the card's PCIe slot, an NVLink bridge joining a pair "
+    "(A100 PCIe, H100 PCIe / NVL, A6000; TP 2 at most), or NVLink through NVSwitch (SXM parts) (default: the GPU "
+    "preset's usual server; docs/sim.md, Links)")]
 SimDtype = Annotated[Optional[str], option(
     "--sim-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8|int8|int4|mxfp4",
     help="sim: weight precision to price: fp8 is W8A8 on FP8 tensor cores where the GPU has them, int4 weight-only, "

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from prefillbench.backends.prefix import PrefixSettings, PrefixStore
-from prefillbench.backends.sim import calibration_measured
+from prefillbench.backends.sim import calibration_measured, links
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
@@ -70,7 +70,8 @@ class SimBackend(StepBackend):
     # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
     options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
-                         "trace", "sim_pricing", "sim_overheads", "max_num_seqs", "prefix_cache", "prefix_block"})
+                         "trace", "sim_pricing", "sim_overheads", "max_num_seqs", "prefix_cache", "prefix_block",
+                         "sim_link"})
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
@@ -83,6 +84,7 @@ class SimBackend(StepBackend):
                               overheads=overheads, prefix=prefix, max_num_seqs=max_num_seqs, pricing_why=pricing_why)
         # a calibration holds both pricings' terms: the spec fractions, and the measured curves and host line
         gpu, measured_fit = calibration_measured.applied(calibration, calibration_path, gpu, pricing)
+        links.with_link(gpu, None, tp * pp * (ep // tp if ep > 1 else 1))  # a bridge joins a pair only
         self.model, self.gpu = model, gpu
         self.pricing = calibration_measured.pricing(measured_fit, gpu) if measured_fit else pricing_for(pricing, gpu)
         # measured pricing prices an engine's steps: vLLM's overheads (a calibration's own host line) unless named
@@ -95,7 +97,8 @@ class SimBackend(StepBackend):
         host_why = "--sim-overheads" if overheads else ("the calibration's host line" if measured_fit else
                                                         "measured pricing's default" if self.pricing is not None else
                                                         "spec pricing's default")
-        self.pricing_line = f"priced by {ran} ({pricing_why}) with {host} ({host_why})"
+        self.pricing_line = f"priced by {ran} ({pricing_why}) with {host} ({host_why})" + links.pricing_words(
+            self.gpu, self.pricing is not None, self.cost.allreduce_engine, tp * self.cost.dp, pp)
         self.cost.check_fits()
         self.max_num_seqs, self.max_num_seqs_source = self._sequence_cap(max_num_seqs, tp)
         # A windowed model's sequences hold fewer positions on its windowed layers: its cache is counted in
@@ -183,7 +186,7 @@ class SimBackend(StepBackend):
              sim_gpu: str | None = None, sim_dtype: str | None = None, kv_dtype: str | None = None,
              dtype: str | None = None, sim_pricing: str | None = None, sim_overheads: str | None = None,
              prefix_cache: str | None = None, prefix_block: int | None = None,
-             max_num_seqs: int | None = None) -> "SimBackend":
+             max_num_seqs: int | None = None, sim_link: str | None = None) -> "SimBackend":
         """Presets or files by name; a calibration file supplies the model and device it measured when none is named.
         sim_dtype: the weights' precision (bf16, fp16, fp8, int8, int4, mxfp4), kv_dtype: the KV cache's (bf16,
         fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config). dtype (the
@@ -206,6 +209,7 @@ class SimBackend(StepBackend):
         if sim_dtype is not None or kv_dtype is not None:
             model_spec = with_precision(model_spec, sim_dtype, kv_dtype)
         gpu_spec = load_gpu_spec(gpu) if gpu else (cal_gpu or load_gpu_spec("a6000"))
+        gpu_spec = links.with_link(gpu_spec, sim_link, tp * pp * (ep // tp if ep > 1 else 1))
         try:
             prefix = PrefixSettings.from_options(prefix_cache, prefix_block)
         except ValueError as e:

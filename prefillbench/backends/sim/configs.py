@@ -334,7 +334,8 @@ def gpu_from_mapping(data: dict[str, Any], name: str) -> GPUSpec:
     # Friendlier units in hand-written spec files.
     for unit_key, key, scale in (("tflops", "flops", 1e12), ("mem_bw_gbs", "mem_bw", 1e9), ("mem_gb", "mem_bytes", 1e9),
                                  ("mem_gib", "mem_bytes", GiB), ("interconnect_gbs", "interconnect_bw", 1e9),
-                                 ("network_gbs", "network_bw", 1e9), ("fp8_tflops", "fp8_flops", 1e12)):
+                                 ("network_gbs", "network_bw", 1e9), ("fp8_tflops", "fp8_flops", 1e12),
+                                 ("bridge_gbs", "bridge_bw", 1e9)):
         if unit_key in data:
             data[key] = float(data.pop(unit_key)) * scale
     missing = [k for k in GPU_REQUIRED if k not in data]

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from prefillbench.backends.sim.breakdown import Batch, Op, Parallel, StageCost, StepCost
 from prefillbench.backends.sim.footprint import Footprint, check_parallel
-from prefillbench.backends.sim.pricing import ELEMENTWISE_KERNELS
+from prefillbench.backends.sim.pricing import ALLREDUCE_ENGINE_OF, ELEMENTWISE_KERNELS
 from prefillbench.backends.sim.specs import GPUSpec, ModelSpec
 
 if TYPE_CHECKING:  # loading the presets fits Vidur's CPU profile: only a sim that names an engine pays for it
@@ -97,6 +97,8 @@ class CostModel(Footprint):
         self.pricing = pricing
         self.overheads = overheads if overheads is not None and overheads.name != "none" else None
         self.dp = ep // tp if ep > 1 else 1  # data-parallel attention groups beside expert parallelism
+        # whose all-reduce kernel the TP all-reduces run (measured/allreduce.py): the engine's, NCCL without one
+        self.allreduce_engine = ALLREDUCE_ENGINE_OF.get(self.overheads.name if self.overheads else "none", "nccl")
         base, extra = divmod(model.n_layers, pp)
         self.stage_layers = [base + (1 if i < extra else 0) for i in range(pp)]
         self.stage_ranges = []
@@ -349,8 +351,8 @@ class CostModel(Footprint):
         if tp > 1:
             per_reduce = 2.0 * (tp - 1) / tp * nl * d * b
             ar = self._link("tp_allreduce", per_reduce, self.gpu.interconnect_bw)
-            seconds = (ar.seconds if self.pricing is None  # measured: NCCL's curve at the message's size
-                       else self.pricing.collective("all_reduce", nl * d * b, tp * self.dp))
+            seconds = (ar.seconds if self.pricing is None  # measured: the engine's all-reduce at the message's size
+                       else self.pricing.all_reduce(nl * d * b, tp * self.dp, self.allreduce_engine))
             ops.append((Op(ar.name, 0.0, 2 * ar.bytes, 2 * seconds, "link"), LAYER))
         if self.dp > 1:
             ops.append((self._all_to_all(n), MOE))

@@ -22,12 +22,17 @@ from prefillbench.backends.sim.specs import GiB, GPUSpec, SimConfigError
 PRICINGS = ("spec", "measured")
 #: --sim-overheads: whose per-step costs a step pays beyond its kernels (measured/overheads.py's presets).
 OVERHEADS = ("vllm", "vllm-v0", "sglang", "tensorrt-llm", "sarathi", "none")
+#: --sim-overheads -> whose all-reduce kernels the TP all-reduces run (measured/allreduce.py): vLLM V0 and V1 their
+#: custom all-reduce, SGLang its port of it, TensorRT-LLM its AllReduce; Sarathi-Serve's fork and no engine NCCL.
+ALLREDUCE_ENGINE_OF = {"vllm": "vllm", "vllm-v0": "vllm", "sglang": "sglang", "tensorrt-llm": "trtllm",
+                       "sarathi": "nccl", "none": "nccl"}
 
 #: A GPU preset -> the profiled GPU whose curves price it. The same part, or the nearest of its kind: Hopper and
 #: Blackwell HBM parts (and AMD's MI300X, no AMD part being profiled) on the H100's, Ampere HBM on the A100's,
 #: GDDR workstation parts (GA102, AD102) on the A40's (GA102).
 PROFILE_OF = {"A100-SXM": "a100", "A100-PCIe": "a100", "H100-SXM": "h100", "H200": "h100", "B200": "h100",
-              "MI300X": "h100", "L40S": "a40", "A6000": "a40"}
+              "MI300X": "h100", "L40S": "a40", "A6000": "a40", "H100-PCIe": "h100", "H100-NVL": "h100", "L4": "a40",
+              "RTX6000-Ada": "a40"}
 #: Profiled GPUs' own presets (their spec peaks are what the curves' shares are of).
 PROFILED = {"a100": "A100-SXM", "h100": "H100-SXM", "a40": "A40"}
 #: Elementwise kernels a layer runs, as Vidur's profile lists them: two norms, rotary, activation, residual add.
@@ -108,27 +113,62 @@ class MeasuredPricing:
     def decode_attention(self, flops: float, nbytes: float) -> float:
         return float(self._curves()[2].decode_seconds(nbytes, flops, self.gpu.flops, self.gpu.mem_bw))
 
-    def collective(self, kind: str, message_bytes: float, workers: int, across_nodes: bool = False) -> float:
+    def collective(self, kind: str, message_bytes: float, workers: int, across_nodes: bool = False,
+                   topology: str = "nvlink_dgx") -> float:
         """A collective of one message among `workers` GPUs: the measured curve of the profiled GPU (the newest
         profiled with that topology where its own has none), its bandwidth scaled by this GPU's link over the
-        profiled one's."""
-        curve, (nvlink, network) = _collective(self.profile, kind, workers, across_nodes)
+        profiled one's (an NVLink bridge's: PAIRWISE_BW)."""
+        curve, (nvlink, network) = _collective(self.profile, kind, workers, across_nodes, topology)
+        if topology == "pairwise_nvlink":
+            nvlink = PAIRWISE_BW
         scale = (self.gpu.network_bw / network) if across_nodes else (self.gpu.interconnect_bw / nvlink)
         return float(curve.seconds(message_bytes / scale))
 
+    def all_reduce(self, message_bytes: float, workers: int, engine: str) -> float:
+        """The tensor-parallel all-reduce of one message within a node as `engine` (ALLREDUCE_ENGINE_OF's values)
+        runs it over this GPU's link: its own kernel where it picks it, else NCCL (measured/allreduce.py)."""
+        return _all_reduce_seconds(self.gpu.name, self.gpu.link, self.gpu.interconnect_bw, engine, workers,
+                                   message_bytes)
+
+
+#: The NVLink bridge Vidur's pairwise profiles ran over (A100 PCIe pairs), a direction: 600 GB/s both ways.
+PAIRWISE_BW = 300e9
+
 
 @lru_cache(maxsize=None)
-def _collective(profile: str, kind: str, workers: int, across_nodes: bool):
+def _collective(profile: str, kind: str, workers: int, across_nodes: bool, topology: str = "nvlink_dgx"):
     """The measured curve of a collective and the links of the GPU it was measured on (a pipeline's send is priced
     every step: the lookup and its source text once)."""
     from prefillbench.backends.sim.measured import collectives
 
-    topology = "cross_node" if across_nodes else "nvlink_dgx"
+    topology = "cross_node" if across_nodes else topology
     try:
         curve = collectives.collective(kind, workers, topology, profile)
     except SimConfigError:
         curve = collectives.collective(kind, workers, topology)
     return curve, collectives.FLAT_LINKS[curve.gpu]  # the profiled GPU's links (its preset's)
+
+
+@lru_cache(maxsize=4096)
+def _all_reduce_seconds(gpu: str, link: str, link_bw: float, engine: str, workers: int, nbytes: float) -> float:
+    """MeasuredPricing.all_reduce, once per message size: a run prices the same few sizes over and over."""
+    from prefillbench.backends.sim import links
+    from prefillbench.backends.sim.measured import allreduce
+
+    if workers <= 1:
+        return 0.0
+    kind = links.kind(link)
+    custom = allreduce.uses_custom(engine, workers, kind, nbytes)
+    measured = min((2, 4, 8), key=lambda w: (abs(math.log(w / workers)), -w))  # the nearest GPU count measured
+    if kind == "nvlink-bridge":
+        if not custom:  # NCCL over the bridge: Vidur's measured A100 PCIe pairs
+            pairwise, _ = _collective("a100", "all_reduce", workers, False, "pairwise_nvlink")
+            return float(pairwise.seconds(nbytes * PAIRWISE_BW / link_bw))
+        system = "a100_sxm"  # no custom all-reduce measured over a bridge: NVLink 3's, the bridge's 300 GB/s
+    else:
+        system = allreduce.measured_system(gpu, kind)
+    curve = allreduce.curve(system, engine if custom else "nccl", measured)
+    return curve.seconds(nbytes * allreduce.SYSTEM_BW[system] / link_bw)
 
 
 @lru_cache(maxsize=None)

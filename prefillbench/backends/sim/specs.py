@@ -339,6 +339,12 @@ class GPUSpec:
     network_bw: float = 25e9  # bytes/s per GPU across nodes (pipeline stages on other nodes)
     fp8_flops: float = 0.0  # dense FP8 tensor-core FLOP/s; 0: no FP8 tensor cores (FP8 weights run weight-only)
     gpus_per_node: int = 8
+    # The link interconnect_bw is (links.py, --sim-link): pcie4 | pcie5 | nvlink3/4/5 (through NVSwitch) |
+    # nvlink-bridge | another fabric's name; "" unnamed (a spec file's). The card's PCIe generation (0: unknown) and
+    # its NVLink bridge's bandwidth per direction (0: it takes none) say which others it can have.
+    link: str = ""
+    pcie_gen: int = 0
+    bridge_bw: float = 0.0
     # What real kernels attain of the peaks: generic figures, not fitted to any paper.
     compute_fraction: float = 0.8  # large cuBLAS GEMMs reach ~80% of tensor peak
     memory_fraction: float = 0.85  # streaming kernels reach ~85% of DRAM peak
