@@ -86,6 +86,7 @@ def run(
     spec = strategy.speculation
     proposer = _proposer(backend, spec, keep_logits, reqs) if spec is not None else None
     backend.speculate(spec)
+    backend.speculate(spec)
     # Each decode may carry its drafts beside its token: a step's bound grows by K per sequence (a strategy that
     # charges drafts to its budget stays within its own).
     drafts_room = 0 if spec is None else cap * max([spec.k, *(k for _, _, k in spec.k_by_batch)])

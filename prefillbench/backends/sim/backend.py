@@ -67,6 +67,11 @@ class SimBackend(StepBackend):
     # No refusal of a large -c: the engine's cap on sequences in flight (max_num_seqs) and the KV cache clamp it,
     # and the rest wait in the engine's queue, as on a real server.
     sequence_limit = None
+    # Speculative decoding: the methods whose drafts it prices, acceptance drawn from --spec's rate (drafting.py);
+    # ngram needs real tokens to look drafts up in, which the sim has not.
+    spec_methods = ("eagle", "eagle3", "mtp", "draft")
+    real_tokens = False
+    drafting = None  # the run's SimDrafting (speculate), None: off
     # sim_model and sim_gpu stand in for model and gpu: the flags that name what the sim prices.
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
     options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
@@ -292,9 +297,49 @@ class SimBackend(StepBackend):
     def step_cost(self, step: Step, after_idle: bool = False) -> StepCost:
         return self.cost.step_cost(Batch.from_step(step), after_idle)
 
+    # ---- speculative decoding ------------------------------------------------------
+    def speculate(self, spec) -> None:
+        from prefillbench.backends.sim.drafting import SimDrafting
+
+        if spec is None:
+            self.drafting = None
+            return
+        if self._windows or self.pp > 1:
+            raise BackendError(f"--spec {spec.label}: the sim prices speculative decoding without sliding windows "
+                               "or pipeline stages")
+        try:
+            self.drafting = SimDrafting(spec, self.model, self.cost)
+        except ValueError as e:
+            raise BackendError(str(e)) from None
+        say_once(f"--spec {spec.label}: acceptance {self.drafting.acceptance.label} (drafting.py), drafts priced as "
+                 + ("nothing on the GPU" if self.drafting.drafter is None else
+                    f"{self.drafting.drafter.model.name} forwards, K after each step"))
+
+    def truncate(self, seq_id: int, n_tokens: int) -> None:
+        length = self._seq_tokens.get(seq_id, 0)
+        if length > n_tokens:
+            self._seq_tokens[seq_id] = n_tokens
+            self._held -= length - n_tokens
+
+    def _verify_step(self, step: Step) -> StepResult:
+        from prefillbench.backends.sim.drafting import execute_verify
+
+        result, seconds = execute_verify(self, step)
+        self._idle = False
+        if self._jitter is not None:
+            seconds *= math.exp(self.gpu.step_jitter * self._jitter.gauss(0.0, 1.0))
+        self.clock += seconds
+        self.n_steps += 1
+        if self._held > self._kv_capacity and not getattr(self, "kv_shared", False):
+            raise BackendError(f"the KV cache overflowed: {self._held} positions held, "
+                               f"{self._kv_capacity} fit on {self.gpu.name}")
+        return result
+
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if return_logits:
             raise BackendError("the sim backend has no logits: it never runs the model")
+        if self.drafting is not None:
+            return self._verify_step(step)
         if self._windows:
             return self._execute_windowed(step)
         # One pass over the step: the shape the cost model needs, the cache it holds, and its tokens. This loop

@@ -13,21 +13,27 @@ class Batch:
 
     chunks: tuple[tuple[int, int, bool], ...] = ()  # (start, tokens computed incl. pads, emits a token)
     decodes: tuple[int, ...] = ()  # context each decode token attends to (itself included)
+    #: decodes that carry drafts (speculative decoding): (position, 1 + drafts), a logit row at each query; their
+    #: attention runs as a short chunk over the context (read once), the step stays a decode step
+    verify: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_step(cls, step: Step) -> "Batch":
+        decodes = step.decodes
         return cls(
             tuple((c.start, len(c.tokens) + c.pad, c.is_last) for c in step.prefills),
-            tuple(d.position + 1 for d in step.decodes),
+            tuple(d.position + 1 for d in decodes if not d[3]),
+            tuple((d.position, 1 + len(d[3])) for d in decodes if d[3]),
         )
 
     @property
     def n_tokens(self) -> int:
-        return sum(n for _, n, _ in self.chunks) + len(self.decodes)
+        return sum(n for _, n, _ in self.chunks) + len(self.decodes) + sum(n for _, n in self.verify)
 
     @property
     def n_emit(self) -> int:
-        return sum(1 for *_, e in self.chunks if e) + len(self.decodes)
+        """Logit rows: a prompt's last chunk one, a decode one, a verify decode one at each of its queries."""
+        return sum(1 for *_, e in self.chunks if e) + len(self.decodes) + sum(n for _, n in self.verify)
 
 
 @dataclass

@@ -378,8 +378,8 @@ class CostModel(Footprint):
         n = batch.n_tokens
         decodes = batch.decodes
         window_ctx = {w: sum(min(c, w) for c in decodes) for w in self.windows} if decodes and self.windows else None
-        terms = self.token_terms(n) + self.shape_terms([(s, length) for s, length, _ in batch.chunks], len(decodes),
-                                                       sum(decodes), window_ctx)
+        terms = self.token_terms(n) + self.shape_terms([(s, length) for s, length, _ in batch.chunks] + list(batch.verify),
+                                                       len(decodes), sum(decodes), window_ctx)
         ops = [(self._roof(t.name, t.flops, t.bytes, t.share, t.fp8, t.rows, t.diag), t.key) for t in (Term(*x) for x in terms)]
         return ops + self.tail_ops(n)
 
@@ -406,7 +406,7 @@ class CostModel(Footprint):
             else:
                 far = self.send_bw[stage] != self.gpu.interconnect_bw
                 ops.append(Op("pp_send", 0.0, nbytes, self.pricing.collective("send_recv", nbytes, 2, far), "link"))
-        if batch.chunks and batch.decodes and self.gpu.mixed_step_factor != 1.0:
+        if batch.chunks and (batch.decodes or batch.verify) and self.gpu.mixed_step_factor != 1.0:
             ops.append(Op("mixed_step", 0.0, 0.0, (self.gpu.mixed_step_factor - 1.0) * sum(op.seconds for op in ops), "overhead"))
         return StageCost(ops)
 
@@ -414,9 +414,9 @@ class CostModel(Footprint):
         """after_idle: the step follows a wait with nothing running (EngineOverheads.terms)."""
         layer_ops = self.layer_ops(batch)
         cost = StepCost([self.stage_cost(batch, k, layer_ops) for k in range(self.pp)])
-        if self.overheads is not None and (batch.chunks or batch.decodes):
+        if self.overheads is not None and (batch.chunks or batch.decodes or batch.verify):
             # the host's part of the step comes before the first stage's kernels can run
-            t = self.engine_terms(cost.seconds, len(batch.chunks) + len(batch.decodes), batch.n_tokens,
+            t = self.engine_terms(cost.seconds, len(batch.chunks) + len(batch.decodes) + len(batch.verify), batch.n_tokens,
                                   not batch.chunks, after_idle)
             cost.stages[0].ops += [Op(f"engine_{k}", 0.0, 0.0, t[k], "overhead") for k in ("launch", "cpu", "exposed")]
         return cost
@@ -431,26 +431,37 @@ class CostModel(Footprint):
     # the emitting rows (LM head), or on the attention shapes: the first two are priced once per count and cached,
     # and the sum keeps step_cost's order of terms, so the two give the same float.
     def fast_seconds(self, chunks: list[tuple[int, int]], n_decodes: int, decode_ctx: int, n_emit: int,
-                     window_ctx: dict[int, int] | None = None, after_idle: bool = False) -> float:
+                     window_ctx: dict[int, int] | None = None, after_idle: bool = False,
+                     verify: list[tuple[int, int]] = ()) -> float:
         """step_cost(batch).seconds for pp == 1, from (start, computed tokens) per chunk and the decode totals
-        (window_ctx: see shape_terms)."""
+        (window_ctx: see shape_terms); `verify`: decodes with drafts as (position, 1 + drafts), Batch.verify."""
         n = n_decodes
         for _, length in chunks:
             n += length
+        if verify:
+            n_seqs = len(chunks) + n_decodes + len(verify)
+            decoding = True
+            for _, length in verify:
+                n += length
+            attend = [*chunks, *verify]
+        else:
+            n_seqs = len(chunks) + n_decodes
+            decoding = n_decodes
+            attend = chunks
         parts = self._by_tokens.get(n)
         if parts is None:
             parts = self._by_tokens[n] = self._token_terms(n)
         head, tail = parts
         total = head
-        if chunks or n_decodes:
+        if attend or n_decodes:
             if self._plain_groups is not None:  # shape_terms' grouped-query attention, written out: the hot path
                 m, b = self.model, self.model.dtype_bytes
                 per_pair = 4.0 * m.head_dim * self.heads_local
                 q, kv = self.q_local, self.kv_local
-                if chunks:
+                if attend:
                     for w, count in self._plain_groups:
                         fl = by = 0.0
-                        for start, length in chunks:
+                        for start, length in attend:
                             fl += per_pair * window_pairs(start, length, w)
                             ctx = start + length if w == 0 else min(start, w - 1) + length
                             by += b * (2 * length * q + 2 * ctx * kv + 2 * length * kv)
@@ -463,7 +474,7 @@ class CostModel(Footprint):
                                             share) * count
             else:
                 counts = self.stage_counts[0]
-                for t in (Term(*x) for x in self.shape_terms(chunks, n_decodes, decode_ctx, window_ctx)):
+                for t in (Term(*x) for x in self.shape_terms(attend, n_decodes, decode_ctx, window_ctx)):
                     count = counts.get(t.key)
                     if count:
                         total += self._term_seconds(t) * count
@@ -475,10 +486,10 @@ class CostModel(Footprint):
                 lm = self._lm_head[n_emit] = self._linear("lm_head", self._local(n_emit), self.model.hidden,
                                                           -(-self.model.vocab // self.tp)).seconds
             total += lm
-        if chunks and n_decodes and self.gpu.mixed_step_factor != 1.0:
+        if chunks and decoding and self.gpu.mixed_step_factor != 1.0:
             total += (self.gpu.mixed_step_factor - 1.0) * total
-        if self.overheads is not None and (chunks or n_decodes):
-            total = self.engine_terms(total, len(chunks) + n_decodes, n, not chunks, after_idle)["step"]
+        if self.overheads is not None and (chunks or decoding):
+            total = self.engine_terms(total, n_seqs, n, not chunks, after_idle)["step"]
         return total
 
     def _term_seconds(self, t: Term) -> float:
