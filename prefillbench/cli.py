@@ -26,7 +26,7 @@ from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEF
 from prefillbench.commands import ab, calibrate, capacity, compare, designs, merge, plot, run, tune
 from prefillbench.commands.flags import (CAPACITY_PANEL, DEPLOY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
                                          ClientRay, ClientWorkers, EngineName, ExpertParallel, LatencyFrom, Shard, Strict, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimLink, SimOverheads, SimPricing, MaxNumSeqs, KvCacheTokens, Url,
-                                         Burstiness, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
+                                         Budget, Burstiness, Cadence, Spec, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
                                          MaxQueueGrowth, MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
                                          NoTuneLinear, NoVerdict, NoWarmup, NPrompt, Output, PipelineStages, ProbeArrival,
@@ -218,6 +218,9 @@ def run_command(
     concurrency: Concurrency = None,
     strategy: Strategy = None,
     chunk_size: ChunkSize = None,
+    budget: Budget = None,
+    cadence: Cadence = None,
+    spec: Spec = None,
     repetitions: Repetitions = None,
     requests: Requests = None,
     seed: Seed = R.seed,
@@ -294,6 +297,9 @@ def capacity_command(
     workload: Workload = None,
     strategy: Strategy = None,
     chunk_size: ChunkSize = None,
+    budget: Budget = None,
+    cadence: Cadence = None,
+    spec: Spec = None,
     concurrency: Annotated[int, option(
         "-c", "--concurrency", panel=TESTS_PANEL,
         help="cap on requests in flight; 0: none (a bounded KV cache, as on the sim, still caps them)")] = C.concurrency,
@@ -338,6 +344,9 @@ def tune_command(
     chunk_size: Annotated[Optional[list[str]], option(
         "--chunk-size", "--token-budget", panel=TESTS_PANEL, callback=budgets, metavar="N[,N]|LO:HI:xF",
         help="token budgets: a list, or a range such as 64:4096:x2 (default: 128:4096:x2)")] = None,
+    budget: Budget = None,
+    cadence: Cadence = None,
+    spec: Spec = None,
     concurrency: Annotated[int, option(
         "-c", "--concurrency", panel=TESTS_PANEL, help="cap on requests in flight; 0: none")] = T.concurrency,
     seed: Seed = T.seed,

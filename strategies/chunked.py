@@ -18,7 +18,10 @@ class Chunked(Strategy):
     steady_decodes = True
 
     def next_step(self, waiting, running):
-        prefills = (prefill_chunk(waiting[0], self.chunk_size),) if waiting else ()
+        # the chunk: chunk_size, or a budget part's (budget.py: slo) for the oldest prompt beside these decodes
+        size = self.chunk_size if self.budget_part is None or not waiting else self.step_budget(
+            waiting[:1], running, counts_decodes=False)
+        prefills = (prefill_chunk(waiting[0], size),) if waiting else ()
         return Step(prefills=prefills, decodes=decode_tokens(running))
 
     def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:

@@ -71,9 +71,12 @@ class LlamaServer(Strategy):
                 break  # every slot taken: it and those after it wait in the server's queue
         slot_of = self.slot_of
         decodes = sorted(running, key=lambda s: slot_of[s.seq_id])
-        budget = self.chunk_size - len(decodes)
+        slotted = sorted((s for s in waiting if s.seq_id in slot_of), key=lambda s: slot_of[s.seq_id])
+        # n_batch; or a budget part's (budget.py: slo), decodes charged to it as to n_batch
+        budget = (self.chunk_size if self.budget_part is None or not slotted else
+                  self.step_budget(slotted, decodes)) - len(decodes)
         prefills: list[PrefillChunk] = []
-        for seq in sorted((s for s in waiting if s.seq_id in slot_of), key=lambda s: slot_of[s.seq_id]):
+        for seq in slotted:
             if budget <= 0:
                 break
             chunk = prefill_chunk(seq, budget)
@@ -111,4 +114,6 @@ class LlamaServer(Strategy):
 
     def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:
         self._cap = concurrency  # engine.run asks with the run's cap last, before reset(): the slot count (-np)
+        if self.budget_part is not None:  # prompt tokens up to the part's cap, beside every decode
+            return min(prompt_len * concurrency, self.chunk_size) + concurrency
         return max(min(prompt_len * concurrency, self.chunk_size), concurrency)

@@ -22,9 +22,15 @@ class SarathiServe(Strategy):
 
     def next_step(self, waiting, running):
         decodes = decode_tokens(running)
-        budget = self.chunk_size - len(decodes)
         in_progress = [s for s in waiting if s.n_prefilled > 0]
         new = [s for s in waiting if s.n_prefilled == 0]
+        priced = None
+        if self.budget_part is None:
+            budget = self.chunk_size - len(decodes)
+        elif not waiting:
+            return Step(decodes=decodes)  # nothing to price: the decodes alone carry no budget
+        else:  # a budget part (budget.py): the prompt tokens it gives beside these decodes
+            budget = priced = self.step_budget(in_progress + new, running, counts_decodes=False)
         prefills: list[PrefillChunk] = []
         for seq in in_progress + new:
             if budget <= 0:
@@ -32,7 +38,11 @@ class SarathiServe(Strategy):
             chunk = prefill_chunk(seq, budget)
             prefills.append(chunk)
             budget -= len(chunk.tokens)
+        if priced is not None:  # the budget the step chose goes out with it (Step.policy_values)
+            return Step(prefills=tuple(prefills), decodes=decodes, policy_values=(("budget", float(priced)),))
         return Step(prefills=tuple(prefills), decodes=decodes)
 
     def max_step_tokens(self, prompt_len: int, concurrency: int) -> int:
+        if self.budget_part is not None:  # prompt tokens up to the part's cap, beside every decode
+            return min(prompt_len * concurrency, self.chunk_size) + concurrency
         return max(min(prompt_len * concurrency, self.chunk_size), concurrency)

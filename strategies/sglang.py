@@ -68,6 +68,7 @@ class Sglang(Strategy):
     uses_chunk_size = True
     kv_policy = "paged"
     kv_block_size = 1  # page_size 1 (arg_groups/overrides.py `_page_size_default`)
+    native_cadence = True  # a deferred round forms no prefill batch (cadence.py)
     mixed = False  # --enable-mixed-chunk
     ignore_eos: int = 0
     max_prefill_tokens: int = MAX_PREFILL_TOKENS
@@ -100,6 +101,7 @@ class Sglang(Strategy):
         self.prefix_cache = prefix_cache
 
     def idle(self) -> None:
+        super().idle()
         # Scheduler.on_idle: fully idle, the ratio goes back to its start
         self.ratio = INIT_RATIO
         self.batch_is_full = False
@@ -116,7 +118,8 @@ class Sglang(Strategy):
         if not running or self._last_chunked or self._emptied or not self._last_ids <= live:
             self.batch_is_full = False
         chunked = next((s for s in waiting if s.seq_id == self.chunked), None)
-        step = self._prefill(waiting, running, chunked)
+        # a cadence (cadence.py) that defers this round: `_should_defer_prefill`, no prefill batch is formed
+        step = None if self.deferred else self._prefill(waiting, running, chunked)
         if step is None:
             step = self._decode(running)
         self._last_ids = {c.seq_id for c in step.prefills}
@@ -141,7 +144,11 @@ class Sglang(Strategy):
         memory = self.memory
         free = memory.free_tokens if memory is not None else float("inf")
         mixed = self.mixes and bool(running)
-        budget = PrefillBudget(free, running, self.ratio, self.max_prefill_tokens, self.chunk_size,
+        # chunked_prefill_size; or a budget part's (budget.py: slo), priced for the prompt in progress then the
+        # queue's, beside the decodes a mixed batch carries (which the chunk's size counts)
+        size = self.chunk_size if self.budget_part is None else self.step_budget(
+            ([chunked] if chunked is not None else []) + new, running if mixed else (), counts_decodes=mixed)
+        budget = PrefillBudget(free, running, self.ratio, self.max_prefill_tokens, size,
                                len(running) if mixed else 0, bool(self.ignore_eos))
         chunks = []
         self.chunked = None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-from strategies import STRATEGIES, Strategy, split_spec
+from strategies import Strategy, make_strategy
 
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
 from prefillbench.backends.sim.cost import Batch, CostModel
@@ -72,7 +72,7 @@ class SimPrice:
 
 def prices_steps(strategy: str) -> bool:
     """Whether the strategy (as -s names it) chooses each step by its price against the SLO (slo-budget)."""
-    return STRATEGIES[split_spec(strategy)[0]].needs_price
+    return make_strategy(strategy).needs_price  # its rules' own (slo-budget) or its budget part's (· budget slo)
 
 
 def step_limit_ms(tbt_ms: float | None, tpot_ms: float | None) -> float | None:

@@ -199,6 +199,19 @@ Strategy = Annotated[Optional[list[str]], option(
 ChunkSize = Annotated[Optional[list[str]], option(
     "--chunk-size", "--token-budget", panel=TESTS_PANEL, callback=int_list, metavar="N[,N]",
     help="chunked's chunk size and sarathi-serve's token budget per step; one case per value (default: 256)")]
+Budget = Annotated[Optional[list[str]], option(
+    "--budget", panel=TESTS_PANEL, callback=str_list, metavar="KIND[,KIND]",
+    help="the budget part of each -s scheduler: fixed (--chunk-size's tokens a step, the default) or slo (prompt "
+    "tokens priced within the TBT/TPOT SLO each step; slo:cap=N); one case per value (docs/scheduler-parts.md)")]
+Cadence = Annotated[Optional[list[str]], option(
+    "--cadence", panel=TESTS_PANEL, callback=str_list, metavar="KIND[,KIND]",
+    help="the cadence part of each -s scheduler: every (the default), interval:N (vLLM's --prefill-schedule-interval) "
+    "or decode-rounds:N[:min-bs=M] (SGLang's --prefill-decode-interval); one case per value")]
+Spec = Annotated[Optional[list[str]], option(
+    "--spec", panel=TESTS_PANEL, callback=str_list, metavar="off|ngram:K[,...]",
+    help="speculative decoding: off, ngram:K (real n-gram drafts: prompt lookup as vLLM's, on gguf, torch and the "
+    "sim), or eagle|eagle3|mtp|draft:K:accept=R (the sim, at a fixed acceptance rate); :min=N:max=N set ngram's "
+    "lookup lengths; one case per value (docs/speculative-decoding.md)")]
 Repetitions = Annotated[Optional[int], option(
     "-r", "--repetitions", panel=TESTS_PANEL,
     help="timed repetitions after a warm-up (default: 3 in a closed loop, 1 in an open loop, whose requests already vary)")]

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from prefillbench.errors import BackendError
 from strategies import split_spec
+from strategies.cadence import make_cadence
+from strategies.compose import parse
 
 #: ctx: every slot's context together (llama-server's -c); max_len: one request's (the longest, rounded up to 256)
 PLACEHOLDERS = ("bin", "model", "port", "budget", "slots", "threads", "ctx", "max_len")
@@ -30,6 +32,9 @@ class Expression:
     #: settings the launch has at one value whatever its flags (SGLang's ignore-eos: prefillbench's client sends every
     #: request with ignore_eos): taken at that value, refused at another, no flag
     fixed: tuple[tuple[str, int], ...] = ()
+    #: the cadences (strategies/cadence.py) the engine ships for these rules, each the flag its count follows (and,
+    #: with "-min-bs" after it, its batch floor's); a cadence not here is refused on this engine
+    cadences: tuple[tuple[str, str], ...] = ()
 
     def takes(self, settings: dict[str, int]) -> bool:
         fixed = dict(self.fixed)
@@ -62,7 +67,9 @@ class Engine:
 
     def expresses(self, strategy: str) -> bool:
         name, settings = split_spec(strategy)
-        return name in self.strategies and self.strategies[name].takes(settings)
+        kind = parse(strategy).cadence.split(":")[0]
+        return name in self.strategies and self.strategies[name].takes(settings) and (
+            kind == "every" or kind in dict(self.strategies[name].cadences))
 
     def expression(self, strategy: str) -> Expression:
         """How the engine runs `strategy` (its name, settings aside)."""
@@ -82,6 +89,11 @@ class Engine:
 
     def refuse(self, strategy: str) -> BackendError:
         name, settings = split_spec(strategy)
+        cadence = parse(strategy).cadence
+        if name in self.strategies and self.strategies[name].takes(settings) and cadence != "every":
+            ships = ", ".join(k for k, _ in self.strategies[name].cadences) or "none"
+            return BackendError(f"{self.name} cannot run {strategy}: of cadences its {name} launch ships {ships}; "
+                                f"--backend sim runs every cadence under every rules")
         if name in self.strategies:
             expression = self.strategies[name]
             takes = ", ".join([*(k for k, _ in expression.settings), *(f"{k}={v}" for k, v in expression.fixed)])
@@ -104,6 +116,7 @@ class Engine:
         flags_of = dict(expression.settings)
         given = [arg for key, value in split_spec(strategy)[1].items() if key in flags_of
                  for arg in (flags_of[key], str(value))]
+        given += cadence_args(expression, strategy)
         return fill([*self.template, *caching, *expression.flags, *given, *extra], values)
 
     def cache_flags(self, on: bool) -> tuple[str, ...]:
@@ -114,6 +127,29 @@ class Engine:
             raise BackendError(f"{self.name}'s prefix cache cannot be turned on from its command line here: "
                                "run with --prefix-cache off")
         return self.cache_on
+
+
+def cadence_args(expression: Expression, strategy: str) -> list[str]:
+    """The flags that launch the strategy's cadence on the engine that ships it (vLLM's --prefill-schedule-interval N,
+    SGLang's --prefill-decode-interval N [--prefill-decode-interval-min-bs M]); none for every step."""
+    part = make_cadence(parse(strategy).cadence)
+    if part is None:
+        return []
+    flag = dict(expression.cadences)[part.kind]
+    if part.kind == "interval":
+        return [flag, str(part.interval)]
+    return [flag, str(part.rounds), *((flag + "-min-bs", str(part.min_bs)) if part.min_bs else ())]
+
+
+def served_cadence_note(engine: str, strategy: str) -> str:
+    """What a launch with this cadence does not do on a served engine, to say where it is launched: vLLM applies
+    --prefill-schedule-interval only in its data-parallel engine core (DPEngineCoreProc._should_throttle_prefills,
+    vllm/v1/engine/core.py), which one data-parallel rank does not run."""
+    if engine == "vllm" and parse(strategy).cadence.startswith("interval:"):
+        return (f"warning: {strategy}: a served vLLM with one data-parallel rank ignores --prefill-schedule-interval "
+                "(EngineCore throttles prefills only with --data-parallel-size above 1); the launch carries it, the "
+                "steps are vLLM's every-step ones")
+    return ""
 
 
 def fill(template: list[str] | tuple[str, ...], values: dict[str, object]) -> list[str]:
@@ -192,7 +228,8 @@ VLLM = Engine(
         # V1's scheduler: strategies/vllm_v1.py is Scheduler.schedule itself, proven step for step on it
         # (benchmarks/server/vllm_steps.py): running requests first, then waiting prompts, chunked to the budget
         "vllm-v1": Expression(("--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}"),
-                              settings=(("threshold", "--long-prefill-token-threshold"),)),
+                              settings=(("threshold", "--long-prefill-token-threshold"),),
+                              cadences=(("interval", "--prefill-schedule-interval"),)),
         # the same launch: at the preset's defaults (no long_prefill_token_threshold) its steps are Sarathi-Serve's
         "sarathi-serve": Expression(("--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}")),
     },
@@ -210,6 +247,8 @@ VLLM_LENGTH = ("--max-model-len", "{max_len}")
 #: client sends it (always); max-running is the launch's {slots} (--max-running-requests), the run's concurrency.
 SGLANG_SETTINGS = (("max-prefill", "--max-prefill-tokens"),)
 SGLANG_FIXED = (("ignore-eos", 1),)
+#: SGLang 0.5.23's cadence (sglang#35017): --prefill-decode-interval N, --prefill-decode-interval-min-bs M
+SGLANG_CADENCES = (("decode-rounds", "--prefill-decode-interval"),)
 
 # SGLang's own schedules (strategies/sglang.py, SGLang 0.5.23's scheduler, proven against its own code:
 # benchmarks/engine/sglang_steps.py): its default launch, prefill first, and --enable-mixed-chunk. No budget given:
@@ -221,9 +260,10 @@ SGLANG = Engine(
      "--max-running-requests", "{slots}", "--skip-tokenizer-init"),
     "openai", "/health",
     {
-        "sglang": Expression(("--chunked-prefill-size", "{budget}"), settings=SGLANG_SETTINGS, fixed=SGLANG_FIXED),
+        "sglang": Expression(("--chunked-prefill-size", "{budget}"), settings=SGLANG_SETTINGS, fixed=SGLANG_FIXED,
+                             cadences=SGLANG_CADENCES),
         "sglang-mixed": Expression(("--chunked-prefill-size", "{budget}", "--enable-mixed-chunk"),
-                                   settings=SGLANG_SETTINGS, fixed=SGLANG_FIXED),
+                                   settings=SGLANG_SETTINGS, fixed=SGLANG_FIXED, cadences=SGLANG_CADENCES),
     },
     default_strategy="sglang", default_budget=None, cache_off=("--disable-radix-cache",), cache_on=())
 

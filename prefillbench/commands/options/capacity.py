@@ -24,6 +24,9 @@ class CapacityOptions(Measuring):
     reading: TraceReading = field(default_factory=TraceReading)
     strategy: list[str] | None = None
     chunk_size: list[int] | None = None
+    budget: list[str] | None = None  # --budget: the budget part of each scheduler (compose.py)
+    cadence: list[str] | None = None  # --cadence: its cadence part
+    spec: list[str] | None = None  # --spec: speculative decoding, its spec part (one scheduler per value)
     concurrency: int = 0
     seed: int = 42
     no_warmup: bool = False
@@ -47,7 +50,7 @@ class CapacityOptions(Measuring):
         if self.slo is None or self.slo.tbt_ms is None:
             raise UsageError("capacity needs --slo tbt=MS: the highest rate whose P99 time between tokens stays within it")
         test = self.searched_test(self.pg, self.arrival, "capacity")
-        strategies = strategy_names(self.strategy, self.load)
+        strategies = strategy_names(self.strategy, self.load, self.budget, self.cadence, self.spec)
         strategies = priced.checked(strategies, bool(self.strategy), self.load, self.slo.tbt_ms, self.slo.tpot_ms,
                                     self.load.name == "sim" or bool(self.load.calibration),
                                     "--disaggregate" if self.load.disaggregate else "")

@@ -7,10 +7,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from strategies import STRATEGIES, make_strategy
+from strategies import STRATEGIES, compose, make_strategy
+from strategies.compose import with_speculation
 
 from prefillbench.backends import backend_class, check_options, choose_backend
 from prefillbench.backends.distributed import is_rank_zero
+from prefillbench.backends.server.engines import served_cadence_note
 from prefillbench.bench.mix import PREFIX as MIX_PREFIX, MixSpec
 from prefillbench.bench.sessions import PREFIX as SESSIONS_PREFIX
 from prefillbench.bench.workloads import (SessionSpec, TestSpec, TraceReading, load_workload, make_tests, sessions_test,
@@ -68,17 +70,35 @@ def check_relative_to(strategy: str | None, strategies: list[str], what: str) ->
         raise UsageError(f"--relative-to {strategy}: not among the strategies {what} ({', '.join(strategies)})")
 
 
-def strategy_names(given: list[str] | None, load: "BackendOptions | None" = None) -> list[str]:
+def strategy_names(given: list[str] | None, load: "BackendOptions | None" = None, budgets: list[str] | None = None,
+                   cadences: list[str] | None = None, specs: list[str] | None = None) -> list[str]:
     """-s, checked; by default every strategy, or on a serving engine every one it can express. A server already
     running (--url) runs one configuration, its own: -s is refused there, and its one case is the engine's default
-    strategy with no budget (the rows name it "as served")."""
+    strategy with no budget (the rows name it "as served"). --budget and --cadence compose each -s rules with each
+    budget and cadence (strategies/compose.py): one scheduler per combination; --spec adds each speculative decoding
+    setting to each (its spec part)."""
     served = load.served_engine() if load is not None else None
     if load is not None and load.url and served is not None:
-        if given:
+        if given or budgets or cadences or specs:
+            dropped = " ".join(f"{flag} {','.join(v)}" for flag, v in (("-s", given), ("--budget", budgets),
+                                                                         ("--cadence", cadences), ("--spec", specs)) if v)
             raise UsageError(f"--url measures the server as it runs; its configuration cannot be changed from here: "
-                             f"drop -s {','.join(given)}")
+                             f"drop {dropped}")
         return [served.default_strategy]
     names = unique(given, "-s") or (served.listed_strategies if served else list(STRATEGIES))
+    if budgets or cadences:
+        try:
+            names = [compose(name, budget, cadence) for name in names
+                     for budget in (unique(budgets, "--budget") or ["fixed"])
+                     for cadence in (unique(cadences, "--cadence") or ["every"])]
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        names = list(dict.fromkeys(names))  # interval:1 is every step: one scheduler, once
+    if specs:
+        try:
+            names = list(dict.fromkeys(with_speculation(name, spec) for name in names for spec in unique(specs, "--spec")))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     for name in names:  # an unknown name, a setting it has not, settings that contradict: one line each
         try:
             make_strategy(name)
@@ -90,6 +110,8 @@ def strategy_names(given: list[str] | None, load: "BackendOptions | None" = None
                 raise server_refusal(name, load.name)
             if not served.expresses(name):
                 raise UsageError(str(served.refuse(name)))
+            if warning := served_cadence_note(served.name, name):
+                note(warning)
     return names
 
 

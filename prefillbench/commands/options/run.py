@@ -25,6 +25,9 @@ class RunOptions(Measuring):
     concurrency: list[int] | None = None
     strategy: list[str] | None = None
     chunk_size: list[int] | None = None
+    budget: list[str] | None = None  # --budget: the budget part of each scheduler (compose.py)
+    cadence: list[str] | None = None  # --cadence: its cadence part
+    spec: list[str] | None = None  # --spec: speculative decoding, its spec part (one scheduler per value)
     repetitions: int | None = None
     requests: int | None = None
     seed: int = 42
@@ -71,7 +74,7 @@ class RunOptions(Measuring):
             note("warning: --skip-idle does nothing in a closed loop (no step there waits for an arrival)")
 
     def bench_config(self) -> BenchConfig:
-        strategies = strategy_names(self.strategy, self.load)
+        strategies = strategy_names(self.strategy, self.load, self.budget, self.cadence, self.spec)
         slo = self.slo
         strategies = priced.checked(strategies, bool(self.strategy), self.load, slo.tbt_ms if slo else None,
                                     slo.tpot_ms if slo else None, self.load.name == "sim" or bool(self.load.calibration),

@@ -52,6 +52,9 @@ class TuneOptions(Measuring):
     reading: TraceReading = field(default_factory=TraceReading)
     strategy: list[str] | None = None
     chunk_size: list[int] | None = None  # token budgets
+    budget: list[str] | None = None  # --budget: the budget part of each scheduler (compose.py)
+    cadence: list[str] | None = None  # --cadence: its cadence part
+    spec: list[str] | None = None  # --spec: speculative decoding, its spec part (one scheduler per value)
     concurrency: int = 0
     seed: int = 42
     no_warmup: bool = False
@@ -218,7 +221,7 @@ class TuneOptions(Measuring):
         shapes = [[pg] for pg in self.pg] if self.gpus is not None and self.pg and len(self.pg) > 1 else [self.pg]
         self.design_tests = [self.searched_test(shape, self.arrival, "tune") for shape in shapes]
         test = self.design_tests[0]
-        strategies = strategy_names(self.strategy, self.load)
+        strategies = strategy_names(self.strategy, self.load, self.budget, self.cadence, self.spec)
         unaimed = [k for k in self.criteria if slo_pricing.step_limit_ms(k.tbt_p99_ms, k.tpot_ms) is None]
         aim = (unaimed or self.criteria)[0]  # slo-budget aims at every SLO listed: each needs a TBT or TPOT limit
         strategies = priced.checked(strategies, named, self.load, aim.tbt_p99_ms, aim.tpot_ms,
