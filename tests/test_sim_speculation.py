@@ -99,3 +99,22 @@ def test_verified_keeps_the_accepted_drafts_then_differs():
         assert answer[:kept] == (0,) * kept and len(answer) == 4
         assert kept == 3 or answer[kept] != 0
         assert result.next_tokens[seq_id] == answer[0]
+
+
+def test_tune_says_at_which_budgets_speculation_pays_and_where_it_stops():
+    from prefillbench.bench.capacity import Criteria, Probe, SearchResult
+    from prefillbench.bench.tune import Config, ConfigResult
+    from prefillbench.report.spec_verdict import rules_of, spec_lines
+
+    def result(name: str, budget: int, capacity: float) -> ConfigResult:
+        fail = Probe(capacity * 1.05, False, None)
+        return ConfigResult(Config(name, budget), Criteria(100.0), [SearchResult(capacity, [fail])])
+
+    k3 = "vllm-v1 · spec eagle:3:accept=0.7"
+    assert rules_of(k3) == "vllm-v1"
+    rows = [result("vllm-v1", 512, 10.0), result(k3, 512, 14.0), result("vllm-v1", 8192, 20.0), result(k3, 8192, 12.0)]
+    lines = spec_lines(rows)
+    assert lines[0].startswith("vllm-v1, budget 512: spec off 10.000 req/s; eagle:3:accept=0.7 14.000 (+40%, beats)")
+    assert "speculation pays" in lines[0] and "does not pay" in lines[1] and "(-40%, loses to)" in lines[1]
+    assert lines[2] == "speculation stops paying at vllm-v1, budget 8192 (it pays at vllm-v1, budget 512)"
+    assert spec_lines([r for r in rows if "spec" not in r.config.strategy]) == []

@@ -26,7 +26,7 @@ from prefillbench.commands.calibrate import probe_server, sim_specs_for
 from prefillbench.commands.options import TuneOptions
 from prefillbench.commands.session import Output, Progress, Session, open_session
 from prefillbench.errors import UsageError
-from prefillbench.report import adaptive
+from prefillbench.report import adaptive, spec_verdict
 from prefillbench.report import tune as report
 from prefillbench.report import tune_plots
 from prefillbench.writers import csv_text, json_text
@@ -227,6 +227,8 @@ def _report(o: TuneOptions, out, err, settings: tune.TuneSettings, criteria: lis
         print(report.verdict(rows, k, pred, repredicted, slower, settings.baseline, settings.baseline_name),
               file=out if o.output == "md" else err)
         for line in adaptive.against_fixed(rows):  # slo-budget beside the best fixed budget
+            print(line, file=out if o.output == "md" else err)
+        for line in spec_verdict.spec_lines(rows):  # --spec: each draft length beside speculation off
             print(line, file=out if o.output == "md" else err)
         notes = report.stage_notes(tune.by_criteria(pred, k), rows, tune.by_criteria(repredicted, k)) if pred and o.verbose else []
         if predicted is not None and o.verbose:
