@@ -18,6 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from benchmarks.lib import cli
+
 OUT = Path(__file__).resolve().parents[2] / "prefillbench/backends/sim/measured/data/aiconfigurator_allreduce.csv"
 VERSION = "0.12.0"
 #: system -> {engine: version folder}; the newest each system has of every engine, NCCL at the system file's version.
@@ -54,11 +56,12 @@ def rows(data: Path):
     return pd.concat(parts, ignore_index=True).sort_values(["system", "engine", "num_gpus", "bytes"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="aiconfigurator_core/systems/data (default: the installed one's)")
     parser.add_argument("--out", default=str(OUT))
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     if args.data:
         data = Path(args.data)
     else:
@@ -77,4 +80,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli.run(__name__)
