@@ -25,6 +25,7 @@ Its parts, as nano-vllm's engine splits its own (LLMEngine, Scheduler, BlockMana
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable
 
 from strategies import Strategy
@@ -86,7 +87,10 @@ def run(
     spec = strategy.speculation
     proposer = _proposer(backend, spec, keep_logits, reqs) if spec is not None else None
     backend.speculate(spec)
-    backend.speculate(spec)
+    for line in strategy.speculation_warnings():  # what its engine warns of (vLLM's budget advice), once a process
+        if line not in _SAID:
+            _SAID.add(line)
+            print(f"prefillbench: {line}", file=sys.stderr)
     # Each decode may carry its drafts beside its token: a step's bound grows by K per sequence (a strategy that
     # charges drafts to its budget stays within its own).
     drafts_room = 0 if spec is None else cap * max([spec.k, *(k for _, _, k in spec.k_by_batch)])
@@ -113,6 +117,10 @@ def run(
                           reserve=memory if strategy.kv_policy != "paged" else None)
     return Loop(backend, strategy, admission, memory, depth, steady, keep_logits, on_tokens, stop,
                 spec, proposer).run()
+
+
+#: The engines' warnings said already: a grid runs the same configuration many times.
+_SAID: set[str] = set()
 
 
 def _proposer(backend: StepBackend, spec: SpecConfig, keep_logits: bool, reqs: list[Request]):
