@@ -161,10 +161,6 @@ class StepBackend(Backend):
         """The run's speculative decoding (a SpecConfig, or None), before `prepare`: a backend that prices drafts or
         draws their acceptance (the sim) takes its settings here; BackendError where it cannot."""
 
-    def speculate(self, spec) -> None:
-        """The run's speculative decoding (a SpecConfig, or None), before `prepare`: a backend that prices drafts or
-        draws their acceptance (the sim) takes its settings here; BackendError where it cannot."""
-
     def truncate(self, seq_id: int, n_tokens: int) -> None:
         """Keep only the first `n_tokens` positions of `seq_id`'s KV (speculative decoding: the KV of rejected drafts
         dropped). A backend whose attention reads each sequence's cache only up to the positions a step feeds has
