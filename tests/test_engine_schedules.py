@@ -325,3 +325,49 @@ def test_llama_server_on_the_sim_runs_every_step_a_real_llama_server_ran(tmp_pat
     # slot order is what sarathi-serve (oldest prompt first) gets wrong
     assert differing(server, sim_layouts(run, 32, 4, "sarathi-serve"))
     assert not session_processes(lambda args: args.split(" ")[0].endswith("llama-server"))
+
+
+def test_the_spec_replay_feeds_the_engine_vllms_tokens_and_its_drafts_take_the_budget():
+    """The engine half of vllm_spec_steps, on made-up 'vLLM' tokens (a model that repeats the token 7 back, now and
+    then another): every token the engine keeps is the replayed one, the n-gram proposer finds drafts in them, and
+    the steps never pass the budget with the drafts counted."""
+    import random
+
+    from benchmarks.server.vllm_spec_steps import ReplayBackend, make_trace
+    from benchmarks.server.vllm_steps import sim_counts, sim_runs
+
+    trace = make_trace(3, 8)
+    reqs = [r for rnd in trace for r in rnd.requests]
+    rng = random.Random(1)
+    outputs = []
+    for r in reqs:
+        tokens = list(r.prompt)
+        for _ in range(r.n_gen + 3):
+            tokens.append(tokens[-7] if rng.random() < 0.8 else rng.randrange(3, 1000))
+        outputs.append((len(r.prompt), tokens[len(r.prompt):]))
+    starts = [sum(rnd.run_steps for rnd in trace[:i]) for i in range(len(trace))]
+    record = sim_runs([rnd.requests for rnd in trace], starts, 64, 8, "vllm-v1 · spec ngram:3",
+                      backend_factory=lambda: ReplayBackend.replaying(outputs))
+    assert [list(r.tokens) for r in record.requests] == [out[:r.n_gen] for (_, out), r in zip(outputs, reqs)]
+    drafted, accepted = sum(r.drafted for r in record.requests), sum(r.accepted for r in record.requests)
+    assert 0 < accepted < drafted
+    counts = sim_counts(record)
+    assert max(s.ctx_tokens + s.gen_tokens for s in counts) == 64
+    assert sum(s.gen_tokens - s.gen_requests for s in counts) == drafted  # every draft scheduled is counted
+
+
+def test_vllm_v1_with_ngram_drafts_runs_every_step_a_real_vllm_with_drafts_ran(tmp_path):
+    """vLLM launched with --speculative-config ngram (K=3, prompt lookup 2..4) on repetitive prompts: every step's
+    scheduled tokens, drafts included, equal the engine's with the same drafts (vllm_spec_steps: the engine replays
+    vLLM's tokens, its own n-gram proposer and acceptance), and vLLM's spec_decode counters equal the engine's."""
+    from benchmarks.server.vllm_spec_steps import SPEC_COUNTERS, compare, make_trace
+
+    trace = make_trace(seed=3, rounds=20)
+    result, starts = compare(trace, budget=64, max_num_seqs=8, k=3, workdir=tmp_path)
+    assert result.equal, result.summary(starts)
+    vllm = result.steps.vllm
+    assert len(vllm) >= 300 and result.tails_agree
+    assert 0 < result.vllm[SPEC_COUNTERS[2]] < result.vllm[SPEC_COUNTERS[1]]  # some drafts kept, some not
+    assert sum(s.gen_tokens - s.gen_requests for s in vllm) == result.vllm[SPEC_COUNTERS[1]]  # drafts in the budget
+    assert max(s.ctx_tokens + s.gen_tokens for s in vllm) == 64
+    assert not vllm_processes()

