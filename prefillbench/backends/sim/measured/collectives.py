@@ -298,14 +298,27 @@ def fit_curve(df: pd.DataFrame, kind: str, gpu: str, topology: str, workers: int
 
 
 @lru_cache(maxsize=None)
-def fitted_curves() -> dict[tuple[str, str, str, int], CollectiveCurve]:
-    """(gpu, kind, topology, workers) -> the curve fitted on the shipped sample's FIT sizes, for every measured one."""
+def _fit_groups() -> dict[tuple[str, str, str, int], pd.DataFrame]:
+    """(gpu, kind, topology, workers) -> the shipped sample's FIT rows of that curve (a later node of the same key
+    replaces an earlier one, in groupby's order)."""
     df = _sample_frame()
     out = {}
     keys = ["gpu", "collective", "topology", "num_workers", "node", "devices_per_node"]
     for (gpu, kind, topo, workers, _node, _dpn), g in df[df["split"] == "fit"].groupby(keys):
-        out[(gpu, kind, topo, int(workers))] = fit_curve(g, kind, gpu, topo, int(workers))
+        out[(gpu, kind, topo, int(workers))] = g
     return out
+
+
+@lru_cache(maxsize=None)
+def fitted_curve(gpu: str, kind: str, topology: str, workers: int) -> CollectiveCurve:
+    """One curve fitted on its FIT sizes, when first asked for: fitting all of them (about 500 least-squares
+    solves) was most of a short TP > 1 run's CPU."""
+    return fit_curve(_fit_groups()[(gpu, kind, topology, workers)], kind, gpu, topology, workers)
+
+
+def fitted_curves() -> dict[tuple[str, str, str, int], CollectiveCurve]:
+    """(gpu, kind, topology, workers) -> the curve fitted on the shipped sample's FIT sizes, for every measured one."""
+    return {key: fitted_curve(*key) for key in _fit_groups()}
 
 
 def collective(kind: str, workers: int, topology: str, gpu: str | None = None) -> CollectiveCurve:
@@ -319,8 +332,7 @@ def collective(kind: str, workers: int, topology: str, gpu: str | None = None) -
     if workers <= 1:
         return CollectiveCurve(topology, workers, 0.0, math.inf, "one worker: no collective", kind, gpu or "", 0.0)
     measured = "send_recv" if kind == "send_recv" else "all_reduce"
-    curves = fitted_curves()
-    have = {(g, w) for g, k, tp, w in curves if k == measured and tp == topology}
+    have = {(g, w) for g, k, tp, w in _fit_groups() if k == measured and tp == topology}
     gpus = [g for g in ((gpu,) if gpu else GPU_ORDER) if any(h == g for h, _ in have)]
     if not gpus:
         raise SimConfigError(f"no {measured} profile over {topology}" + (f" for {gpu}" if gpu else "") +
@@ -328,7 +340,7 @@ def collective(kind: str, workers: int, topology: str, gpu: str | None = None) -
     g = gpus[0]
     ws = sorted(w for h, w in have if h == g)
     w = min(ws, key=lambda x: (abs(math.log(x / workers)), -x))  # nearest in ratio; a tie takes the larger
-    base = curves[(g, measured, topology, w)]
+    base = fitted_curve(g, measured, topology, w)
     source = base.source
     if kind != measured:
         source = (f"{kind} not measured: the {measured} curve's latency and bus bandwidth with the ring's byte factor "
@@ -402,5 +414,5 @@ def summary(err: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["CollectiveCurve", "KINDS", "SAMPLE", "TOPOLOGIES", "byte_factor", "collective", "errors", "fit_curve",
-           "fitted_curves", "flat_seconds", "frame", "load_frame", "read_sample", "read_vidur", "sample_frame",
+           "fitted_curve", "fitted_curves", "flat_seconds", "frame", "load_frame", "read_sample", "read_vidur", "sample_frame",
            "spread", "summary", "topology_of", "write_sample"]
