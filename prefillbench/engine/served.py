@@ -37,7 +37,7 @@ def serve(backend: ServingBackend, strategy: Strategy, requests: list[Request], 
     records = [_record(s, run.latency_from) for s in run.done]
     return RunRecord(run.start, run.end, [r for r in records if r.error is None], [], stopped=run.stopped,
                      failed=[r for r in records if r.error is not None],
-                     engine_clock=run.engine_clock,
+                     engine_clock=run.engine_clock, engine_kv=run.engine_kv,
                      arrival_lags=[s.lag for s in run.done if not s.queued],
                      client_cpu_s=run.cpu_s, client_workers=run.workers)
 

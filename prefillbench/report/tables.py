@@ -146,10 +146,12 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
 
 def memory_cell(row: ResultRow) -> str:
     """'97 / 12 (40960)': the KV memory's peak use in %, the requests preempted (or retracted) per repetition and
-    the tokens computed again for them; '-' where the engine kept its own memory (a server)."""
+    the tokens computed again for them; a server's as its engine reported them, with its capacity ('97 of 2176 t /
+    6': its sampled peak, its /metrics' count); '-' where nothing was reported."""
     if not row.kv_policy and math.isnan(row.preemptions):
         return "-"
-    out = f"{fmt_number(row.kv_peak_pct, 0)} / {fmt_number(row.preemptions, 0)}"  # a server's: its /metrics' count
+    capacity = f" of {row.kv_capacity_tokens:.0f} t" if not math.isnan(row.kv_capacity_tokens) else ""
+    out = f"{fmt_number(row.kv_peak_pct, 0)}{capacity} / {fmt_number(row.preemptions, 0)}"
     return out + (f" ({row.recomputed_tokens:.0f})" if row.preemptions and not math.isnan(row.recomputed_tokens) else "")
 
 

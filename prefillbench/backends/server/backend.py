@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar
 
 from prefillbench.backends.base import ServingBackend
 from prefillbench.backends.prefix import DEFAULT_BLOCK_SIZE, PrefixSettings
-from prefillbench.backends.server import client, client_http, client_pool, client_workers, engine_clock
+from prefillbench.backends.server import client, client_http, client_pool, client_workers, engine_clock, engine_metrics
 from prefillbench.backends.server.client_settings import ClientSettings
 from prefillbench.backends.server.engines import ENGINES, LLAMA_SERVER, VLLM_LENGTH, Engine, parse_template
 from prefillbench.backends.server.process import START_TIMEOUT_S, ServerProcess, free_port
@@ -196,11 +196,21 @@ class ServerBackend(ServingBackend):
         # The engine's own clock: its /metrics before and after the run (the launch's warm-up before both), and
         # the network's round trip just before and after, what it can add to a client figure (engine_clock.py).
         net_ms = engine_clock.net_round_trip_ms(url + self.engine.health_path, headers)
-        before, missing = engine_clock.read_metrics(url, headers)
+        before_families, missing = engine_metrics.read_families(url, headers)
+        before = engine_clock.snapshot_of(before_families) if before_families is not None else None
         if missing:  # the rows keep the client's clock; the engine's columns stay empty, said once (metadata)
             self.clock_missing = f"{missing}: the rows have no engine clock (the server's own /metrics) beside the client's"
-        run = self._stream(url, headers, requests, concurrency, watch, alive, done)
-        after = engine_clock.scrape(url, headers) if before is not None else None
+        # its KV memory: capacity and preemptions from the same scrapes, its use sampled during the run
+        kv = engine_metrics.watch(url, self.engine.api, before_families, headers)
+        try:
+            run = self._stream(url, headers, requests, concurrency, watch, alive, done)
+        except BaseException:
+            if kv is not None:
+                kv.cancel()
+            raise
+        after_families = engine_metrics.read_families(url, headers)[0] if before is not None or kv else None
+        run.engine_kv = kv.finish(after_families) if kv is not None else None
+        after = engine_clock.snapshot_of(after_families) if before is not None and after_families is not None else None
         if after is not None:  # the round trip again, after: the slower of the two is what the run had at worst
             net_ms = max(net_ms, engine_clock.net_round_trip_ms(url + self.engine.health_path, headers))
         run.engine_clock = None if after is None else engine_clock.Reading(

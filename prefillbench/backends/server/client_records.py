@@ -68,6 +68,8 @@ class StreamRun:
     stopped: bool = False
     # the engine's own clock over the run (engine_clock.Reading), set by the backend where its /metrics could be read
     engine_clock: Any = None
+    # the engine's own account of its KV memory over the run (engine_metrics.KVMemory), where it gives one
+    engine_kv: Any = None
     # the client's own cost: CPU seconds of its processes over the run, and the processes that sent it
     cpu_s: float = 0.0
     workers: int = 1

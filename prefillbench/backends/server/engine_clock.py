@@ -28,13 +28,13 @@ from __future__ import annotations
 import json
 import math
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefillbench.backends.server import engine_metrics
+
 #: How long a scrape or a self-description may take before the engine's clock is left out (the run is not failed).
-SCRAPE_TIMEOUT_S = 5.0
+SCRAPE_TIMEOUT_S = engine_metrics.TIMEOUT_S
 #: Round trips of the health check timed before each run: the slowest is what the network (and HTTP, and a busy
 #: client) added at worst while it was measured.
 NET_PROBES = 5
@@ -113,13 +113,16 @@ class Snapshot:
 
 def parse(text: str) -> Snapshot:
     """A Prometheus text exposition as a Snapshot; ValueError where it is not one."""
-    from prometheus_client.parser import text_string_to_metric_families
+    return snapshot_of(engine_metrics.families(text))
 
+
+def snapshot_of(fams: list) -> Snapshot:
+    """prometheus_client's metric families (engine_metrics.families) as a Snapshot."""
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
     counters: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in fams:
         if family.type == "histogram":
             mine = buckets.setdefault(family.name, {})
             for s in family.samples:
@@ -199,15 +202,6 @@ def figures(reading: Reading) -> Figures:
 # ---------------------------------------------------------------- reading a server
 
 
-def _get(url: str, headers: dict[str, str] | None = None, timeout: float = SCRAPE_TIMEOUT_S) -> str | None:
-    """The body of a GET, or None where there is none to read (no such endpoint, no answer)."""
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
-            return r.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-
-
 def scrape(url: str, headers: dict[str, str] | None = None) -> Snapshot | None:
     """The server's /metrics now; None where it has none (llama-server without --metrics answers 501) or it is not
     Prometheus text (metrics_missing says which)."""
@@ -219,19 +213,8 @@ def read_metrics(url: str, headers: dict[str, str] | None = None) -> tuple[Snaps
     """The server's /metrics now and, where there is none to read, why, in words for a one-line note: the HTTP status
     it answered (llama-server without --metrics: 501; a server with no such route: 404), no answer, or a body that
     is not Prometheus text."""
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url + "/metrics", headers=headers or {}),
-                                    timeout=SCRAPE_TIMEOUT_S) as r:
-            text = r.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return None, f"{url}/metrics answered HTTP {e.code}"
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        return None, f"{url}/metrics did not answer ({getattr(e, 'reason', e)})"
-    try:
-        snapshot = parse(text)
-    except (ValueError, KeyError, TypeError, IndexError):
-        return None, f"{url}/metrics is not Prometheus text"
-    return snapshot, ""
+    fams, why = engine_metrics.read_families(url, headers)
+    return (snapshot_of(fams) if fams is not None else None), why
 
 
 def net_round_trip_ms(url: str, headers: dict[str, str] | None = None, probes: int = NET_PROBES) -> float:
@@ -275,7 +258,7 @@ def describe(url: str, api: str, headers: dict[str, str] | None = None) -> dict[
     out: dict[str, Any] = {}
 
     def doc(path: str) -> dict[str, Any] | None:
-        text = _get(url + path, headers)
+        text, _ = engine_metrics.get_text(url + path, headers, SCRAPE_TIMEOUT_S)
         try:
             value = json.loads(text) if text else None
         except json.JSONDecodeError:

@@ -1,0 +1,307 @@
+"""A serving engine's KV memory as the engine itself reports it: its capacity in tokens, how full it ran during a run
+and how many requests it preempted, read from its own endpoints and named as the engine names them. The one place a
+server's /metrics families (labels included) and /slots are read for what they say of memory and caching: the
+engine's clock (engine_clock.py) reads the same /metrics for its times.
+
+Parsed with prometheus_client's text parser (`families`); llama-server's /slots is JSON.
+
+* vLLM (vllm/v1/metrics/loggers.py, PrometheusStatLogger, 0.32): `vllm:cache_config_info` is a gauge of value 1
+  whose labels are the CacheConfig's fields, the profiled (or --num-gpu-blocks-override) `num_gpu_blocks` and
+  `block_size` among them: capacity = num_gpu_blocks x block_size tokens (0.32 also labels their product,
+  `kv_cache_size_tokens`). One of those blocks is BlockPool's null block, never given to a request, and
+  `vllm:kv_cache_usage_perc` (a share, 0 to 1, despite its name) is BlockPool.get_usage: the blocks in use over
+  num_gpu_blocks - 1 (vllm/v1/core/block_pool.py). It is set from the scheduler's stats of each engine step, and is
+  a gauge: only its value when scraped is seen, so the run samples it (KVSampler) and keeps the largest sample, a
+  lower bound of the true peak within one sampling interval. `vllm:num_preemptions_total` counts the scheduler's
+  preemptions (Scheduler._preempt_request): its delta over the run is exact.
+* SGLang (python/sglang/srt/metrics/collector.py, SchedulerMetricsCollector; --enable-metrics):
+  `sglang:max_total_num_tokens` (the token pool's size), `sglang:token_usage` (used over that; set when the scheduler
+  logs its stats: each prefill batch and every --decode-log-interval decode steps, 40 by default, so coarser than
+  the sampling), `sglang:num_retracted_requests_total` (retractions, a counter; older builds only a gauge of the last
+  batch's, `sglang:num_retracted_reqs`, which no delta can be taken of: not read).
+* llama-server (tools/server/server-context.cpp, server_slot::to_json): `/slots` lists each slot's `n_ctx` and, for
+  a slot processing a request, `n_prompt_tokens` (its cache's tokens: the prompt, then each generated token as it is
+  appended). Capacity = the slots' n_ctx summed (each slot's own cache: the launch gives -np and no --kv-unified);
+  use = the processing slots' tokens summed over it, sampled. Its /metrics export no KV figure in this build (no
+  `llamacpp:kv_cache_usage_ratio` or `kv_cache_tokens`; `n_tokens_max` is one slot's longest since start), and it
+  never preempts: a full cache halves its batch or fails the request.
+
+A figure an engine does not export is NaN, and `missing` names it ("not exported: ..."): never an error.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Seconds between samples of a KV use gauge during a run: the peak's resolution in time. Each sample asks for the
+#: one family (prometheus_client's `name[]` filter, which vLLM's and SGLang's /metrics apps honour), so the engine's
+#: API server renders a few lines rather than its every histogram.
+SAMPLE_INTERVAL_S = 0.5
+#: How long one request to the engine may take before it is given up (the sample or figure is left out).
+TIMEOUT_S = 5.0
+
+VLLM_INFO, VLLM_USAGE, VLLM_PREEMPTED = "vllm:cache_config_info", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"
+SGLANG_CAPACITY, SGLANG_USAGE = "sglang:max_total_num_tokens", "sglang:token_usage"
+SGLANG_RETRACTED = "sglang:num_retracted_requests_total"
+
+
+# ---------------------------------------------------------------- reading an engine's endpoints
+
+
+def get_text(url: str, headers: dict[str, str] | None = None, timeout: float = TIMEOUT_S) -> tuple[str | None, str]:
+    """The body of a GET of `url`, or None and why in words (the HTTP status, or no answer)."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
+            return r.read().decode("utf-8", "replace"), ""
+    except urllib.error.HTTPError as e:
+        return None, f"{url} answered HTTP {e.code}"
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return None, f"{url} did not answer ({getattr(e, 'reason', e)})"
+
+
+def families(text: str) -> list:
+    """A Prometheus text exposition as prometheus_client's metric families; ValueError where it is not one."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        return list(text_string_to_metric_families(text))
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise ValueError(f"not Prometheus text ({e})") from None
+
+
+def read_families(url: str, headers: dict[str, str] | None = None) -> tuple[list | None, str]:
+    """The server's /metrics now as metric families and, where there are none to read, why in words (the HTTP status
+    it answered: llama-server without --metrics 501, no such route 404; no answer; not Prometheus text)."""
+    text, why = get_text(metrics_url(url), headers)
+    if text is None:
+        return None, why
+    try:
+        return families(text), ""
+    except ValueError:
+        return None, f"{url}/metrics is not Prometheus text"
+
+
+def sample_values(fams: list, name: str) -> list[float]:
+    """Every value of the samples named `name` (one a label set: an engine each, or a rank), finite ones only."""
+    return [s.value for f in fams for s in f.samples if s.name == name and math.isfinite(s.value)]
+
+
+def sample_labels(fams: list, name: str) -> list[dict[str, str]]:
+    """The label sets of the samples named `name` (an *_info gauge's fields)."""
+    return [dict(s.labels) for f in fams for s in f.samples if s.name == name]
+
+
+def metrics_url(url: str, names: tuple[str, ...] = ()) -> str:
+    """The /metrics address, asking for only `names` where given (prometheus_client's `name[]` filter; a server
+    that ignores it sends everything, which parses the same)."""
+    return f"{url}/metrics" + (f"?{urllib.parse.urlencode([('name[]', n) for n in names])}" if names else "")
+
+
+# ---------------------------------------------------------------- what each engine says of its memory
+
+
+@dataclass(frozen=True)
+class KVMemory:
+    """An engine's KV memory over one run, as it reported it. NaN where it reports nothing; `missing` says what."""
+
+    source: str = ""  # where it was read: "vllm /metrics", "sglang /metrics", "llama-server /slots"
+    policy: str = ""  # how the engine holds it: "paged" (blocks as computed, preempting), "slots" (a cache a slot)
+    capacity_tokens: float = math.nan
+    peak_fraction: float = math.nan  # the largest sampled use, a share of the capacity
+    preemptions: float = math.nan  # requests preempted (vLLM) or retracted (SGLang) during the run
+    retractions: float = math.nan  # of those, SGLang's retractions
+    samples: int = 0  # use samples taken during the run
+    interval_s: float = math.nan  # between them
+    missing: tuple[str, ...] = ()  # the figures the engine did not export (or that could not be read)
+
+    def note(self) -> str:
+        """'vllm /metrics' or 'vllm /metrics; not exported: vllm:num_preemptions_total': the row's kv_source."""
+        return self.source + (f"; not exported: {', '.join(self.missing)}" if self.missing else "")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What one engine exports of its memory: where its use is read and how (a /metrics gauge, or /slots)."""
+
+    name: str
+    source: str
+    policy: str
+    usage_path: str  # the path polled during the run
+
+    def use(self, body: str) -> float | None:
+        """The share of the capacity in use in one sample's body; None where it holds none."""
+        if self.name == "llama-server":
+            slots = _slots(body)
+            capacity = sum(s["n_ctx"] for s in slots) if slots else 0
+            return sum(s["tokens"] for s in slots if s["busy"]) / capacity if capacity > 0 else None
+        values = sample_values(families(body), VLLM_USAGE if self.name == "vllm" else SGLANG_USAGE)
+        return max(values) if values else None  # an engine each (data parallel): the fullest
+
+    def capacity(self, fams: list, slots_body: str | None) -> float | None:
+        if self.name == "vllm":
+            return vllm_capacity(fams)
+        if self.name == "sglang":
+            values = sample_values(fams, SGLANG_CAPACITY)
+            return float(max(values)) if values and max(values) > 0 else None  # every rank holds the same pool
+        slots = _slots(slots_body) if slots_body else []
+        return float(sum(s["n_ctx"] for s in slots)) if slots else None
+
+    @property
+    def preempted_counter(self) -> str | None:
+        return {"vllm": VLLM_PREEMPTED, "sglang": SGLANG_RETRACTED}.get(self.name)
+
+    @property
+    def usage_name(self) -> str:
+        return {"vllm": VLLM_USAGE, "sglang": SGLANG_USAGE}.get(self.name, "n_prompt_tokens")
+
+
+ENGINES = {
+    "vllm": Engine("vllm", "vllm /metrics", "paged", metrics_url("", (VLLM_USAGE,))),
+    "sglang": Engine("sglang", "sglang /metrics", "paged", metrics_url("", (SGLANG_USAGE,))),
+    "llama-server": Engine("llama-server", "llama-server /slots", "slots", "/slots"),
+}
+
+
+def engine_for(fams: list | None, api: str) -> Engine | None:
+    """Which engine's names a /metrics scrape holds (a server at --url may be any): vLLM's or SGLang's prefix;
+    llama-server by its API (its /slots need no /metrics). None where it is none of them."""
+    names = {f.name.split(":", 1)[0] for f in fams or () if ":" in f.name}
+    if "vllm" in names:
+        return ENGINES["vllm"]
+    if "sglang" in names:
+        return ENGINES["sglang"]
+    return ENGINES["llama-server"] if api == "llama" else None
+
+
+def vllm_capacity(fams: list) -> float | None:
+    """num_gpu_blocks x block_size from vllm:cache_config_info, summed over engines (data parallel); None where
+    the gauge or either label is not there or not a number."""
+    total = 0.0
+    for labels in sample_labels(fams, VLLM_INFO):
+        try:
+            total += int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+        except (KeyError, ValueError):  # "None" before the engine has profiled its memory
+            return None
+    return total or None
+
+
+def _slots(body: str | None) -> list[dict[str, Any]]:
+    """llama-server's /slots as [{n_ctx, tokens, busy}], [] where it is not that list."""
+    try:
+        value = json.loads(body) if body else None
+    except json.JSONDecodeError:
+        return []
+    out = []
+    for s in value if isinstance(value, list) else []:
+        if isinstance(s, dict) and isinstance(s.get("n_ctx"), int):
+            tokens = s.get("n_prompt_tokens")
+            out.append({"n_ctx": s["n_ctx"], "tokens": tokens if isinstance(tokens, int) else 0,
+                        "busy": bool(s.get("is_processing"))})
+    return out
+
+
+# ---------------------------------------------------------------- over a run
+
+
+class KVSampler:
+    """Polls the engine's use during a run on a thread of its own (urllib: it never waits on the client's event
+    loop, and a slow or failing answer costs that thread alone), keeping the largest share and how many samples
+    were taken. `stop()` takes a last sample and joins."""
+
+    def __init__(self, url: str, engine: Engine, headers: dict[str, str] | None = None,
+                 interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        self.url, self.engine, self.headers, self.interval_s = url + engine.usage_path, engine, headers, interval_s
+        self.peak = math.nan
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kv-sampler", daemon=True)
+
+    def start(self) -> "KVSampler":
+        self._thread.start()
+        return self
+
+    def sample(self) -> None:
+        body, _ = get_text(self.url, self.headers, timeout=min(TIMEOUT_S, 10 * self.interval_s))
+        if body is None:
+            return
+        try:
+            use = self.engine.use(body)
+        except ValueError:  # not Prometheus text: no sample
+            return
+        if use is not None:
+            self.samples += 1
+            self.peak = use if math.isnan(self.peak) else max(self.peak, use)
+
+    def _run(self) -> None:
+        while True:
+            t0 = time.monotonic()
+            self.sample()
+            if self._stop.wait(max(self.interval_s - (time.monotonic() - t0), 0.0)):
+                return
+
+    def stop(self, last: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(timeout=TIMEOUT_S + 1)
+        if last:
+            self.sample()  # the end of the run: what is still held
+
+
+class KVWatch:
+    """The KV memory of one run: the engine's /metrics families before it (the backend's scrape, shared with the
+    engine's clock), its use sampled during it, the families after it."""
+
+    def __init__(self, url: str, engine: Engine, before: list | None, headers: dict[str, str] | None = None,
+                 interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        self.url, self.engine, self.before, self.headers = url, engine, before, headers
+        self.sampler = KVSampler(url, engine, headers, interval_s).start()
+
+    def cancel(self) -> None:
+        """The run failed or was interrupted: the sampler stops, nothing more is asked of the server."""
+        self.sampler.stop(last=False)
+
+    def finish(self, after: list | None) -> KVMemory:
+        """What the engine said of its memory over the run."""
+        self.sampler.stop()
+        slots_body = get_text(self.url + "/slots", self.headers)[0] if self.engine.name == "llama-server" else None
+        return kv_memory(self.engine, self.before, after, slots_body, self.sampler.peak, self.sampler.samples,
+                         self.sampler.interval_s)
+
+
+def watch(url: str, api: str, before: list | None, headers: dict[str, str] | None = None,
+          interval_s: float = SAMPLE_INTERVAL_S) -> KVWatch | None:
+    """A run's KV watch, started, where the engine is one whose memory is read here (engine_for); None otherwise."""
+    engine = engine_for(before, api)
+    return KVWatch(url, engine, before, headers, interval_s) if engine is not None else None
+
+
+def kv_memory(engine: Engine, before: list | None, after: list | None, slots_body: str | None, peak: float,
+              samples: int, interval_s: float) -> KVMemory:
+    """The run's figures from the scrapes before and after it and the sampled peak; each one the engine did not
+    export is NaN and named in `missing`."""
+    missing = []
+    capacity = engine.capacity(after or [], slots_body)
+    if capacity is None:
+        missing.append(VLLM_INFO if engine.name == "vllm" else SGLANG_CAPACITY if engine.name == "sglang" else
+                       "/slots n_ctx")
+    if math.isnan(peak):
+        missing.append(engine.usage_name)
+    preempted = retracted = math.nan
+    counter = engine.preempted_counter
+    if counter is not None:
+        now, then = sample_values(after or [], counter), sample_values(before or [], counter)
+        if now:
+            preempted = sum(now) - sum(then)
+            retracted = preempted if engine.name == "sglang" else 0.0
+        else:
+            missing.append(counter)
+    else:  # llama-server frees no running slot's cache for another (update_slots): it never preempts
+        preempted = retracted = 0.0
+    return KVMemory(engine.source, engine.policy, capacity if capacity is not None else math.nan, peak, preempted,
+                    retracted, samples, interval_s, tuple(missing))
