@@ -10,7 +10,8 @@ AIConfigurator runs from an environment of its own, `~/.cache/prefillbench/aicon
 $PREFILLBENCH_CACHE/...): a venv with `pip install aiconfigurator==0.12.0` (it installs offline from the registry:
 its databases are in the aiconfigurator-core wheel), made on first use, a stamp file marking a finished install.
 For each point: `aiconfigurator cli estimate --model HF_ID --system SYSTEM --backend BACKEND --isl 2048 --osl 256
---batch-size B --tp T` (its aggregated estimate; TPOT read from its summary), and the sim's
+--batch-size B --tp T` (its aggregated estimate; TPOT read from its summary; a mixture-of-experts model's experts
+split by TP too, `--moe-tp-size T --moe-ep-size 1`, as the sim's --tp splits them), and the sim's
 `prefillbench run --backend sim --sim-model M --sim-gpu G -p 0 -n 0 --pg 2048,256 -s vllm-v1 --chunk-size 2048 -r 1
 --tp T -c B --requests 4B` with `--sim-overheads vllm` for AIConfigurator's vLLM database and `tensorrt-llm` for its
 TensorRT-LLM one (TPOT: the export's tpot_p50_ms, the median request's). Both are deterministic: a figure is the same on every run.
@@ -39,6 +40,8 @@ PACKAGE = f"aiconfigurator=={VERSION}"
 #: sim model preset -> the Hugging Face id AIConfigurator knows it by.
 MODELS = {"qwen3-32b": "Qwen/Qwen3-32B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
           "deepseek-v3": "deepseek-ai/DeepSeek-V3", "gpt-oss-120b": "openai/gpt-oss-120b"}
+#: Mixture-of-experts models: AIConfigurator asks how their experts are split.
+MOE = ("qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b")
 #: sim GPU preset -> AIConfigurator's system.
 SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "a100": "a100_sxm"}
 #: AIConfigurator's backend -> the sim's --sim-overheads (whose host time and all-reduce kernels).
@@ -80,6 +83,8 @@ def aiconfigurator_tpot(model: str, system: str, backend: str, tp: int, batch: i
     """(TPOT ms, '' or why none) of AIConfigurator's aggregated estimate."""
     argv = [str(executable()), "cli", "estimate", "--model", MODELS[model], "--system", system, "--backend", backend,
             "--isl", str(ISL), "--osl", str(OSL), "--batch-size", str(batch), "--tp", str(tp), "--no-color"]
+    if model in MOE:  # experts split by TP as the sim's --tp splits them (no expert parallelism)
+        argv += ["--moe-tp-size", str(tp), "--moe-ep-size", "1"]
     out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     found = TPOT_LINE.search(out.stdout + out.stderr)
     if out.returncode != 0 or not found:

@@ -85,7 +85,8 @@ class MeasuredPricing:
             notes.append(f"--sim-pricing measured: {gpu.name} is not profiled; priced by {PROFILED[profile]}'s "
                          f"measured curves (microsoft/vidur){chosen} at the same shares of {gpu.name}'s own peaks")
         notes.append("--sim-pricing measured: attention by FlashAttention's A100 profile (Vidur), as shares of each "
-                     "GPU's peaks; collectives by NCCL's measured curves over NVLink (DGX) and across nodes")
+                     "GPU's peaks; the TP all-reduce by the engine's own kernel or NCCL, as the engine picks, from "
+                     "AIConfigurator's measured tables; other collectives by NCCL's measured curves (Vidur)")
         return cls(gpu, profile, notes)
 
     @classmethod
