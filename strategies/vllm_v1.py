@@ -44,9 +44,13 @@ that preempts (`benchmarks/server/vllm_steps.py --num-gpu-blocks 20`, vLLM launc
 --block-size 32, its CPU attention's smallest): every step equal and vLLM's vllm:num_preemptions_total equal to the
 engine's count (tests/test_engine_schedules.py).
 
-With a prefix cache on, a request's cached prefix counts among the blocks it holds, as the backends hold it (the sim
-and llama.cpp copy it into the sequence's own cache): vLLM shares those blocks between the requests that hit them,
-so where many running requests share a long prefix the memory here fills sooner than vLLM's (docs/memory.md).
+With a prefix cache on and a backend that holds no KV of its own (the sim), the engine's memory is vLLM's block cache
+(engine/block_cache.py: chained hashes of full blocks, shared by reference, freed blocks kept until evicted least
+recently freed first) and `_next_step_cached` reads and changes it as `schedule()` does its KVCacheManager
+(get_computed_blocks at admission, allocate_slots in order, a victim freed tail first): a shared prefix counts once
+and a preempted request finds its own blocks again. Proven with prefix caching on (`benchmarks/server/vllm_steps.py
+--prefix-caching`): every step, vllm:num_preemptions_total and vllm:prefix_cache_queries / _hits equal. On gguf and
+torch the backend's own cache copies a cached prefix into each sequence (docs/memory.md).
 
 Settings (-s vllm-v1:threshold=N:partial=N:long-partial=N): `threshold`, SchedulerConfig.long_prefill_token_threshold
 (launched on vLLM as --long-prefill-token-threshold); `partial` and `long-partial`, V0's max_num_partial_prefills and
@@ -79,7 +83,7 @@ Speculative decoding (--spec, `self.speculation`; vLLM 0.32's `Scheduler.schedul
 What it leaves out, and why:
 - `max_num_seqs`: where the backend stands for an engine (the sim) its cap on running requests; elsewhere the run's
   concurrency cap plays it.
-- Prefix caching, KV connectors, encoder inputs, Mamba alignment, structured output, pause states:
+- KV connectors, encoder inputs, Mamba alignment, structured output, pause states:
   off in the preset, or not what prefillbench measures.
 """
 from __future__ import annotations
@@ -88,6 +92,7 @@ from prefillbench.sequence import Sequence
 from prefillbench.step import Preemption, PrefillChunk, Step
 
 from .base import Strategy, cut_drafts, decode_tokens, prefill_chunk
+from .budget import PricedFrom
 
 
 #: Methods whose drafter writes KV past the verified tokens: VllmConfig.num_lookahead_tokens (config/vllm.py) is K for
@@ -295,8 +300,10 @@ class VllmV1(Strategy):
         memory = self.memory
         cache = memory.cache
         order = self._order
+        # a budget part prices each WAITING prompt from where its cached prefix will start it (get_computed_blocks)
         budget = self.chunk_size if self.budget_part is None or not waiting else self.step_budget(
-            in_progress + [s for s in waiting if s.n_prefilled == 0], running)
+            in_progress + [PricedFrom(s.prompt, len(cache.computed_blocks(s)) * memory.block_size)
+                           for s in waiting if s.n_prefilled == 0], running)
         prefills: list[PrefillChunk] = []
         decodes: list[Sequence] = []
         preempted: list[Preemption] = []
