@@ -21,6 +21,7 @@ seconds) handed over before the run (Strategy.price_with); nothing here knows a 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 #: A step's price in seconds: its prompt chunks as (start position, tokens, whether the chunk ends its prompt), and
 #: each decode's context (the positions it attends, itself included).
@@ -49,6 +50,14 @@ def chunk_shapes(order: Sequence, budget: int) -> list[tuple[int, int, bool]]:
     start, take, _ = shapes[-1]
     shapes[-1] = (start, take + left, True)
     return shapes
+
+
+class PricedFrom(NamedTuple):
+    """A prompt as a budget prices it: from `n_prefilled`, where its step will start it (a prefix cache's hit found
+    only as the rules admit it: vllm-v1's block cache)."""
+
+    prompt: tuple
+    n_prefilled: int
 
 
 class Slo:
@@ -132,4 +141,4 @@ def make_budget(spec: str):
     raise ValueError(f"unknown budget {spec!r}; choose from {', '.join(BUDGETS)} (slo:cap=N)")
 
 
-__all__ = ["BUDGETS", "DEFAULT_CAP", "Slo", "StepPrice", "chunk_shapes", "make_budget"]
+__all__ = ["BUDGETS", "DEFAULT_CAP", "PricedFrom", "Slo", "StepPrice", "chunk_shapes", "make_budget"]

@@ -108,6 +108,8 @@ def compose(rules: str, budget: str = "fixed", cadence: str = "every") -> str:
     given = parse(rules)
     budget = normal_budget(budget)
     cadence = normal_cadence(cadence)
+    if given.rules.split(":")[0] == "slo-budget" and budget == "slo":
+        budget = "fixed"  # slo-budget already is sarathi-serve's rules with the slo budget: one scheduler, once
     return Composition(given.rules, budget if budget != "fixed" else given.budget,
                        cadence if cadence != "every" else given.cadence, given.speculation).spec
 

@@ -171,3 +171,27 @@ def test_the_slo_budget_under_paged_memory_keeps_steps_within_the_target_and_pre
     assert not over, over[:2]
     assert max(sum(t for _, t in r.prefill_chunks) for r in mixed) > 256  # it takes more where few decodes run
     assert price  # priced by the run's cost model
+
+
+# ---- tune's table and verdict name the parts ----------------------------------------------------------------------
+
+def test_tunes_table_names_each_part_and_its_verdict_the_part_that_decided():
+    from prefillbench.bench.capacity import Criteria, SearchResult
+    from prefillbench.bench.tune import Config, ConfigResult
+    from prefillbench.report import tune as report
+
+    k = Criteria(100)
+    capacities = {Config("vllm-v1 · budget slo", None): 6.9, Config("vllm-v1", 1024): 6.2, Config("vllm-v1", 512): 5.4,
+                  Config("vllm-v1 · cadence interval:4", 1024): 6.0, Config("sglang-mixed · budget slo", None): 6.5}
+    results = [ConfigResult(c, k, [SearchResult(v, [])]) for c, v in capacities.items()]
+    table = report.render_ranked(results, 100.0)
+    header = table.splitlines()[0]
+    assert "| rules " in header and "| budget " in header and "| cadence " in header and "configuration" not in header
+    cells = [[c.strip() for c in line.split("|")[2:5]] for line in table.splitlines()[2:]]
+    assert cells[0] == ["vllm-v1", "slo", "every"] and ["vllm-v1", "1024", "interval:4"] in cells
+    text = report.verdict(results, k)
+    # the slo budget leads the best fixed one by 6.9/6.2 - 1 = 11%; the rules lead sglang-mixed's by 6%
+    assert "the budget decided: budget slo has +11% capacity over the best with another budget, vllm-v1 (1024)" in text
+    assert "the rules vllm-v1 +6%" in text
+    records = report.config_records(results, 100.0)
+    assert {(r["rules"], r["budget_kind"], r["cadence"]) for r in records} >= {("vllm-v1", "fixed", "interval:4")}

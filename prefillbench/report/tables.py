@@ -15,6 +15,7 @@ from tabulate import tabulate
 from prefillbench.bench.class_columns import parse_ttft_by_class
 from prefillbench.bench.engine_columns import MEMORY_BINDS_PCT
 from prefillbench.bench.metrics import ResultRow, results_frame, strategy_label
+from strategies.compose import parse as parse_parts
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
 from prefillbench.writers import csv_text, format_for_path, json_text, jsonl_text, write_atomic
 
@@ -240,7 +241,16 @@ def render(fmt: str, rows: list[ResultRow], meta: dict[str, Any], noisy_cv: floa
     """The rows in format `fmt`: a table printer (md, grid) shows the formatted columns, a record printer every field."""
     if fmt in TABLE_FORMATS:
         return render_md(rows, meta, noisy_cv, fmt)
-    return frame_text(fmt, results_frame(rows), meta)
+    return frame_text(fmt, with_parts(results_frame(rows)), meta)
+
+
+def with_parts(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with each row's scheduler parts in columns of their own, after ResultRow's (strategies/compose.py:
+    rules with their settings, budget_kind fixed or slo, cadence every, interval:N or decode-rounds:N); a file read
+    back keeps only ResultRow's columns, so these are for the reader."""
+    parts = [parse_parts(s) for s in frame["strategy"]]
+    return frame.assign(rules=[p.rules for p in parts], budget_kind=[p.budget for p in parts],
+                        cadence=[p.cadence for p in parts])
 
 
 def export(path: str | Path, rows: list[ResultRow], meta: dict[str, Any]) -> None:

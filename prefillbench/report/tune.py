@@ -14,6 +14,7 @@ from prefillbench.report.adaptive import win_text
 from prefillbench.report.capacity import capacity_text
 from prefillbench.report.tables import fmt_number, md_table
 from prefillbench.writers import RECORD_FORMATS, format_for_path, write_export
+from strategies.compose import parse as parse_parts
 
 
 def _interval(r: ConfigResult) -> str:
@@ -78,7 +79,8 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
 
     columns = [
         ("rank", lambda i: str(i[0] + 1) + ("=" if i[1] is not best and best is not None and i[1].ties(best) else ""), True),
-        ("configuration", lambda i: i[1].config.label, False),
+        *(PART_COLUMNS if any(composed(r.config) for r in results) else
+          [("configuration", lambda i: i[1].config.label, False)]),
         ("capacity req/s", lambda i: capacity_text(i[1].capacity, i[1].hit_bound, interrupted=i[1].interrupted), True),
         ("interval", lambda i: _interval(i[1]), True),
         ("tokens/s", lambda i: fmt_number(i[1].capacity * tokens_per_request, 0), True),
@@ -102,8 +104,47 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
 
 
 #: The default table's columns: what a deployer needs; the rest are under --verbose and in the export.
-DEPLOYER_COLUMNS = ("rank", "configuration", "capacity req/s", "sim req/s", "vs <the baseline>", "limited by",
-                    "P99 TBT ms", "P99 TTFT ms")
+DEPLOYER_COLUMNS = ("rank", "configuration", "rules", "budget", "cadence", "capacity req/s", "sim req/s",
+                    "vs <the baseline>", "limited by", "P99 TBT ms", "P99 TTFT ms")
+
+
+def composed(config: Config) -> bool:
+    """Whether a configuration names a budget or cadence part (strategies/compose.py): the table then names each."""
+    c = parse_parts(config.strategy)
+    return c.budget != "fixed" or c.cadence != "every"
+
+
+def parts_of(config: Config) -> tuple[str, str, str]:
+    """Its rules, its budget (a fixed one's size, else its kind) and its cadence, as the table and exports name them."""
+    c = parse_parts(config.strategy)
+    budget = (str(config.budget) if config.budget else "-") if c.budget == "fixed" else c.budget
+    return c.rules, budget, c.cadence
+
+
+#: The three parts of a scheduler, each in a column of its own, where any row is composed.
+PART_COLUMNS = [("rules", lambda i: parts_of(i[1].config)[0], False),
+                ("budget", lambda i: parts_of(i[1].config)[1], False),
+                ("cadence", lambda i: parts_of(i[1].config)[2], False)]
+
+
+def part_decided(best: ConfigResult, order: list[ConfigResult]) -> str:
+    """Which part decided the best configuration: for each part, the best configuration that differs from it in that
+    part alone (same criteria), and the capacity the best has over it; the part with the largest lead decided.
+    '' where no configuration differs in one part only."""
+    mine = parts_of(best.config)
+    leads = []
+    for k, part in enumerate(("rules", "budget", "cadence")):
+        rivals = [r for r in order if r is not best and r.criteria == best.criteria
+                  and [a == b for a, b in zip(parts_of(r.config), mine)] == [j != k for j in range(3)]]
+        if rivals and rivals[0].capacity:
+            leads.append((best.capacity / rivals[0].capacity - 1, part, mine[k], rivals[0]))
+    if not leads:
+        return ""
+    lead, part, value, rival = max(leads, key=lambda x: x[0])
+    text = (f"; the {part} decided: {part} {value} has {lead:+.0%} capacity over the best with another {part}, "
+            f"{rival.config.label} ({rival.capacity:.3g} req/s)")
+    others = [f"the {p} {v} {x:+.0%}" for x, p, v, _ in leads if p != part]
+    return text + (f" ({', '.join(others)})" if others else "")
 
 
 def _order(results: list[ConfigResult], predicted: list[ConfigResult] | None,
@@ -142,6 +183,8 @@ def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[Con
     ties = [r.config.label for r in order[1:] if r.ties(best)]
     if ties:
         text += f"; a tie (capacity intervals overlap) with {', '.join(ties)}"
+    if any(composed(r.config) for r in order):  # a grid of parts: which of rules, budget and cadence decided
+        text += part_decided(best, order)
     return text
 
 
@@ -219,6 +262,7 @@ def config_records(results: list[ConfigResult], tokens_per_request: float) -> li
         p = r.at_capacity
         out.append({
             "stage": r.stage, "strategy": r.config.strategy, "budget": r.config.budget, "slo": r.criteria.describe(),
+            **dict(zip(("rules", "budget_kind", "cadence"), _part_kinds(r.config))),
             "capacity_rps": r.capacity, "capacity_low_rps": r.low, "capacity_high_rps": r.high,
             "capacity_tokens_per_s": r.capacity * tokens_per_request, "hit_bound": r.hit_bound,
             "interrupted": r.interrupted, "limited_by": r.limited_by, "seeds": len(r.searches), "probes": len(r.probes),
@@ -227,6 +271,11 @@ def config_records(results: list[ConfigResult], tokens_per_request: float) -> li
             "step_time_vs_sim": r.step_speed,
         })
     return out
+
+
+def _part_kinds(config: Config) -> tuple[str, str, str]:
+    c = parse_parts(config.strategy)
+    return c.rules, c.budget, c.cadence
 
 
 def probe_records(results: list[ConfigResult]) -> list[dict[str, Any]]:
