@@ -32,8 +32,6 @@ NVLINK_BW = {3: 300e9, 4: 450e9, 5: 900e9}
 LINKS = ("pcie", "pcie4", "pcie5", "nvlink-bridge", "nvlink")
 ALIASES = {"nvswitch": "nvlink", "bridge": "nvlink-bridge", "nvlink_bridge": "nvlink-bridge", "pcie-gen4": "pcie4",
            "pcie-gen5": "pcie5"}
-#: Collective topologies (measured/collectives.py) by the kind of link.
-TOPOLOGY = {"pcie": "pcie", "nvlink-bridge": "pairwise_nvlink", "nvlink": "nvlink_dgx"}
 
 
 def kind(link: str) -> str:
@@ -126,10 +124,4 @@ def pricing_words(gpu: GPUSpec, measured: bool, engine: str, workers: int, stage
     return f"{link}; TP all-reduce: {allreduce.describe(engine, workers, k, system)}"
 
 
-def topology(gpu: GPUSpec) -> str:
-    """The collectives' topology over the GPU's link: nvlink_dgx, pairwise_nvlink, pcie (other links: nvlink_dgx,
-    as an all-to-all fabric)."""
-    return TOPOLOGY.get(kind(gpu.link), "nvlink_dgx")
-
-
-__all__ = ["LINKS", "NVLINK_BW", "PCIE_BW", "kind", "pcie_gen", "pricing_words", "topology", "with_link", "words"]
+__all__ = ["LINKS", "NVLINK_BW", "PCIE_BW", "kind", "pcie_gen", "pricing_words", "with_link", "words"]
