@@ -98,6 +98,7 @@ PREFIX_CACHE_CELLS = 8192
 class GGUFBackend(StepBackend):
     name = "gguf"
     sequence_limit = 256  # llama.cpp's LLAMA_MAX_SEQ: n_seq_max above it fails at context creation
+    spec_methods = ("ngram",)  # drafts verified in the step's one llama_decode, a logit row at each position
     options = frozenset({"device", "threads", "n_gpu_layers", "n_ubatch", "n_ctx", "kv_type", "flash_attn", "kv_unified",
                          "prefix_cache", "prefix_block"})
 
@@ -342,7 +343,9 @@ class GGUFBackend(StepBackend):
             raise BackendError("prepare() must be called before execute()")
         padded: list[tuple[int, int]] = []
         out = self._out
-        if step.prefills:
+        packed = None
+        # A decode with drafts (speculative decoding) feeds K+1 positions, a logit row at each: pack()'s layout.
+        if step.prefills or any(d[3] for d in step.decodes):
             check_cache_room(step, self.max_seq_len)
             packed = pack(step)
             n = len(packed.tokens)
@@ -358,7 +361,7 @@ class GGUFBackend(StepBackend):
                 if c.pad:
                     padded.append((slot, c.end))
             if step.decodes:
-                seq[packed.decode_from : n] = [slot_of(d.seq_id) for d in step.decodes]
+                seq[packed.decode_from : n] = [slot_of(s) for s in packed.seq_ids[packed.decode_from : n].tolist()]
             out[:n] = 0
             out[packed.logit_rows] = 1
             seq_ids = packed.emitting
@@ -370,11 +373,11 @@ class GGUFBackend(StepBackend):
             if n > self.n_batch:
                 raise BackendError(f"a step of {n} tokens exceeds the prepared n_batch={self.n_batch}")
             if n == 1:
-                seq_id, self._tok[0], self._pos[0] = decodes[0]
+                seq_id, self._tok[0], self._pos[0], _ = decodes[0]
                 self._seq[0] = self.slots.slot(seq_id)
                 seq_ids = (seq_id,)
             elif n:
-                seq_ids, self._tok[:n], self._pos[:n] = zip(*decodes)
+                seq_ids, self._tok[:n], self._pos[:n], _ = zip(*decodes)
                 slot_of = self.slots.slot
                 self._seq[:n] = [slot_of(s) for s in seq_ids]
             else:
@@ -402,12 +405,14 @@ class GGUFBackend(StepBackend):
         if self.prefixes is not None and step.prefills:
             self.prefixes.after(step, self.slots.slot)
 
-        n_out = len(seq_ids)
+        n_out = len(seq_ids) if packed is None or not packed.row_counts else len(packed.logit_rows)
         if not n_out:
             return StepResult({})
         # llama.cpp stores output rows in batch order, which is pack()'s `emitting` order.
         logits = self._logits(n_out)
-        if n_out == 1:
+        if packed is not None and packed.row_counts:  # drafts: the target's token after every fed one
+            result = packed.greedy_result(logits.argmax(axis=1).tolist())
+        elif n_out == 1:
             result = StepResult({seq_ids[0]: int(logits.argmax())})
         else:
             result = StepResult(dict(zip(seq_ids, logits.argmax(axis=1).tolist())))
@@ -462,6 +467,11 @@ class GGUFBackend(StepBackend):
 
     def logit_tolerance(self) -> LogitTolerance:
         return QUANTIZED_TOLERANCE if "quantized" in self.weights else FLOAT_TOLERANCE
+
+    def truncate(self, seq_id: int, n_tokens: int) -> None:
+        """Rejected drafts leave the cache (llama.cpp attends to every cell a sequence holds): positions from
+        `n_tokens` on removed, as llama.cpp's own speculative example does (llama_memory_seq_rm(seq, n_past, -1))."""
+        llama.llama_memory_seq_rm(self.mem, self.slots.slot(seq_id), n_tokens, -1)
 
     def release(self, seq_id: int) -> None:
         if self.prefixes is not None:

@@ -140,9 +140,20 @@ def table_columns(rows: list[ResultRow], noisy_cv: float = DEFAULT_NOISY_CV) -> 
     if any(r.client_late for r in rows):  # a row that measured its client, not the engine (bench/client_columns.py)
         columns = columns + [("send lag p99 ms", lambda r: fmt_number(r.arrival_lag_p99_ms, 1) + (" late" if r.client_late else ""),
                               True)]
+    if any(getattr(r, "spec", "") for r in rows):  # speculative decoding: how much of the drafting held
+        columns = columns + [("spec accept % / len / t/step", spec_cell, True)]
     if any(r.failed_requests for r in rows):  # a server's failed requests: counted, in no figure
         columns = columns + [("failed", lambda r: f"{r.failed_requests}/{r.requests * r.repetitions}", True)]
     return columns + [("CV", lambda r: cv_cell(r, noisy_cv), True)]
+
+
+def spec_cell(row: ResultRow) -> str:
+    """'62 / 2.9 / 2.4': the share of draft tokens accepted, the mean tokens a verify step gave a request, output
+    tokens per decode step per request; '-' where nothing was drafted here (speculation off, a served run)."""
+    if math.isnan(row.spec_acceptance):
+        return "-"
+    return (f"{100 * row.spec_acceptance:.0f} / {fmt_number(row.spec_accepted_len, 2)} / "
+            f"{fmt_number(row.spec_tokens_per_step, 2)}")
 
 
 def memory_cell(row: ResultRow) -> str:

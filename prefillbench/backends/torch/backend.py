@@ -37,6 +37,7 @@ from prefillbench.backends.torch import memory
 from prefillbench.backends.prefix import PrefixSettings
 from prefillbench.backends.torch.loading import DTYPES, load_model, resolve_device
 from prefillbench.backends.torch.prefixes import PREFIX_ENTRY_ROWS, TorchPrefixes
+from prefillbench.backends.torch.verify import drafted_as_chunks
 from prefillbench.backends.torch.packed import ATTENTION_NAME, ChunkSpan, KVCache, StepLayout, packed_attention, register_attention
 
 # --verify's tolerances per dtype (see LogitTolerance). float32 strategies differ only in summation order:
@@ -51,6 +52,7 @@ LOGIT_TOLERANCE = {
 
 class TorchBackend(StepBackend):
     name = "torch"
+    spec_methods = ("ngram",)  # drafts verified in the packed path, a logit row at each position (verify.py)
     options = frozenset({"device", "dtype", "threads", "tp", "tune_linear", "cuda_graphs", "compile_decode", "decode_plan",
                          "attention", "kernels", "prefix_cache", "prefix_block"})
 
@@ -430,17 +432,19 @@ class TorchBackend(StepBackend):
     def _execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if self.cache is None:
             raise BackendError("prepare() must be called before execute()")
-        if self.decode_graphs is not None and self.decode_graphs.fits(step):
+        # Drafts (speculative decoding) go through the packed path, each drafted decode as a chunk (verify.py).
+        verify = drafted_as_chunks(step) if any(d[3] for d in step.decodes) else None
+        if verify is None and self.decode_graphs is not None and self.decode_graphs.fits(step):
             check_cache_room(step, self.cache.max_len)
             logits = self.decode_graphs.run(step, [self.slots.slot(d.seq_id) for d in step.decodes])
             return self._result(step.emitting_seq_ids, logits, return_logits)
-        if self.decode_plan is not None and self.decode_plan.fits(len(step.prefills), len(step.decodes)):
+        if verify is None and self.decode_plan is not None and self.decode_plan.fits(len(step.prefills), len(step.decodes)):
             check_cache_room(step, self.cache.max_len)
             logits = self.decode_plan.run([d.token for d in step.decodes], [d.position for d in step.decodes],
                                           [self.slots.slot(d.seq_id) for d in step.decodes])
             # The plan's logits are a static buffer: what is handed out must outlive the next step.
             return self._result(step.emitting_seq_ids, logits.clone() if return_logits else logits, return_logits)
-        if self.compiled is not None and not step.prefills and step.decodes:
+        if verify is None and self.compiled is not None and not step.prefills and step.decodes:
             check_cache_room(step, self.cache.max_len)
             dev = self.torch_device
             tokens = torch.tensor([d.token for d in step.decodes], device=dev)
@@ -449,8 +453,9 @@ class TorchBackend(StepBackend):
             return self._result(step.emitting_seq_ids, logits, return_logits)
         if self.prefixes is not None and step.prefills:
             self.prefixes.before(step, self.slots.slot)
-        packed = pack(step)
-        layout = self._layout(step, packed)
+        run = step if verify is None else verify.step
+        packed = pack(run)
+        layout = self._layout(run, packed)
         dev = self.torch_device
         if isinstance(layout, RouteLayout):
             tokens, positions, logit_rows = layout.meta.extra["tokens"], layout.meta.row_positions, layout.meta.extra["logit_rows"]
@@ -465,6 +470,9 @@ class TorchBackend(StepBackend):
             )
         if self.prefixes is not None and step.prefills:
             self.prefixes.after(step, self.slots.slot)
+        if verify is not None:
+            rows = torch.from_numpy(verify.rows).to(dev)
+            return verify.result(self.lm_head(hidden[0, rows]).float().argmax(dim=-1).tolist())
         seq_ids = packed.emitting
         if not seq_ids:  # a chunk in mid-prompt: no token, no LM head
             return StepResult({})
