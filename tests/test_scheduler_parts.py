@@ -195,3 +195,21 @@ def test_tunes_table_names_each_part_and_its_verdict_the_part_that_decided():
     assert "the rules vllm-v1 +6%" in text
     records = report.config_records(results, 100.0)
     assert {(r["rules"], r["budget_kind"], r["cadence"]) for r in records} >= {("vllm-v1", "fixed", "interval:4")}
+
+
+def test_successive_halving_drops_what_short_probes_show_dominated_and_keeps_the_better_half():
+    from prefillbench.bench.capacity import Criteria, SearchResult
+    from prefillbench.bench.halving import KEEP_WITHIN, keep
+    from prefillbench.bench.tune import Config, ConfigResult, GridResult
+
+    k = Criteria(100)
+    configs = [Config(f"vllm-v1 · cadence interval:{n}", 512) for n in (2, 3, 4, 5, 6, 7, 8, 9)] + [Config("sequential", None)]
+    capacities = [6.0, 5.9, 5.0, 4.0, 3.0, 2.0, 1.0, 0.5, 0.2]  # the 8th and 9th far below the best
+    short = GridResult([ConfigResult(c, k, [SearchResult(v, [])]) for c, v in zip(configs, capacities)])
+    halved = keep(configs, short, Config("sequential", None))
+    within = [c for c, v in zip(configs, capacities) if v >= KEEP_WITHIN * 6.0]
+    assert within == configs[:3]
+    # the better half (5 of 9) is kept even below the share, the baseline always; the rest dropped
+    assert halved.kept == configs[:5] + [configs[-1]] and halved.dropped == configs[5:8]
+    assert halved.hints[configs[0]] == 6.0  # the full round starts at the short round's capacity
+    assert "3 of 9 configurations dropped on short probes (250 requests each" in halved.describe(250)

@@ -19,7 +19,7 @@ from prefillbench.backends.base import Backend, ServingBackend
 from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.calibration import at_speed, calibrate, calibration_specs, load_calibration, workload_points
-from prefillbench.bench import server_probes, sim_first, slo_pricing, tune
+from prefillbench.bench import halving, server_probes, sim_first, slo_pricing, tune
 from prefillbench.bench.capacity import Criteria, Probe, SearchResult
 from prefillbench.bench.pricing import pricer
 from prefillbench.commands.calibrate import probe_server, sim_specs_for
@@ -29,6 +29,7 @@ from prefillbench.errors import UsageError
 from prefillbench.report import adaptive, spec_verdict
 from prefillbench.report import tune as report
 from prefillbench.report import tune_plots
+from prefillbench.report.tune import composed
 from prefillbench.writers import csv_text, json_text
 
 #: Below this many simulated requests in all a pool of processes costs more than it saves.
@@ -108,8 +109,15 @@ def run_tune(o: TuneOptions) -> int:
                               for (c, i), ps in under_way.items()])
 
     def stage(b: Backend, chosen: list[tune.Config], name: str) -> tune.GridResult:
+        hints = None
+        if on_sim and any(composed(c) for c in chosen):  # a product grid of parts: successive halving (halving.py)
+            bar.stage("short probes", len(chosen) * len(criteria), settings.expected_probes)
+            halved = halving.halve(b, chosen, settings, pool(b, chosen))
+            if said := halved.describe(halving.short_settings(settings).requests):
+                print(f"prefillbench: {said}", file=err)
+            chosen, hints = halved.kept, halved.hints
         bar.stage(name, len(chosen) * len(criteria), settings.expected_probes)
-        return ended(tune.run_grid(b, chosen, settings, bar.probe if b.name == "sim" else measured_probe, config_done, None,
+        return ended(tune.run_grid(b, chosen, settings, bar.probe if b.name == "sim" else measured_probe, config_done, hints,
                                    deadline if b.name != "sim" else None, "sim" if b.name == "sim" else "measured",
                                    pool(b, chosen)))
 

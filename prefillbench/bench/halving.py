@@ -1,0 +1,77 @@
+"""Successive halving for tune's product grid (rules x budget x cadence): a short round first, every configuration
+searched once on fewer requests at a coarser precision; the configurations it shows dominated are dropped, and the
+rest are searched in full, each starting at its short-round capacity.
+
+A product grid multiplies (two rules, four budgets and three cadences are 24 searches), and most of its points lose
+to a neighbour by far more than a short probe's error: a quarter of the requests at twice the precision bracket a
+capacity within tens of percent, enough to drop a configuration at less than KEEP_WITHIN of the best. At least half
+of the grid is always kept (the halving's rule: each round keeps the better half), and so are the baseline and any
+configuration the short round could not measure. Only the sim's stage halves (its probes are cheap and exact); the
+measured stage takes the sim's picks as before.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from prefillbench.bench.tune import Config, GridResult, TuneSettings, run_grid
+
+#: A configuration whose short-round capacity is below this share of the best one's (at every criteria) is dropped.
+KEEP_WITHIN = 0.8
+#: The short round's requests a probe: this share of the full round's, at least SHORT_MIN_REQUESTS.
+SHORT_SHARE = 0.25
+SHORT_MIN_REQUESTS = 60
+#: Grids smaller than this are searched in full at once (a halving would save less than its short round costs).
+HALVING_FROM = 8
+
+
+@dataclass
+class Halving:
+    """What the short round kept and dropped, and the capacities it found (the full round's starting points)."""
+
+    kept: list[Config]
+    dropped: list[Config] = field(default_factory=list)
+    hints: dict[Config, float] = field(default_factory=dict)
+    short: GridResult | None = None
+
+    def describe(self, requests: int) -> str:
+        if not self.dropped:
+            return ""
+        return (f"successive halving: {len(self.dropped)} of {len(self.kept) + len(self.dropped)} configurations "
+                f"dropped on short probes ({requests} requests each; below {KEEP_WITHIN:.0%} of the best): "
+                + ", ".join(c.label for c in self.dropped))
+
+
+def short_settings(settings: TuneSettings) -> TuneSettings:
+    return replace(settings, requests=max(SHORT_MIN_REQUESTS, math.ceil(settings.requests * SHORT_SHARE)), repeats=1,
+                   precision=min(2 * settings.precision, 0.25))
+
+
+def keep(configs: list[Config], short: GridResult, baseline: Config | None) -> Halving:
+    """The configurations to search in full, given the short round's results: those within KEEP_WITHIN of the best
+    at any criteria, the better half at least, the baseline, and any the short round did not measure."""
+    best: dict = {}
+    for r in short.results:
+        best[r.criteria] = max(best.get(r.criteria, 0.0), r.capacity)
+    score: dict[Config, float] = {}
+    for r in short.results:
+        if best[r.criteria] > 0 and not r.interrupted:
+            score[r.config] = max(score.get(r.config, 0.0), r.capacity / best[r.criteria])
+    ranked = sorted(score, key=lambda c: -score[c])
+    half = set(ranked[:math.ceil(len(configs) / 2)])
+    kept = [c for c in configs if c not in score or score[c] >= KEEP_WITHIN or c in half or c == baseline]
+    hints = {r.config: r.searches[0].capacity for r in short.results if r.searches and r.searches[0].capacity > 0}
+    return Halving(kept, [c for c in configs if c not in kept], hints, short)
+
+
+def halve(backend, configs: list[Config], settings: TuneSettings, jobs: int = 1) -> Halving:
+    """The short round on the sim and what it keeps; the whole grid where it is small or not the sim's."""
+    if backend.name != "sim" or len(configs) < HALVING_FROM:
+        return Halving(list(configs))
+    short = run_grid(backend, configs, short_settings(settings), stage="sim", jobs=jobs)
+    if short.stopped:
+        return Halving(list(configs), short=short)
+    return keep(configs, short, settings.baseline)
+
+
+__all__ = ["HALVING_FROM", "KEEP_WITHIN", "Halving", "halve", "keep", "short_settings"]
