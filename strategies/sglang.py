@@ -182,8 +182,11 @@ class Sglang(Strategy):
         if mixed:  # check_decode_mem after the prompts' KV: the decodes sit the step out where it fails
             taken = sum(len(c.tokens) for c in chunks)
             if self._decode_need(running) <= free - taken:
-                # a mixed step degrades its running requests to a plain one-token decode (_handle_eagle_family)
-                decodes = tuple([cut_drafts(d, 0) for d in decode_tokens(running)])
+                # a mixed step degrades its running requests to a plain one-token decode (_handle_eagle_family);
+                # without speculation they carry no drafts (a call per decode per step saved)
+                decodes = decode_tokens(running)
+                if self.speculation is not None:
+                    decodes = tuple([cut_drafts(d, 0) for d in decodes])
         return Step(prefills=tuple(chunks), decodes=decodes, policy_values=(("new_token_ratio", self.ratio),))
 
     # ---- update_running_batch ----------------------------------------------------------------------------------
