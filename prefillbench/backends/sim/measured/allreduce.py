@@ -126,7 +126,7 @@ def measured_system(gpu_name: str, link_kind: str, bridge: bool = False) -> str 
     if link_kind == "pcie":
         return "l40s"
     own = SYSTEM_OF_GPU.get(gpu_name.removesuffix(" calibrated"))
-    if own is not None and link_kind != "pcie":
+    if own is not None:
         return own
     name = gpu_name.upper()
     if name.startswith("B") or name.startswith("GB"):
