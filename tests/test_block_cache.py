@@ -115,13 +115,15 @@ def test_vllm_v1_on_the_block_cache_shares_prefixes_preempts_and_finds_its_own_b
     found = sum(r.found_again for r in run.requests)
     assert found == cache.preempted_hits > 0
     # the rows' prefix hits are the cache's first lookups, vLLM's vllm:prefix_cache_hits / _queries
-    assert sum(r.cached_tokens for r in run.requests) == cache.hits and cache.queries == sum(len(q.prompt) for q in reqs)
-    assert cache.hits >= 0.5 * 600 * len(reqs) * 0.9  # nearly every request finds the 37 full blocks of the system prompt
-    # no request's recompute priced above the tokens it had computed
-    assert all(0 <= r.recomputed for r in run.requests)
-    # the step's tokens start past the cache: no prompt chunk recomputes a cached block's tokens at admission
-    assert sum(len(c) for s in run.steps for c in [range(n) for _, n in s.prefill_chunks]) < sum(
-        len(q.prompt) for q in reqs) + sum(r.recomputed for r in run.requests) + len(reqs) * 16
+    assert sum(r.cached_tokens for r in run.requests) == cache.hits
+    assert cache.queries == sum(len(q.prompt) for q in reqs)
+    # every request after the first finds the system prompt's 37 full blocks: running requests hold them
+    assert all(r.cached_tokens >= 592 for r in run.requests[1:])
+    # what a resumed request recomputes is what it lost less what it found: never negative, never all of it here
+    assert all(r.recomputed >= 0 for r in run.requests)
+    assert sum(r.recomputed for r in run.requests) < cache.preempted_queries - cache.preempted_hits
+    # a chunk starts past its cached prefix (the sim prices none of the hit): first chunks start at a block's end
+    assert sum(1 for s in run.steps for start, _ in s.prefill_chunks if start >= 592) >= len(reqs) - 1
 
 
 def test_shared_blocks_counted_once_let_more_requests_run_than_a_copy_into_each():

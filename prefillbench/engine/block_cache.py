@@ -44,7 +44,8 @@ class BlockCache:
         self.ref = [0] * n
         self.block_hash: list[int | None] = [None] * n
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, n))
-        self.cached: dict[int, dict[int, None]] = {}  # hash -> blocks holding it (BlockHashToBlockMap), first found first
+        #: hash -> the blocks holding it (BlockHashToBlockMap), the first found first
+        self.cached: dict[int, dict[int, None]] = {}
         self.req_blocks: dict[int, list[int]] = {}
         self.num_cached: dict[int, int] = {}  # full blocks of a sequence already hashed into the cache
         self.chains: dict[int, list[int]] = {}  # each sequence's full-block hashes so far
@@ -73,7 +74,7 @@ class BlockCache:
                 a, b = i * size, (i + 1) * size
                 if b <= len(prompt):
                     tokens = prompt[a:b]
-                else:  # past the prompt: its output so far (a preempted sequence's prompt already holds its earlier output)
+                else:  # past the prompt: its output (a preempted sequence's prompt holds its earlier output already)
                     tokens = prompt[a:] + tuple(out[earlier + max(a - len(prompt), 0):earlier + b - len(prompt)])
                 h = hash((h, tokens))
                 chain.append(h)
@@ -114,7 +115,7 @@ class BlockCache:
             s.hits += hit_tokens
 
     def allocate(self, seq, computed: int, new_tokens: int, hit: list[int] = (), must_fit: int = 0) -> bool:
-        """KVCacheManager.allocate_slots for `seq`, `computed` tokens computed before this step (its num_computed_tokens),
+        """KVCacheManager.allocate_slots for `seq`: `computed` tokens computed before this step (num_computed_tokens),
         `hit` the cached blocks it is admitted with, `new_tokens` to compute now; `must_fit`: the tokens that must fit
         as well (scheduler_reserve_full_isl's full_sequence_must_fit: the whole current sequence). False, changing
         nothing, where the free blocks do not cover it."""
