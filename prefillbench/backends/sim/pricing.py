@@ -128,6 +128,10 @@ class MeasuredPricing:
     def all_reduce(self, message_bytes: float, workers: int, engine: str) -> float:
         """The tensor-parallel all-reduce of one message within a node as `engine` (ALLREDUCE_ENGINE_OF's values)
         runs it over this GPU's link: its own kernel where it picks it, else NCCL (measured/allreduce.py)."""
+        from prefillbench.backends.sim import links
+
+        if links.kind(self.gpu.link) == "other":  # no engine kernel measured over it (Infinity Fabric, a spec
+            return self.collective("all_reduce", message_bytes, workers)  # file's unnamed link): NCCL's, as before
         return _all_reduce_seconds(self.gpu.name, self.gpu.link, self.gpu.interconnect_bw, engine, workers,
                                    message_bytes)
 

@@ -22,7 +22,8 @@ is the table's FIT sizes (alternate sizes, the others TEST: test_errors) read in
 the smallest, at the last size's bandwidth beyond the largest. A GPU is priced by the measured system of its link:
 its own where measured (A100-SXM, H100-SXM, H200, B200, L40S), else the newest of its kind (NVSwitch parts by
 H100-SXM's, a PCIe card by the L40S's PCIe 4.0), the message scaled by the link's bandwidth over the measured one's
-(as collectives.py scales Vidur's curves). An NVLink bridge has no table: NCCL over it is Vidur's measured pairwise
+(as collectives.py scales Vidur's curves). A link of no kind measured (MI300X's Infinity Fabric, a spec file's
+unnamed link) keeps NCCL's curves from Vidur, as before. An NVLink bridge has no table: NCCL over it is Vidur's measured pairwise
 NVLink (collectives.py, topology pairwise_nvlink), and a custom all-reduce over it is priced by A100-SXM's table
 (NVLink 3, the bridge's 300 GB/s a direction), which the pricing line says.
 """
@@ -114,7 +115,7 @@ def uses_custom(engine: str, workers: int, link_kind: str, nbytes: float) -> boo
         return True
     if engine not in ("vllm", "sglang"):
         return False
-    fully_connected = link_kind in ("nvlink", "other")
+    fully_connected = link_kind == "nvlink"
     return (workers in CUSTOM_WORLD_SIZES and (workers == 2 or fully_connected) and nbytes < CUSTOM_MAX_BYTES)
 
 
@@ -138,6 +139,9 @@ def measured_system(gpu_name: str, link_kind: str, bridge: bool = False) -> str 
 
 def describe(engine: str, workers: int, link_kind: str, system: str | None) -> str:
     """Which all-reduce runs, in words, for the pricing line."""
+    if link_kind == "other":
+        return ("NCCL's measured curves (Vidur; no engine kernel measured over this link: name it in the GPU spec "
+                "file, link: nvlink4 or pcie4, for the engine's own)")
     where = (f"AIConfigurator 0.12.0's {system} table" if system else "Vidur's pairwise NVLink for NCCL, "
              "A100-SXM's table for the custom kernel")
     if engine == "trtllm":
