@@ -11,13 +11,13 @@ TORCH ?= torch==2.13.0
 # strategy costs about as much as another; three of them keep it there (the README has the table of all seven).
 RUN_ARGS ?= -p 512 -n 32 --pg 256,32 -c 1,4 -r 2 -s sequential,padded,chunked
 
-# The CI regression job (see the README): a small fixed preset on the default model,
+# The CI regression job (docs/ci.md): a small fixed preset on the default model,
 # gated on ratios to sequential against the baseline committed in results/.
 BENCH_CI_ARGS ?= --backend auto -p 0 -n 0 --pg 512,16 -c 1,4 -s sequential,padded,chunked --chunk-size 128 -r 4 --interleave
 BENCH_CI_BASELINE ?= results/baseline-ci.csv
 BENCH_CI_OUT ?= results/bench-ci.csv
 BENCH_CI_GATE ?= --relative-to sequential --metric throughput --threshold 20
-# With BASE=<git ref>: the working tree against that commit, measured here, in one job (see the README).
+# With BASE=<git ref>: the working tree against that commit, measured here, in one job (docs/ci.md).
 # Empty BENCH_AB_ARGS: prefillbench ab's own preset.
 BENCH_AB_ARGS ?=
 BENCH_AB_OPTS ?=
