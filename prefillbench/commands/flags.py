@@ -112,7 +112,7 @@ ExpertParallel = Annotated[int, option(
     "ep/tp data-parallel groups; MoE models only)")]
 TensorParallel = Annotated[int, option(
     "--tp", panel=MODEL_PANEL,
-    help="tensor-parallel ranks: torch runs one process per rank under torchrun (see the README's \"Past one machine\"); "
+    help="tensor-parallel ranks: torch runs one process per rank under torchrun (see docs/servers.md, \"Past one machine\"); "
     "the sim predicts GPUs per stage")]
 PipelineStages = Annotated[int, option("--pp", panel=SIM_PANEL, help="sim: pipeline stages, run as a pipeline of micro-batches")]
 Calibration = Annotated[Optional[str], option(
