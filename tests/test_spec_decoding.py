@@ -143,3 +143,115 @@ def test_spec_is_refused_where_the_backend_cannot_verify():
     backend = FakeBackend()
     with pytest.raises(BackendError, match="cannot run --spec eagle:3:accept=0.7"):
         engine.run(backend, make_strategy("vllm-v1", 64, parse_spec("eagle:3:accept=0.7")), [Request(PROMPT, 4)], 1)
+
+
+# -- the shipped model, greedy: every token the same with and without n-gram drafting ---------------------------------
+
+#: Prompts that repeat themselves (code, lists), so the drafter finds n-grams whose continuation the model takes
+#: (accepted) and n-grams it leaves (rejected); eight, for c=8. Each one's greedy tokens win by a logit margin of at
+#: least 0.12 over these 16 tokens: a verify pass computes a decode among other rows, so a near tie (0.03 on
+#: "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1,") may fall either way, with drafting or without, as it may between two
+#: strategies' batches.
+SMOL_TEXTS = (
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(",
+    "1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3,",
+    "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(",
+    "a b c d e f g a b c d e f g a b",
+    "Monday, Tuesday, Wednesday, Monday, Tuesday,",
+    "A, B, C, D, E, A, B, C, D,",
+    "10 20 30 40 50 10 20 30",
+    "cat dog cat dog cat dog cat",
+)
+SMOL_GEN = 16
+SPEC_STRATEGIES = ("vllm-v1", "sarathi-serve", "sglang")
+
+
+@pytest.fixture(scope="module")
+def smol_prompts():
+    from llama_cpp import Llama
+
+    from prefillbench.models import default_model_path
+
+    vocab = Llama(model_path=default_model_path(), vocab_only=True, verbose=False)
+    prompts = [tuple(vocab.tokenize(t.encode(), add_bos=False)) for t in SMOL_TEXTS]
+    vocab.close()
+    return prompts
+
+
+def check_exact_with_drafting(backend, prompts):
+    requests = [Request(p, SMOL_GEN) for p in prompts]
+    drafted = accepted = 0
+    for name in SPEC_STRATEGIES:
+        for concurrency in (1, len(prompts)):
+            plain = engine.run(backend, make_strategy(name, 16), requests, concurrency)
+            spec = engine.run(backend, make_strategy(name, 16, parse_spec("ngram:3")), requests, concurrency)
+            assert [r.tokens for r in spec.requests] == [r.tokens for r in plain.requests], f"{name} c={concurrency}"
+            drafted += sum(r.drafted for r in spec.requests)
+            accepted += sum(r.accepted for r in spec.requests)
+            assert len(spec.steps) < len(plain.steps), f"{name} c={concurrency}: drafting saved no step"
+    assert 0 < accepted < drafted  # drafts were accepted, and some rejected (so rolled back)
+
+
+@pytest.fixture(scope="module")
+def smol_gguf():
+    from prefillbench.backends.gguf import GGUFBackend
+    from prefillbench.models import default_model_path
+
+    # float32 KV and no flash attention: llama.cpp computes in float32 throughout, so the rows of a verify pass
+    # differ from a lone decode's only by summation order (an f16 cache moved a 0.04 margin the other way).
+    backend = GGUFBackend.load(default_model_path(), kv_type="f32", flash_attn=False, threads=1)
+    yield backend
+    backend.close()
+
+
+def test_gguf_tokens_identical_with_and_without_ngram_drafting(smol_gguf, smol_prompts):
+    check_exact_with_drafting(smol_gguf, smol_prompts)
+
+
+def test_torch_tokens_identical_with_and_without_ngram_drafting(smol_prompts):
+    from prefillbench.backends.torch.backend import TorchBackend
+    from prefillbench.models import default_model_path
+
+    check_exact_with_drafting(TorchBackend.load(default_model_path(), device="cpu"), smol_prompts)
+
+
+def test_a_method_without_a_real_drafter_is_refused_on_gguf(smol_gguf, smol_prompts):
+    with pytest.raises(BackendError, match="gguf cannot run --spec mtp:2:accept=0.8: it runs ngram"):
+        engine.run(smol_gguf, make_strategy("vllm-v1", 16, parse_spec("mtp:2:accept=0.8")),
+                   [Request(smol_prompts[0], 4)], 1)
+
+
+# -- rows and the command line ------------------------------------------------------------------------------------
+
+def test_spec_columns_count_drafts_acceptance_and_tokens_per_step():
+    from prefillbench.bench.spec_columns import spec_columns, spec_of
+
+    _, record = fake_run("ngram:3", n_gen=24)
+    reqs = record.requests
+    cols = spec_columns("vllm-v1 · spec ngram:3", reqs)
+    drafted, accepted = sum(r.drafted for r in reqs), sum(r.accepted for r in reqs)
+    verify, steps = sum(r.verify_steps for r in reqs), sum(r.decode_steps for r in reqs)
+    assert cols["spec"] == "ngram:3" and cols["spec_k"] == 3
+    assert cols["spec_acceptance"] == accepted / drafted
+    assert cols["spec_accepted_len"] == 1 + accepted / verify
+    assert cols["spec_tokens_per_step"] == 3 * 23 / steps > 1
+    assert spec_of("vllm-v1 · cadence interval:4") == "off" and spec_columns("vllm-v1", reqs) == {}
+
+
+def test_tbt_is_one_gap_per_step_with_drafting():
+    from prefillbench.bench.metrics import request_tbts_ms
+
+    _, record = fake_run("ngram:3", n_gen=24)
+    r = record.requests[0]
+    gaps = request_tbts_ms(r)
+    assert len(gaps) == r.decode_steps and (gaps > 0).all()  # one per step that brought it tokens
+
+
+def test_spec_on_the_command_line_is_a_grid_and_named_in_the_table(run_cli):
+    base = ("run", "--backend", "fake", "-p", "0", "-n", "0", "--pg", "32,6", "-c", "1", "-r", "1", "-s", "vllm-v1",
+            "--no-results-file", "--no-verdict", "--no-progress")
+    code, out, err = run_cli(*base, "--spec", "off,ngram:3")
+    assert code == 0, err
+    assert "vllm-v1 (256) · spec ngram:3" in out and "| vllm-v1 (256) " in out
+    code, out, err = run_cli(*base, "--spec", "ngram:0")
+    assert code != 0 and "--spec 'ngram:0': the draft length K must be at least 1" in err and "Traceback" not in err
