@@ -5,7 +5,7 @@ repository root:
     ~/.cache/prefillbench/sglang-0.5.23/bin/python -m benchmarks.engine.sglang_reference --job job.json
 
 The job: {"config": {chunked_prefill_size, max_prefill_tokens, kv_capacity_tokens, max_running_requests,
-enable_mixed_chunk}, "requests": [{id, prompt_len, output_len, arrival_step, ignore_eos}, ...]}, or {"jobs": [job,
+enable_mixed_chunk, and optionally prefill_decode_interval and prefill_decode_interval_min_bs}, "requests": [{id, prompt_len, output_len, arrival_step, ignore_eos}, ...]}, or {"jobs": [job,
 ...]} (each line then has "job": its index). Each output line:
 {"kind": "extend"|"mixed"|"decode"|"idle", "prefill": [[id, tokens], ...] (batch order), "decode": [ids, sorted],
 "retracted": [ids, retraction order], "ratio": new_token_ratio after the iteration's scheduling}.
@@ -129,8 +129,10 @@ class Reference:
         s.max_prefill_tokens = get_schedule().max_prefill_tokens
         s.max_running_requests = max_running
         s.is_mixed_chunk = s.chunked_prefill_size is not None and get_schedule().enable_mixed_chunk
-        s.prefill_decode_interval = 0
+        # init_chunked_prefill: --prefill-decode-interval and its min-bs (0: off, the default launch), as given
+        s.prefill_decode_interval = config.get("prefill_decode_interval", 0)
         s._prefill_decode_interval_remaining = 0
+        s.prefill_decode_interval_min_bs = config.get("prefill_decode_interval_min_bs", 0)
         s.policy = SchedulePolicy(get_schedule().schedule_policy, s.tree_cache, False, None, False)
         s.new_token_ratio_tracker = NewTokenRatioTracker.from_config()
         s.spec_algorithm = SpeculativeAlgorithm.NONE

@@ -21,6 +21,7 @@ and retractions is printed; on a mismatch the first differing step is named with
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -36,7 +37,7 @@ from prefillbench.backends.fake import FakeBackend
 from prefillbench.errors import BackendError
 from prefillbench.sequence import Request
 from prefillbench.step import Step
-from strategies import make_strategy
+from strategies import compose, make_strategy
 
 from benchmarks.lib import cli
 
@@ -65,6 +66,9 @@ class Config:
     kv_capacity_tokens: int
     max_running_requests: int
     enable_mixed_chunk: bool
+    #: --prefill-decode-interval and --prefill-decode-interval-min-bs (0: off): the decode-rounds cadence
+    prefill_decode_interval: int = 0
+    prefill_decode_interval_min_bs: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,15 @@ PRESETS = (
            mean_gap=3.0, why="ignore_eos in a smaller cache: a batch's later candidates in its kept request states"),
     Preset("retract-mixed", 3, 40, Config(192, 16384, 3000, 64, True), False, max_prompt=200, max_output=500,
            mean_gap=4.0, lull=700, why="the same with --enable-mixed-chunk: mixed batches never retract, decodes do"),
+    # --prefill-decode-interval (sglang#35017): after each batch with prompts, N rounds of decodes alone; min-bs 1, so
+    # a round with nothing running ends the interval (with 0 SGLang spends such rounds idle, no batch, counted down at
+    # once by the cadence: strategies/cadence.py)
+    Preset("decode-rounds", 5, 40, Config(256, 16384, 200_000, 16, False, 4, 1), True, mean_gap=3.0,
+           why="--prefill-decode-interval 4: prompts wait four decode rounds after each prefill batch"),
+    Preset("decode-rounds-mixed", 6, 40, Config(128, 16384, 200_000, 16, True, 3, 4), True, mean_gap=2.0,
+           why="the same mixed, min-bs 4: below four running requests the interval ends and prompts go at once"),
+    Preset("decode-rounds-retract", 3, 40, Config(192, 16384, 3000, 64, False, 2, 1), False, max_prompt=200,
+           max_output=500, mean_gap=4.0, lull=700, why="the interval beside retraction in a small cache"),
 )
 
 
@@ -125,16 +138,22 @@ def make_trace(seed: int, n: int, ignore_eos: bool, max_prompt: int, max_output:
     return out
 
 
-def random_cases(seed: int, n: int) -> list[tuple[str, list[TraceRequest], Config]]:
+def random_cases(seed: int, n: int, decode_rounds: bool = False) -> list[tuple[str, list[TraceRequest], Config]]:
     """`n` seeded random configurations, each with a trace of its own: chunk sizes down to a few tokens (below the
     mixed decodes' count), max_prefill_tokens below the chunk, caches of a few hundred tokens, one to many running
     requests, ignore_eos on and off, arrivals in bursts and after idle gaps. Where the presets exercise the rules
-    one at a time, these meet them together (the ignore_eos admission's kept request states were found here)."""
+    one at a time, these meet them together (the ignore_eos admission's kept request states were found here).
+    `decode_rounds`: each with a --prefill-decode-interval of 1-8 and a min-bs of 1-4 besides, drawn from a generator
+    of their own (the configurations and traces are the same as without)."""
     rng = random.Random(seed)
+    cadence_rng = random.Random(seed + 1_000_003)
     out = []
     for k in range(n):
         config = Config(rng.choice([4, 12, 32, 64, 100, 256]), rng.choice([48, 100, 300, 16384]),
                         rng.choice([400, 800, 1500, 5000, 100_000]), rng.choice([2, 3, 8, 64]), rng.random() < 0.5)
+        if decode_rounds:
+            config = dataclasses.replace(config, prefill_decode_interval=cadence_rng.randint(1, 8),
+                                         prefill_decode_interval_min_bs=cadence_rng.randint(1, 4))
         ignore_eos = rng.random() < 0.5
         trace, step = [], 0
         for i in range(rng.randint(5, 40)):
@@ -236,8 +255,11 @@ class StepClock(FakeBackend):
 
 def strategy_spec(config: Config, ignore_eos: bool) -> str:
     name = "sglang-mixed" if config.enable_mixed_chunk else "sglang"
-    return (f"{name}:ignore-eos={int(ignore_eos)}:max-prefill={config.max_prefill_tokens}"
-            f":max-running={config.max_running_requests}")
+    rules = (f"{name}:ignore-eos={int(ignore_eos)}:max-prefill={config.max_prefill_tokens}"
+             f":max-running={config.max_running_requests}")
+    cadence = (f"decode-rounds:{config.prefill_decode_interval}:min-bs={config.prefill_decode_interval_min_bs}"
+               if config.prefill_decode_interval else "every")
+    return compose(rules, "fixed", cadence)
 
 
 def strategy_iterations(trace: list[TraceRequest], config: Config) -> list[Iteration]:
@@ -338,15 +360,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-running-requests", type=int, default=16)
     parser.add_argument("--mixed", action="store_true", help="--enable-mixed-chunk (sglang-mixed)")
     parser.add_argument("--ignore-eos", type=int, choices=(0, 1), default=1)
+    parser.add_argument("--decode-rounds", type=int, default=0, metavar="N",
+                        help="--prefill-decode-interval N (the decode-rounds cadence); with --random: each case draws "
+                        "its own, 1-8")
+    parser.add_argument("--min-bs", type=int, default=1, metavar="M", help="--prefill-decode-interval-min-bs")
     parser.add_argument("--python", default=None, help="the SGLang environment's python (default: make sglang's)")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.random:
-        jobs = random_cases(args.seed or 0, args.random)
+        jobs = random_cases(args.seed or 0, args.random, decode_rounds=bool(args.decode_rounds))
     elif args.seed is not None:
         config = Config(args.chunked_prefill_size, args.max_prefill_tokens, args.kv_cache_tokens,
-                        args.max_running_requests, args.mixed)
+                        args.max_running_requests, args.mixed, args.decode_rounds, args.min_bs)
         jobs = [(f"seed {args.seed}", make_trace(args.seed, args.requests, bool(args.ignore_eos), 700, 160, 6.0,
                                                  args.kv_cache_tokens), config)]
     else:

@@ -163,7 +163,7 @@ def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[Con
         return f"no configuration met {criteria.describe()} at any rate tried"
     best = order[0]
     c = best.config
-    name = c.strategy + (f", budget {c.budget}" if c.budget else "")
+    name = c.label if composed(c) else c.strategy + (f", budget {c.budget}" if c.budget else "")
     base = baseline_of(results, baseline)
     text = f"best within {criteria.describe()}: {name}: {capacity_text(best.capacity, best.hit_bound, 3)} req/s"
     if base is not None and base is not best and base.capacity:
