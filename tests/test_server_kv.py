@@ -16,7 +16,7 @@ import pytest
 from rows import make_row
 
 from prefillbench.backends.server import engine_metrics
-from prefillbench.backends.server.engine_metrics import ENGINES, KVMemory, KVSampler, families, kv_memory
+from prefillbench.backends.server.engine_metrics import ENGINES, KVMemory, KVSampler, UseSamples, families, kv_memory
 from prefillbench.bench.engine_columns import memory_columns, memory_note
 from prefillbench.engine import RunRecord
 from prefillbench.report.tables import memory_cell, table_columns
@@ -174,20 +174,30 @@ def metrics_server():
     server.server_close()
 
 
-def test_the_sampler_keeps_the_largest_use_it_was_told_asking_for_that_family_alone(metrics_server):
+def test_the_sampler_process_keeps_the_largest_use_it_was_told_asking_for_that_family_alone(metrics_server):
     gauge = "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine=\"0\"} %s\n"
     Metrics.bodies = [gauge % 0.25, "not { prometheus", gauge % 0.9375, gauge % 0.5, gauge % 0.0]
-    sampler = KVSampler(metrics_server, ENGINES["vllm"], interval_s=0.001).start()
-    assert Metrics.served.wait(30)
-    sampler.stop()
-    assert sampler.peak == 0.9375 and sampler.samples == len(Metrics.paths) - 1  # the bad body is no sample
-    assert set(Metrics.paths) == {"/metrics?name%5B%5D=vllm%3Akv_cache_usage_perc"}
+    sampler = KVSampler()
+    try:
+        assert sampler.start(metrics_server, ENGINES["vllm"], interval_s=0.001)
+        assert Metrics.served.wait(60)
+        peak, samples = sampler.stop()
+        assert peak == 0.9375 and samples == len(Metrics.paths) - 1  # the bad body is no sample; stop takes a last
+        assert set(Metrics.paths) == {"/metrics?name%5B%5D=vllm%3Akv_cache_usage_perc"}
+        # the same process samples the next run afresh; a cancelled run asks nothing more of the server
+        Metrics.bodies, Metrics.paths = [gauge % 0.125], []
+        assert sampler.start(metrics_server, ENGINES["vllm"], interval_s=60.0)
+        assert sampler.stop(last=False) == (0.125, 1) and len(Metrics.paths) == 1
+        proc = sampler.proc
+    finally:
+        sampler.close()
+    assert proc.returncode == 0 and sampler.proc is None  # its input closed: it ended
 
 
 def test_a_server_that_does_not_answer_is_no_sample_and_its_figures_say_so():
-    sampler = KVSampler("http://127.0.0.1:9", ENGINES["vllm"], interval_s=0.001)  # discard port: refused
-    sampler.sample()
-    assert sampler.samples == 0 and math.isnan(sampler.peak)
+    samples = UseSamples("http://127.0.0.1:9", ENGINES["vllm"], interval_s=0.001)  # discard port: refused
+    samples.sample()
+    assert samples.samples == 0 and math.isnan(samples.peak)
     fams, why = engine_metrics.read_families("http://127.0.0.1:9")
     assert fams is None and why.startswith("http://127.0.0.1:9/metrics did not answer")
 

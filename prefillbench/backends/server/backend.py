@@ -87,6 +87,7 @@ class ServerBackend(ServingBackend):
         self.client = ClientSettings()  # how its client sends a run (load)
         self.client_cpu_s = self.client_wall_s = 0.0  # the client's CPU seconds over its runs, and their wall time
         self.client_notes: set[str] = set()  # what was said once about the client's workers
+        self.kv_sampler = engine_metrics.KVSampler()  # the engine's KV use polled during each run, in its own process
 
     @classmethod
     def load(cls, model: str | None = None, *, server_bin: str | None = None, server_cmd: str | None = None,
@@ -201,7 +202,7 @@ class ServerBackend(ServingBackend):
         if missing:  # the rows keep the client's clock; the engine's columns stay empty, said once (metadata)
             self.clock_missing = f"{missing}: the rows have no engine clock (the server's own /metrics) beside the client's"
         # its KV memory: capacity and preemptions from the same scrapes, its use sampled during the run
-        kv = engine_metrics.watch(url, self.engine.api, before_families, headers)
+        kv = engine_metrics.watch(url, self.engine.api, before_families, self.kv_sampler, headers)
         try:
             run = self._stream(url, headers, requests, concurrency, watch, alive, done)
         except BaseException:
@@ -363,6 +364,7 @@ class ServerBackend(ServingBackend):
         return self._described
 
     def stop(self) -> None:
+        self.kv_sampler.close()
         if self.server is not None:
             self.server.stop()
             self.server = None

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import json
 import math
-import threading
+import select
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 #: Seconds between samples of a KV use gauge during a run: the peak's resolution in time. Each sample asks for the
@@ -210,22 +212,14 @@ def _slots(body: str | None) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- over a run
 
 
-class KVSampler:
-    """Polls the engine's use during a run on a thread of its own (urllib: it never waits on the client's event
-    loop, and a slow or failing answer costs that thread alone), keeping the largest share and how many samples
-    were taken. `stop()` takes a last sample and joins."""
+class UseSamples:
+    """The largest share of its capacity an engine said it used, over the samples taken, and how many there were."""
 
     def __init__(self, url: str, engine: Engine, headers: dict[str, str] | None = None,
                  interval_s: float = SAMPLE_INTERVAL_S) -> None:
         self.url, self.engine, self.headers, self.interval_s = url + engine.usage_path, engine, headers, interval_s
         self.peak = math.nan
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kv-sampler", daemon=True)
-
-    def start(self) -> "KVSampler":
-        self._thread.start()
-        return self
 
     def sample(self) -> None:
         body, _ = get_text(self.url, self.headers, timeout=min(TIMEOUT_S, 10 * self.interval_s))
@@ -239,46 +233,116 @@ class KVSampler:
             self.samples += 1
             self.peak = use if math.isnan(self.peak) else max(self.peak, use)
 
-    def _run(self) -> None:
-        while True:
-            t0 = time.monotonic()
-            self.sample()
-            if self._stop.wait(max(self.interval_s - (time.monotonic() - t0), 0.0)):
-                return
 
-    def stop(self, last: bool = True) -> None:
-        self._stop.set()
-        self._thread.join(timeout=TIMEOUT_S + 1)
-        if last:
-            self.sample()  # the end of the run: what is still held
+class KVSampler:
+    """Polls an engine's use during runs in a process of its own: in the client's process even a short parse holds
+    the interpreter's lock while the client's event loop is due to send (a sampling thread there put the client's
+    send lag past its 1 ms bound on a 2-core machine). One process for a backend, told over its stdin: a JSON line
+    {url, engine, headers, interval_s} starts a run's sampling (answered once its first sample is taken), "stop"
+    ends it (answered with {peak, samples}, after a last sample: what is still held); end of input ends it, so it
+    never outlives the client."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, url: str, engine: Engine, headers: dict[str, str] | None = None,
+              interval_s: float = SAMPLE_INTERVAL_S) -> bool:
+        """Sampling begun; False where no sampler could be started (the run goes on without a peak)."""
+        if self.proc is None or self.proc.poll() is not None:
+            try:
+                self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+            except OSError:
+                self.proc = None
+                return False
+        return self._ask(json.dumps({"url": url, "engine": engine.name, "headers": headers or {},
+                                     "interval_s": interval_s})) == "started"
+
+    def stop(self, last: bool = True) -> tuple[float, int]:
+        """(largest share sampled, samples): NaN and 0 where none was taken."""
+        answer = self._ask("stop" if last else "cancel")
+        try:
+            got = json.loads(answer or "{}")
+            return float(got["peak"]) if got.get("peak") is not None else math.nan, int(got.get("samples", 0))
+        except (ValueError, TypeError, KeyError):
+            return math.nan, 0
+
+    def _ask(self, line: str) -> str | None:
+        if self.proc is None:
+            return None
+        try:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+            return self.proc.stdout.readline().strip() or None
+        except (OSError, ValueError):
+            return None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=TIMEOUT_S + 5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+def _sample_on_request() -> None:
+    """The sampler process (KVSampler): each start line begins a run's samples, each stop ends it."""
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return
+        try:
+            asked = json.loads(line)
+            samples = UseSamples(asked["url"], ENGINES[asked["engine"]], asked.get("headers"),
+                                 float(asked.get("interval_s", SAMPLE_INTERVAL_S)))
+        except (ValueError, KeyError, TypeError):
+            print("refused", flush=True)
+            continue
+        samples.sample()
+        print("started", flush=True)
+        due = time.monotonic() + samples.interval_s
+        while not select.select([sys.stdin], [], [], max(due - time.monotonic(), 0.0))[0]:
+            samples.sample()
+            due = max(due + samples.interval_s, time.monotonic())
+        command = sys.stdin.readline().strip()
+        if not command:
+            return
+        if command == "stop":
+            samples.sample()
+        print(json.dumps({"peak": None if math.isnan(samples.peak) else samples.peak, "samples": samples.samples}),
+              flush=True)
 
 
 class KVWatch:
     """The KV memory of one run: the engine's /metrics families before it (the backend's scrape, shared with the
-    engine's clock), its use sampled during it, the families after it."""
+    engine's clock), its use sampled during it (the backend's KVSampler), the families after it."""
 
-    def __init__(self, url: str, engine: Engine, before: list | None, headers: dict[str, str] | None = None,
-                 interval_s: float = SAMPLE_INTERVAL_S) -> None:
-        self.url, self.engine, self.before, self.headers = url, engine, before, headers
-        self.sampler = KVSampler(url, engine, headers, interval_s).start()
+    def __init__(self, url: str, engine: Engine, before: list | None, sampler: KVSampler,
+                 headers: dict[str, str] | None = None, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        self.url, self.engine, self.before, self.headers, self.interval_s = url, engine, before, headers, interval_s
+        self.sampler = sampler
+        self.sampling = sampler.start(url, engine, headers, interval_s)
 
     def cancel(self) -> None:
-        """The run failed or was interrupted: the sampler stops, nothing more is asked of the server."""
-        self.sampler.stop(last=False)
+        """The run failed or was interrupted: sampling ends, nothing more is asked of the server."""
+        if self.sampling:
+            self.sampler.stop(last=False)
 
     def finish(self, after: list | None) -> KVMemory:
         """What the engine said of its memory over the run."""
-        self.sampler.stop()
+        peak, samples = self.sampler.stop() if self.sampling else (math.nan, 0)
         slots_body = get_text(self.url + "/slots", self.headers)[0] if self.engine.name == "llama-server" else None
-        return kv_memory(self.engine, self.before, after, slots_body, self.sampler.peak, self.sampler.samples,
-                         self.sampler.interval_s)
+        return kv_memory(self.engine, self.before, after, slots_body, peak, samples, self.interval_s)
 
 
-def watch(url: str, api: str, before: list | None, headers: dict[str, str] | None = None,
+def watch(url: str, api: str, before: list | None, sampler: KVSampler, headers: dict[str, str] | None = None,
           interval_s: float = SAMPLE_INTERVAL_S) -> KVWatch | None:
     """A run's KV watch, started, where the engine is one whose memory is read here (engine_for); None otherwise."""
     engine = engine_for(before, api)
-    return KVWatch(url, engine, before, headers, interval_s) if engine is not None else None
+    return KVWatch(url, engine, before, sampler, headers, interval_s) if engine is not None else None
 
 
 def kv_memory(engine: Engine, before: list | None, after: list | None, slots_body: str | None, peak: float,
@@ -305,3 +369,7 @@ def kv_memory(engine: Engine, before: list | None, after: list | None, slots_bod
         preempted = retracted = 0.0
     return KVMemory(engine.source, engine.policy, capacity if capacity is not None else math.nan, peak, preempted,
                     retracted, samples, interval_s, tuple(missing))
+
+
+if __name__ == "__main__":
+    _sample_on_request()
