@@ -77,8 +77,9 @@ def test_what_vllm_does_not_export_is_named_and_nan_never_an_error():
 
 # ---------------------------------------------------------------- SGLang
 
-#: SGLang's scheduler metrics as prometheus_client's multiprocess collector renders them (gauges "mostrecent": no pid
-#: label; its counter without _created), the labels SchedulerMetricsCollector is given.
+#: SGLang 0.5.23's scheduler metrics as prometheus_client's multiprocess collector renders them (gauges "mostrecent":
+#: no pid label; its counter without _created), with the labels its SchedulerMetricsCollector is given
+#: (sglang/srt/observability/metrics_collector.py: model_name, engine_type, tp_rank, pp_rank, moe_ep_rank).
 SGLANG = """# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.
 # TYPE sglang:max_total_num_tokens gauge
 sglang:max_total_num_tokens{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 20480.0

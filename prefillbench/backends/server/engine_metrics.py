@@ -14,11 +14,12 @@ Parsed with prometheus_client's text parser (`families`); llama-server's /slots 
   a gauge: only its value when scraped is seen, so the run samples it (KVSampler) and keeps the largest sample, a
   lower bound of the true peak within one sampling interval. `vllm:num_preemptions_total` counts the scheduler's
   preemptions (Scheduler._preempt_request): its delta over the run is exact.
-* SGLang (python/sglang/srt/metrics/collector.py, SchedulerMetricsCollector; --enable-metrics):
-  `sglang:max_total_num_tokens` (the token pool's size), `sglang:token_usage` (used over that; set when the scheduler
-  logs its stats: each prefill batch and every --decode-log-interval decode steps, 40 by default, so coarser than
-  the sampling), `sglang:num_retracted_requests_total` (retractions, a counter; older builds only a gauge of the last
-  batch's, `sglang:num_retracted_reqs`, which no delta can be taken of: not read).
+* SGLang 0.5.23 (sglang/srt/observability/metrics_collector.py, SchedulerMetricsCollector; --enable-metrics):
+  `sglang:max_total_num_tokens` (the token pool's size), `sglang:token_usage` (the fullest pool's use, rounded to
+  hundredths: scheduler_components/pool_stats_observer.py; set when the scheduler reports, each prefill batch and
+  every --decode-log-interval decode steps, 40 by default: metrics_reporter.py, so coarser than the sampling),
+  `sglang:num_retracted_requests_total` (retractions, a counter; the gauge `sglang:num_retracted_reqs` holds only
+  the last report's, which no delta can be taken of: not read).
 * llama-server (tools/server/server-context.cpp, server_slot::to_json): `/slots` lists each slot's `n_ctx` and, for
   a slot processing a request, `n_prompt_tokens` (its cache's tokens: the prompt, then each generated token as it is
   appended). Capacity = the slots' n_ctx summed (each slot's own cache: the launch gives -np and no --kv-unified);
