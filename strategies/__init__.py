@@ -74,7 +74,7 @@ def _compose(strategy: Strategy, budget, cadence) -> None:
         strategy.chunk_size = budget.cap
     if cadence is not None:
         strategy.cadence = cadence
-        strategy.steady_decodes = False
+        strategy.steady_decodes = strategy.steady_while_none_waits = False
 
 
 def configurations(names: list[str], budgets: list[int]) -> list[tuple[str, int | None]]:

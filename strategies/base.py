@@ -18,6 +18,10 @@ class Strategy(ABC):
     #: most steps of a lightly loaded run). A strategy whose choice reads positions, time or a count of its calls
     #: must leave it False.
     steady_decodes: bool = False
+    #: Whether it is steady as above only while no prompt waits, its state moving by one fixed rule each decode step
+    #: it chooses (SGLang's new_token_ratio decays once a decode batch): the engine then runs decodes in a row only
+    #: while nothing waits, and hands the steps it ran without asking to `ran_decodes`.
+    steady_while_none_waits: bool = False
     #: Whether `chunk_size` was asked for, or is DEFAULT_BUDGET standing in for none (make_strategy): a serving
     #: engine given none runs at its own default budget, not at ours.
     budget_given: bool = True
@@ -136,6 +140,12 @@ class Strategy(ABC):
         command to print once; none where its engine has no rule for drafts."""
         return []
 
+    def ran_decodes(self, extra: int) -> list | None:
+        """The engine ran `extra` more steps of the decode-only step this strategy just chose (a decode run, for a
+        `steady_while_none_waits` strategy): move the state as choosing each of them would have, and give each one's
+        policy values in order (Step.policy_values), or None where its steps carry none."""
+        return None
+
     def idle(self) -> None:
         """Nothing is in flight and nothing waits: an engine's scheduler may forget what load taught it (SGLang's
         new_token_ratio goes back to its start). The engine calls it as it waits for the next arrival."""
@@ -165,9 +175,10 @@ def decode_tokens(running: Seq[Sequence]) -> tuple[DecodeToken, ...]:
     # Once per decoding sequence per step: Sequence.position is inlined, and tuple.__new__ builds each DecodeToken
     # without the NamedTuple's Python-level __new__ (a third of this function's time on the sim).
     # Each carries the sequence's full drafts (speculative decoding; the engine's proposer fills `drafts` after each
-    # step): a strategy that charges them to a budget may cut them (`cut_drafts`).
+    # step): a strategy that charges them to a budget may cut them (`cut_drafts`). Without speculation they are none:
+    # no tuple built (tuple([]) is the empty tuple itself, so the tokens are what they were).
     return tuple([_new_tuple(DecodeToken, (s.seq_id, s.generated[-1], len(s.prompt) + len(s.generated) - s.earlier - 1,
-                                           tuple(s.drafts)))
+                                           tuple(s.drafts) if s.drafts else ()))
                   for s in running])
 
 

@@ -69,6 +69,9 @@ class Sglang(Strategy):
     kv_policy = "paged"
     kv_block_size = 1  # page_size 1 (arg_groups/overrides.py `_page_size_default`)
     native_cadence = True  # a deferred round forms no prefill batch (cadence.py)
+    # With nothing waiting, a decode batch that fits is followed by the same batch, the ratio one decay lower
+    # (`ran_decodes`): the engine may run such batches in a row (Loop.decode_run).
+    steady_while_none_waits = True
     mixed = False  # --enable-mixed-chunk
     ignore_eos: int = 0
     max_prefill_tokens: int = MAX_PREFILL_TOKENS
@@ -215,6 +218,16 @@ class Sglang(Strategy):
             self.ratio = max(self.ratio - RATIO_DECAY, MIN_RATIO)
         return Step(decodes=decode_tokens(keep), preempted=tuple(retracted),
                     policy_values=(("new_token_ratio", self.ratio),))
+
+    def ran_decodes(self, extra: int) -> list:
+        """`extra` more decode batches without retraction (the engine's decode run fits their memory): one decay each,
+        as `_decode` takes it, each batch's ratio recorded as it chose it."""
+        ratio, values = self.ratio, []
+        for _ in range(extra):
+            ratio = max(ratio - RATIO_DECAY, MIN_RATIO)
+            values.append((("new_token_ratio", ratio),))
+        self.ratio = ratio
+        return values
 
     # ---- speculative decoding (--spec) --------------------------------------------------------------------------
     @property

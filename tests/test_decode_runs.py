@@ -17,8 +17,10 @@ from strategies.sglang import INIT_RATIO, MIN_RATIO, RATIO_DECAY
 TEST = TestSpec(400, 120, spread=0.9)
 
 
-def sim(jitter: float = 0.0, step_by_step: bool = False) -> SimBackend:
-    backend = SimBackend(load_model_spec("mistral-7b"), dataclasses.replace(load_gpu_spec("a100"), step_jitter=jitter))
+def sim(jitter: float = 0.0, step_by_step: bool = False, mem_bytes: float | None = None) -> SimBackend:
+    gpu = dataclasses.replace(load_gpu_spec("a100"), step_jitter=jitter)
+    backend = SimBackend(load_model_spec("mistral-7b"),
+                         gpu if mem_bytes is None else dataclasses.replace(gpu, mem_bytes=mem_bytes))
     backend.runs = []  # the length of each decode run
     if step_by_step:
         backend.run_decodes = lambda step, most, until: None
@@ -52,13 +54,14 @@ def both_ways(strategy: str, reqs, concurrency: int, jitter: float = 0.0, stop=N
 
 
 #: The shipped strategies whose next step depends on more than which sequences wait and run and how far each prompt
-#: is: SGLang's, whose new_token_ratio falls with every decode batch it chooses (a count of its calls), so the engine
-#: asks them for every step.
+#: is: SGLang's, whose new_token_ratio falls with every decode batch it chooses (a count of its calls), and a waiting
+#: prompt is tried against the ratio every step; so the engine runs their decodes in a row only while nothing waits,
+#: and has them take the decays of the steps it did not ask for (Strategy.ran_decodes).
 COUNTS_ITS_CALLS = {"sglang", "sglang-mixed"}
 
 
 @pytest.mark.parametrize("strategy", [n for n, c in STRATEGIES.items()
-                                      if not c.needs_price and n not in COUNTS_ITS_CALLS])  # slo-budget: test_slo_budget.py
+                                      if not c.needs_price])  # slo-budget: test_slo_budget.py
 @pytest.mark.parametrize("rate, concurrency, jitter", [(2.0, 0, 0.0), (6.0, 12, 0.15), (None, 8, 0.1)])
 def test_a_run_with_decode_runs_records_what_single_steps_record(strategy, rate, concurrency, jitter):
     (fast, a), (slow, b) = both_ways(strategy, requests(80, rate), concurrency, jitter)
@@ -94,17 +97,21 @@ def test_a_strategy_that_is_not_steady_is_asked_for_every_step():
     assert Counting.calls == len(record.steps) and not backend.runs
 
 
-def test_every_shipped_strategy_lets_the_engine_run_decodes_but_those_that_count_their_calls():
+def test_every_shipped_strategy_lets_the_engine_run_decodes_those_that_count_their_calls_while_nothing_waits():
     # Each of them chooses from which sequences wait and run and how far each prompt is, nothing else; SGLang's
-    # ratio decays once a decode batch, so a decode run that skipped its calls would leave it where it was.
+    # ratio decays once a decode batch, so a decode run hands it the steps it skipped.
     assert {name for name, cls in STRATEGIES.items() if not cls.steady_decodes} == COUNTS_ITS_CALLS
+    assert all(STRATEGIES[name].steady_while_none_waits for name in COUNTS_ITS_CALLS)
+    # a cadence counts steps: no decode runs of either kind
+    paced = make_strategy("sglang · cadence decode-rounds:2", 128)
+    assert not paced.steady_decodes and not paced.steady_while_none_waits
 
 
 @pytest.mark.parametrize("strategy", sorted(COUNTS_ITS_CALLS))
-def test_a_strategy_that_counts_its_calls_is_asked_for_every_step_and_its_ratio_falls_with_each(strategy):
+def test_a_strategy_that_counts_its_calls_runs_decodes_and_its_ratio_falls_with_each_step(strategy):
     backend = sim()
     record = engine.run(backend, make_strategy(strategy, 128), requests(30, 2.0), 0)
-    assert not backend.runs
+    assert max(backend.runs) > 1
     ratios = [dict(s.policy_values)["new_token_ratio"] for s in record.steps]
     decodes = [not s.prefill_chunks for s in record.steps]
     # every decode batch (no retraction here: memory is ample) takes one decay off, a prefill batch none (or, after
@@ -133,3 +140,22 @@ def test_a_sim_with_pipeline_stages_or_a_trace_runs_every_step(tmp_path):
         backend.prepare(4, 1024, 1024)
         assert not backend.runs_decodes
     assert sim().runs_decodes
+
+
+@pytest.mark.parametrize("strategy", sorted(COUNTS_ITS_CALLS))
+def test_sglang_under_memory_pressure_records_the_same_retractions_and_ratios_either_way(strategy):
+    """A KV memory that holds a few requests only: decode batches retract (the ratio is set, not decayed), prompts
+    wait between runs, and the runs stop where the blocks run out; what is recorded, ratios included, is the
+    same to the float as asking the strategy for every step."""
+    long_outputs = TestSpec(200, 600, spread=0.9)  # the ratio falls for hundreds of batches before memory runs out
+    reqs = make_requests(long_outputs, 60, 32000, 3, ArrivalSpec("poisson", 4.0).times(60, 3, long_outputs))
+    out = []
+    for step_by_step in (False, True):
+        backend = sim(step_by_step=step_by_step, mem_bytes=16.3e9)  # about 5,700 tokens of KV beside the weights
+        out.append((backend, engine.run(backend, make_strategy(strategy, 128), reqs, 0)))
+    (fast, a), (slow, b) = out
+    assert dataclasses.asdict(a) == dataclasses.asdict(b)
+    assert (fast.clock, fast.n_steps, fast._held) == (slow.clock, slow.n_steps, slow._held)
+    assert sum(r.retractions for r in a.requests) > 0  # the pressure is real: batches retracted
+    ratios = [dict(s.policy_values)["new_token_ratio"] for s in a.steps]
+    assert len(set(ratios)) > 100 and fast.runs and max(fast.runs) > 1

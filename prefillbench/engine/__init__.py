@@ -109,7 +109,7 @@ def run(
     # Decode runs (Loop.decode_run) skip the strategy and the step-by-step bookkeeping, where the backend can run
     # them; a forced token or kept logits need every step's own.
     # With speculation on, decode runs are off: every step's drafts come from the tokens of the step before.
-    steady = (strategy.steady_decodes and backend.runs_decodes and depth == 1 and not keep_logits
+    steady = ((strategy.steady_decodes or strategy.steady_while_none_waits) and backend.runs_decodes and depth == 1 and not keep_logits
               and all(r.forced_tokens is None for r in reqs) and spec is None)
     admission = Admission(reqs if feed is None else [], open_loop, cap, start=backend.now(),
                           reuse=backend.reuse_prefix if backend.caches_prefixes and not engine_cache else None,

@@ -84,6 +84,8 @@ class Loop:
         admission = self.admission
         pending, admit, next_arrival = admission.pending, admission.admit, admission.next_arrival
         launch, retire, decode_run = self.launch, self.retire, self.decode_run
+        # steady only while no prompt waits (SGLang's: a waiting prompt is tried against its ratio every step)
+        while_none_waits = steady and not strategy.steady_decodes
         refreshed = backend.refreshed_prefixes if admission.reuse is not None else None
         stopped = False
         feed = admission.feed
@@ -123,7 +125,8 @@ class Loop:
                     if not step:  # the memory they held was all that kept the rest waiting
                         continue
                 if step:
-                    if not (steady and not step.prefills and decode_run(step)):
+                    if not (steady and not step.prefills and not (while_none_waits and waiting)
+                            and decode_run(step)):
                         launched = launch(step)
                         if depth == 1:
                             retire(step, launched)  # done (Backend.launch): what the loop's next pass would do first
@@ -404,6 +407,13 @@ class Loop:
             begin = end
         if step.preempted:  # carried out before the run's first step (Loop.preempt)
             steps[first].preempted = len(step.preempted)
+        if step.policy_values:
+            steps[first].policy_values = step.policy_values
+        # the steps after the first were never asked for: the strategy moves its state as choosing each would have
+        values = self.strategy.ran_decodes(len(ends) - 1)
+        if values:
+            for record, policy_values in zip(steps[first + 1:], values):
+                record.policy_values = policy_values
         for seq in seqs:
             seq.generated.extend(tokens[seq.seq_id])
             seq.token_times.extend(ends)
