@@ -44,8 +44,9 @@ from dataclasses import dataclass
 from typing import Any
 
 #: Seconds between samples of a KV use gauge during a run: the peak's resolution in time. Each sample asks for the
-#: one family (prometheus_client's `name[]` filter, which vLLM's and SGLang's /metrics apps honour), so the engine's
-#: API server renders a few lines rather than its every histogram.
+#: one family (prometheus_client's `name[]` filter); vLLM 0.32 renders every family all the same (its
+#: instrumentator's /metrics route comes before the prometheus_client app that filters:
+#: entrypoints/serve/instrumentator/metrics.py), so only the family's lines are handed to the parser.
 SAMPLE_INTERVAL_S = 0.5
 #: How long one request to the engine may take before it is given up (the sample or figure is left out).
 TIMEOUT_S = 5.0
@@ -144,7 +145,11 @@ class Engine:
             slots = _slots(body)
             capacity = sum(s["n_ctx"] for s in slots) if slots else 0
             return sum(s["tokens"] for s in slots if s["busy"]) / capacity if capacity > 0 else None
-        values = sample_values(families(body), VLLM_USAGE if self.name == "vllm" else SGLANG_USAGE)
+        name = VLLM_USAGE if self.name == "vllm" else SGLANG_USAGE
+        # the family's own lines (its HELP, TYPE and samples) out of a whole exposition, for the parser
+        mine = "".join(line for line in body.splitlines(keepends=True)
+                       if line.startswith(name) or line.startswith((f"# HELP {name} ", f"# TYPE {name} ")))
+        values = sample_values(families(mine or body), name)
         return max(values) if values else None  # an engine each (data parallel): the fullest
 
     def capacity(self, fams: list, slots_body: str | None) -> float | None:
