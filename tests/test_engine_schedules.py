@@ -315,6 +315,28 @@ def test_vllm_v1_preempts_where_a_real_vllm_with_a_small_cache_preempts(tmp_path
     assert not vllm_processes()
 
 
+def test_vllm_v1_with_prefix_caching_finds_what_a_real_vllm_finds_preempts_and_evicts_as_it_does(tmp_path):
+    """vLLM with prefix caching on (20 KV blocks of 32 tokens) and prompts that share prefixes (a system prompt,
+    sessions' later turns): every step equal, vLLM's vllm:prefix_cache_queries / _hits (first lookups) and
+    vllm:num_preemptions_total equal to the engine's block cache's (engine/block_cache.py), with evictions and
+    preempted requests finding their own blocks again among them. A cache that copied each prefix (no sharing) or
+    kept no freed blocks would compute other chunks."""
+    from benchmarks.server.vllm_steps import compare, make_trace, sim_counts, sim_record
+
+    trace = make_trace(seed=1, rounds=14, max_prompt=200, shared=True)
+    result, starts = compare(trace, budget=64, max_num_seqs=8, workdir=tmp_path, num_gpu_blocks=20,
+                             prefix_caching=True)
+    assert not result.differing(), result.summary(starts)
+    assert len(result.vllm) >= 300 and result.vllm_preemptions >= 4  # 6 and 7 in two launches (rounds land apart)
+    assert result.sim_preemptions == result.vllm_preemptions
+    assert result.vllm_prefix == result.sim_prefix and result.vllm_prefix[1] >= 0.3 * result.vllm_prefix[0]
+    cache = result.sim_cache
+    assert cache.evicted_blocks > 0 and cache.preempted_hits > 0  # resumed requests found their own blocks again
+    # without the cache the same arrivals make other steps
+    assert sim_counts(sim_record(trace, starts, 64, 8, num_gpu_blocks=20)) != result.vllm
+    assert not vllm_processes()
+
+
 def test_llama_server_on_the_sim_runs_every_step_a_real_llama_server_ran(tmp_path):
     from benchmarks.server.llama_steps import differing, make_trace, run_server, sim_layouts
 

@@ -171,9 +171,9 @@ def shared_prompt(rng: random.Random, own: tuple[int, ...], system: tuple[int, .
 
 # --- vLLM's side ---------------------------------------------------------------------------------------------------
 
-#: vLLM's counters the comparison reads: preemptions, and the prefix cache's tokens queried and found (a request's
-#: first admission only: PrefixCacheStats.record keeps a preempted request's lookups apart)
-COUNTERS = ("vllm:num_preemptions_total", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+#: vLLM's counters the comparison reads (their /metrics sample names): preemptions, and the prefix cache's tokens
+#: queried and found (a request's first admission only: PrefixCacheStats.record keeps a preempted request's apart)
+COUNTERS = ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
 @dataclass(frozen=True)
 class StepCounts:
@@ -478,7 +478,8 @@ def compare(trace: list[Round], budget: int, max_num_seqs: int, model: Path | No
         steps = server.steps()
         counters = server.counters(COUNTERS)
     record = sim_record(trace, starts, budget, max_num_seqs, strategy, threshold, num_gpu_blocks, prefix_caching)
-    prefix = (counters["vllm:prefix_cache_queries"], counters["vllm:prefix_cache_hits"]) if prefix_caching else None
+    prefix = ((counters["vllm:prefix_cache_queries_total"], counters["vllm:prefix_cache_hits_total"])
+              if prefix_caching else None)
     return Comparison(steps, sim_counts(record), counters["vllm:num_preemptions_total"],
                       sum(r.preemptions for r in record.requests), prefix, record.kv_cache), starts
 
