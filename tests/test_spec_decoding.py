@@ -212,7 +212,8 @@ def test_torch_tokens_identical_with_and_without_ngram_drafting(smol_prompts):
     from prefillbench.backends.torch.backend import TorchBackend
     from prefillbench.models import default_model_path
 
-    check_exact_with_drafting(TorchBackend.load(default_model_path(), device="cpu"), smol_prompts)
+    # Without the linear tuner: it times its candidates at every new row count, and verify steps bring many.
+    check_exact_with_drafting(TorchBackend.load(default_model_path(), device="cpu", tune_linear=False), smol_prompts)
 
 
 def test_a_method_without_a_real_drafter_is_refused_on_gguf(smol_gguf, smol_prompts):
