@@ -6,6 +6,7 @@ until a request leaves, the ratio's trace), every step of the seeded traces equa
 argument parser (ServerArgs.add_cli_args)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -13,9 +14,10 @@ import subprocess
 import pytest
 
 from benchmarks.engine.sglang_steps import (PRESETS, Config, Iteration, TraceRequest, compare, preset_trace,
-                                            references)
+                                            random_cases, references)
 from prefillbench.backends.server import sglang_env
 from prefillbench.backends.server.engines import SGLANG
+from strategies import compose
 
 #: environ.py's SGLANG_INIT_NEW_TOKEN_RATIO, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 INIT, FLOOR = 0.7, 0.7 * 0.14
@@ -134,6 +136,26 @@ def test_the_strategies_run_every_step_sglangs_code_runs():
     plain = next(c for c in results if c.name == "default")
     mixed = compare([("contrast", preset_trace(PRESETS[0]), Config(256, 16384, 200_000, 16, True))])[0]
     assert mixed.sglang != plain.sglang
+    # --prefill-decode-interval (the decode-rounds cadence, strategies/cadence.py): the presets that set it defer
+    # prompts for its rounds after a batch with prompts while requests wait, and the comparison sees it
+    for c in results:
+        config = next(p.config for p in PRESETS if p.name == c.name)
+        deferred = sum(1 for a, b in zip(c.sglang, c.sglang[1:]) if a.kind in ("extend", "mixed") and b.kind == "decode")
+        if config.prefill_decode_interval:
+            assert deferred >= 20, c.name
+    paced = next(p for p in PRESETS if p.name == "decode-rounds")
+    unpaced = compare([("every", preset_trace(paced), dataclasses.replace(paced.config, prefill_decode_interval=0))])
+    assert unpaced[0].sglang != next(c for c in results if c.name == "decode-rounds").sglang
+
+
+def test_the_decode_rounds_cadence_runs_every_step_sglangs_code_runs_on_random_cases():
+    """Thirty seeded random configurations and traces (random_cases: chunks of a few tokens to 256, caches of a few
+    hundred tokens, ignore_eos on and off, mixed and not), each with a --prefill-decode-interval of 1-8 and a min-bs of
+    1-4: every iteration equal (python -m benchmarks.engine.sglang_steps --random 30 --decode-rounds 1)."""
+    results = compare(random_cases(0, 30, decode_rounds=True))
+    for c in results:
+        assert not c.mismatches, c.first_mismatch()
+    assert sum(c.steps for c in results) > 1000
 
 
 # ---------------------------------------------------------------- the preset, against SGLang's own parser
@@ -164,6 +186,9 @@ def launch_lines() -> list[list[str]]:
                 for cache in (False, True):
                     argv = SGLANG.argv(spec, {**values, "budget": budget}, cache=cache)
                     lines.append(argv[argv.index("--model-path"):])
+        for cadence in ("decode-rounds:4", "decode-rounds:16:min-bs=8"):  # the cadence it ships (cadence.py)
+            argv = SGLANG.argv(compose(name, "fixed", cadence), values)
+            lines.append(argv[argv.index("--model-path"):])
     return lines
 
 
@@ -175,6 +200,6 @@ def test_every_launch_line_of_the_preset_parses_with_sglangs_own_parser():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     ours = {w for line in lines for w in line if w.startswith("--")}
     assert {"--chunked-prefill-size", "--enable-mixed-chunk", "--disable-radix-cache",
-            "--max-prefill-tokens"} <= ours
+            "--max-prefill-tokens", "--prefill-decode-interval", "--prefill-decode-interval-min-bs"} <= ours
     assert sorted(ours - set(out["flags"])) == [] and out["errors"] == []
-    assert len(lines) == 16
+    assert len(lines) == 20
