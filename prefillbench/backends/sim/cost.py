@@ -184,18 +184,26 @@ class CostModel(Footprint):
 
     def _measured(self, name: str, flops: float, nbytes: float, fp8: bool, rows: float, diag: float) -> Op:
         """An operator priced by its class's measured curve (pricing.py); its bound is the class's."""
+        seconds = self._measured_seconds(name, flops, nbytes, fp8, rows, diag)
+        if name == "prefill_attention":
+            return Op(name, flops, nbytes, seconds, "compute")
+        if name in ("decode_attention", "norms_elementwise", "embedding"):
+            return Op(name, flops, nbytes, seconds, "memory")
+        ridge = (self.gpu.fp8_flops if fp8 else self.gpu.flops) / self.gpu.mem_bw
+        return Op(name, flops, nbytes, seconds, "compute" if flops >= ridge * nbytes else "memory", fp8)
+
+    def _measured_seconds(self, name: str, flops: float, nbytes: float, fp8: bool, rows: float, diag: float) -> float:
+        """_measured's seconds alone: fast_seconds prices every simulated step's attention by it, with no Op built."""
         p = self.pricing
         if name == "prefill_attention":
-            return Op(name, flops, nbytes, p.prefill_attention(flops, nbytes, rows, diag), "compute")
+            return p.prefill_attention(flops, nbytes, rows, diag)
         if name == "decode_attention":
-            return Op(name, flops, nbytes, p.decode_attention(flops, nbytes), "memory")
+            return p.decode_attention(flops, nbytes)
         if name == "norms_elementwise":
-            return Op(name, flops, nbytes, p.elementwise(nbytes, ELEMENTWISE_KERNELS), "memory")
+            return p.elementwise(nbytes, ELEMENTWISE_KERNELS)
         if name == "embedding":
-            return Op(name, flops, nbytes, p.elementwise(nbytes), "memory")
-        ridge = (self.gpu.fp8_flops if fp8 else self.gpu.flops) / self.gpu.mem_bw
-        return Op(name, flops, nbytes, p.linear(flops, nbytes, fp8), "compute" if flops >= ridge * nbytes else "memory",
-                  fp8)
+            return p.elementwise(nbytes)
+        return p.linear(flops, nbytes, fp8)
 
     def _link(self, name: str, nbytes: float, bw: float) -> Op:
         return Op(name, 0.0, nbytes, nbytes / (bw * self.gpu.network_fraction) + self.gpu.collective_latency_s, "link")
@@ -493,8 +501,8 @@ class CostModel(Footprint):
         return total
 
     def _term_seconds(self, t: Term) -> float:
-        if self.pricing is not None:
-            return self._roof(t.name, t.flops, t.bytes, t.share, t.fp8, t.rows, t.diag).seconds
+        if self.pricing is not None:  # _roof's seconds, with no Op built
+            return self._measured_seconds(t.name, t.flops, t.bytes, t.fp8 and self.fp8, t.rows, t.diag)
         return self._time(t.flops, t.bytes, t.share, t.fp8)
 
     def _roof_seconds(self, flops: float, nbytes: float, share: float = 1.0) -> float:
