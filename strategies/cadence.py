@@ -10,7 +10,10 @@ them, but on fewer steps.
 - every (`None`: no part): prompts may run on every step, every engine's default.
 - interval:N (`VllmInterval`), vLLM 0.32's --prefill-schedule-interval (vllm#44558): new prefills only on steps
   whose counter is a multiple of N (`DPEngineCoreProc._should_throttle_prefills`, vllm/v1/engine/core.py: the
-  counter counts engine steps and returns to 0 when every rank is idle); on a throttled step
+  counter counts engine steps and returns to 0 when a wave ends: at the first DP sync, every dp_sync_interval (16)
+  steps, that finds no rank with work; between, vLLM runs dummy batches and keeps counting, while here the counter
+  restarts as the engine goes idle: the one difference benchmarks/engine/vllm_throttle_steps.py finds, for a
+  request arriving within that tail); on a throttled step
   `Scheduler.schedule(throttle_prefills=True)` (vllm/v1/core/sched/scheduler.py) defers the prompts in progress in
   RUNNING and every WAITING request with more than one token to compute, but only while a decode runs (`any(not
   r.is_prefill_chunk for r in self.running)`) and only if the last unthrottled step drained the waiting queue
@@ -48,7 +51,7 @@ class VllmInterval:
         self.deferred = False  # this step's defer_prefills
 
     def idle(self) -> None:
-        self.step_counter = 0  # a new wave: run_busy_loop resets the counter when no rank has work
+        self.step_counter = 0  # a new wave: run_busy_loop resets it at its next DP sync (module docstring)
 
     def admits(self, running) -> bool:
         throttle = self.interval > 1 and self.step_counter % self.interval != 0
