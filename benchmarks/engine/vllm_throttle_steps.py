@@ -5,6 +5,7 @@ composed strategy on a step clock (every step one virtual second, as sglang_step
 
     python -m benchmarks.engine.vllm_throttle_steps                       # the presets: a seeded trace, the guard
     python -m benchmarks.engine.vllm_throttle_steps --seed 5 --requests 40 --interval 8
+    python -m benchmarks.engine.vllm_throttle_steps --random 12          # random cases, each its own settings
 
 Compared each step: the prompt chunks (request, tokens, in schedule order) and the decoding requests. A step where
 vLLM's loop ran a dummy batch (its wave still running, no request of its own) is idle on both sides. Printed: steps
@@ -80,6 +81,19 @@ def presets() -> list[Case]:
         Case("guard: undrained queue", make_trace(1, 30, 300, 24, 0.7), Config(budget=96, max_num_seqs=4,
                                                                                interval=4)),
     ]
+
+
+def random_cases(seed: int, n: int) -> list[Case]:
+    """n seeded cases, each its own interval (2-8), budget, max-num-seqs and arrival rate (a mean gap of 20 steps
+    leaves the engine idle between requests: vLLM's dummy-batch tail, docs/scheduler-parts.md)."""
+    rng = random.Random(seed)
+    cases = []
+    for i in range(n):
+        config = Config(budget=rng.choice([32, 64, 128, 256]), max_num_seqs=rng.randint(2, 8),
+                        interval=rng.randint(2, 8))
+        trace = make_trace(rng.randrange(1 << 30), 20, 200, 30, rng.choice([0.5, 3.0, 8.0, 20.0]))
+        cases.append(Case(f"random {i}", trace, config))
+    return cases
 
 
 @dataclass(frozen=True)
@@ -193,7 +207,8 @@ def table(results: list[Comparison]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, help="one seeded trace instead of the presets")
+    parser.add_argument("--seed", type=int, help="one seeded trace instead of the presets (with --random: the cases' seed)")
+    parser.add_argument("--random", type=int, default=0, metavar="N", help="N random cases, each its own settings")
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--interval", type=int, default=4, help="--prefill-schedule-interval N (at least 2)")
     parser.add_argument("--budget", type=int, default=128, help="--max-num-batched-tokens")
@@ -204,11 +219,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.interval < 2 or args.budget < 1 or args.max_num_seqs < 1 or args.requests < 1:
+    if args.interval < 2 or args.budget < 1 or args.max_num_seqs < 1 or args.requests < 1 or args.random < 0:
         print("vllm_throttle_steps: --interval takes 2 or more; --budget, --max-num-seqs, --requests 1 or more",
               file=sys.stderr)
         return 2
-    if args.seed is None:
+    if args.random:
+        cases = random_cases(args.seed or 0, args.random)
+    elif args.seed is None:
         cases = presets()
     else:
         trace = make_trace(args.seed, args.requests, args.max_prompt, args.max_output, args.mean_gap)
