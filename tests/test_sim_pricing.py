@@ -194,3 +194,37 @@ def test_the_first_step_after_a_wait_pays_the_host_work_an_overlapping_engine_hi
     assert 0 < hidden < busy
     # busy: max(cpu - exposed, device) + exposed = device + exposed; after a wait: cpu + device
     assert cold == pytest.approx(busy + hidden, rel=1e-12) and again == pytest.approx(cold, rel=1e-12)
+
+
+#: fast_seconds and an engine's step time before fast_seconds built no Op per term and no dict per step (recorded
+#: at 19bb4d9): (overheads, chunks, decodes, their context, emitting rows, after idle, seconds)
+RECORDED_FAST = [
+    (None, (), 8, 9000, 8, False, 0.00698747780476434), (None, ((0, 512),), 16, 30000, 16, False, 0.01812887920680703),
+    (None, (), 1, 700, 1, True, 0.006502805244262163), (None, ((100, 2000), (0, 48)), 0, 0, 1, False, 0.05411270077839874),
+    ("vllm", (), 8, 9000, 8, False, 0.00714747780476434), ("vllm", ((0, 512),), 16, 30000, 16, False, 0.01828887920680703),
+    ("vllm", (), 1, 700, 1, True, 0.0069297682033229915),
+    ("vllm", ((100, 2000), (0, 48)), 0, 0, 1, False, 0.05427270077839874)]
+#: (overheads, GPU seconds, sequences, tokens, decode only, after idle, terms()["step"]), recorded at 19bb4d9 (TP 2)
+RECORDED_STEP = [
+    ("vllm", 0.004, 8, 8, True, False, 0.0041600000000000005), ("vllm", 0.02, 40, 2100, False, False, 0.02016),
+    ("vllm", 0.0001, 1, 1, True, True, 0.0005269629590608284), ("vllm", 0.0009, 200, 200, True, False, 0.004385921277283947),
+    ("sarathi", 0.004, 8, 8, True, False, 0.012299400000000002),
+    ("sarathi", 0.02, 40, 2100, False, False, 0.029873056453558505),
+    ("sarathi", 0.0001, 1, 1, True, True, 0.00961926265078408),
+    ("sarathi", 0.0009, 200, 200, True, False, 0.019405438721351025), ("sglang", 0.004, 8, 8, True, False, 0.004),
+    ("sglang", 0.02, 40, 2100, False, False, 0.02), ("sglang", 0.0001, 1, 1, True, True, 0.0005269629590608284),
+    ("sglang", 0.0009, 200, 200, True, False, 0.004385921277283947)]
+
+
+def test_the_fast_path_and_an_engines_step_time_are_the_floats_they_were():
+    """Every simulated step is priced by fast_seconds and, with an engine's overheads, step_seconds: cut for speed,
+    they must give the same floats as before (==, not approx: a capacity search compares their sums)."""
+    for overheads, chunks, n, ctx, emit, idle, seconds in RECORDED_FAST:
+        assert _measured("llama-3.1-8b", "h100-sxm", 1, overheads).fast_seconds(list(chunks), n, ctx, emit, None,
+                                                                                idle) == seconds
+    for overheads, gpu_s, seqs, tokens, decode_only, idle, seconds in RECORDED_STEP:
+        cm = _measured("llama-3.1-8b", "h100-sxm", 2, overheads)
+        n_kernels, pieces, eager = cm.kernels
+        args = (gpu_s, seqs, tokens, 2, n_kernels, decode_only, idle)
+        assert cm.overheads.terms(*args, eager_kernels=eager, graph_pieces=pieces)["step"] == seconds
+        assert cm.overheads.step_seconds(*args, eager_kernels=eager, graph_pieces=pieces) == seconds

@@ -497,7 +497,9 @@ class CostModel(Footprint):
         if chunks and decoding and self.gpu.mixed_step_factor != 1.0:
             total += (self.gpu.mixed_step_factor - 1.0) * total
         if self.overheads is not None and (chunks or decoding):
-            total = self.engine_terms(total, n_seqs, n, not chunks, after_idle)["step"]
+            n_kernels, pieces, eager = self.kernels  # engine_terms(...)["step"], with no dict built
+            total = self.overheads.step_seconds(total, n_seqs, n, self.tp, n_kernels, not chunks, after_idle,
+                                                eager_kernels=eager, graph_pieces=pieces)
         return total
 
     def _term_seconds(self, t: Term) -> float:

@@ -247,8 +247,10 @@ class EngineOverheads:
         return max(gpu_s, self.launch_seconds(n_kernels, decode_only, n_seqs, **graph))
 
     def step_seconds(self, gpu_s: float, n_seqs: int, n_tokens: int, tp: int, n_kernels: int, decode_only: bool,
-                     **graph) -> float:
-        return self.terms(gpu_s, n_seqs, n_tokens, tp, n_kernels, decode_only, **graph)["step"]
+                     after_idle: bool = False, **graph) -> float:
+        """terms(...)["step"] with no dict built: the sim prices every simulated step by it (CostModel.fast_seconds)."""
+        device, host, exposed = self._parts(gpu_s, n_seqs, n_tokens, tp, n_kernels, decode_only, after_idle, graph)
+        return device + host + exposed
 
     def terms(self, gpu_s: float, n_seqs: int, n_tokens: int, tp: int, n_kernels: int, decode_only: bool,
               after_idle: bool = False, **graph) -> dict[str, float]:
@@ -256,15 +258,19 @@ class EngineOverheads:
         GPU ran nothing before this step (the engine waited for a request), so an overlapping engine has no step
         in flight to hide this one's host work behind: it is paid in line, as a step of an engine that does not
         overlap pays it."""
+        device, host, exposed = self._parts(gpu_s, n_seqs, n_tokens, tp, n_kernels, decode_only, after_idle, graph)
+        return {"step": device + host + exposed, "gpu": gpu_s, "launch": device - gpu_s, "cpu": host,
+                "exposed": exposed}
+
+    def _parts(self, gpu_s: float, n_seqs: int, n_tokens: int, tp: int, n_kernels: int, decode_only: bool,
+               after_idle: bool, graph: dict) -> tuple[float, float, float]:
+        """(when the device finishes, host time after it, host time in line) of a step (terms)."""
         device = self.device_seconds(gpu_s, n_kernels, decode_only, n_seqs, n_tokens=n_tokens, **graph)
         cpu = self.cpu_seconds(n_seqs, n_tokens, tp)
         if self.overlapped and not after_idle:  # the exposed part stays in line; the rest hides behind the device
             exposed = min(self.exposed_s, cpu)
-            host = max(cpu - exposed, device) - device
-        else:
-            exposed, host = 0.0, cpu
-        return {"step": device + host + exposed, "gpu": gpu_s, "launch": device - gpu_s, "cpu": host,
-                "exposed": exposed}
+            return device, max(cpu - exposed, device) - device, exposed
+        return device, cpu, 0.0
 
     def for_gpu(self, gpu: str, memory_gib: float, tp: int = 1, offline: bool = False) -> "EngineOverheads":
         """This engine's defaults on that GPU (a name such as 'h100' and its memory in GiB; offline: the Python
