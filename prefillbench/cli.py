@@ -25,7 +25,7 @@ from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
 from prefillbench.commands import ab, calibrate, capacity, compare, designs, merge, plot, run, tune
 from prefillbench.commands.flags import (CAPACITY_PANEL, DEPLOY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
-                                         ClientRay, ClientWorkers, EngineName, ExpertParallel, LatencyFrom, Shard, Strict, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimLink, SimOverheads, SimPricing, MaxNumSeqs, KvCacheTokens, Url,
+                                         ClientRay, ClientWorkers, DataParallel, EngineName, ExpertParallel, LatencyFrom, Shard, Strict, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimLink, SimOverheads, SimPricing, MaxNumSeqs, KvCacheTokens, Url,
                                          Budget, Burstiness, Cadence, Spec, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
                                          MaxQueueGrowth, MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
@@ -147,6 +147,7 @@ def _model_and_backend(
     tp: TensorParallel = B.tp,
     pp: PipelineStages = B.pp,
     ep: ExpertParallel = B.ep,
+    dp: DataParallel = B.dp,
     sim_dtype: SimDtype = None,
     kv_dtype: KvDtype = None,
     sim_pricing: SimPricing = None,

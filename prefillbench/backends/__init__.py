@@ -100,6 +100,8 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, str]:
     pp = options.get("pp") or 1
     if options.get("kernels", "auto") != "auto" and name != "torch":
         raise BackendError(f"--kernels {options['kernels']} applies to --backend torch, not {name}")
+    if (options.get("dp") or 1) > 1 and name != "sim":
+        raise BackendError(f"--dp {options['dp']} runs on the sim only (--backend sim)")
     if (options.get("ep") or 1) > 1 and name != "sim":
         raise BackendError(f"--ep {options['ep']} runs on the sim only (--backend sim)")
     if pp > 1 and name != "sim":

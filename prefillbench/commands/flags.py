@@ -110,6 +110,9 @@ KvDtype = Annotated[Optional[str], option(
 ExpertParallel = Annotated[int, option(
     "--ep", panel=SIM_PANEL, help="sim: expert-parallel GPUs per pipeline stage, a multiple of --tp (attention runs in "
     "ep/tp data-parallel groups; MoE models only)")]
+DataParallel = Annotated[int, option(
+    "--dp", panel=SIM_PANEL, help="sim: data-parallel ranks in lockstep, each a copy of the --tp layout: requests "
+    "round-robin to ranks, each step the slowest rank's (docs/scheduler-parts.md; dense or MoE, no --ep past --tp)")]
 TensorParallel = Annotated[int, option(
     "--tp", panel=MODEL_PANEL,
     help="tensor-parallel ranks: torch runs one process per rank under torchrun (see docs/servers.md, \"Past one machine\"); "

@@ -20,6 +20,7 @@ from prefillbench.backends.sim import calibration_measured, links
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
+from prefillbench.backends.sim.data_parallel import check_dp, slowest_rank_seconds
 from prefillbench.backends.sim.pipeline import Pipeline
 from prefillbench.backends.sim.pricing import default_pricing, engine_overheads, pricing_for
 from prefillbench.backends.sim.run_metadata import sim_metadata
@@ -78,13 +79,15 @@ class SimBackend(StepBackend):
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
     options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
                          "trace", "sim_pricing", "sim_overheads", "max_num_seqs", "prefix_cache", "prefix_block",
-                         "sim_link"})
+                         "sim_link", "dp"})
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
                  trace: str | Path | None = None, pricing: str = "spec", overheads: str | None = None,
                  prefix: PrefixSettings = PrefixSettings(), max_num_seqs: int | None = None,
-                 pricing_why: str = "--sim-pricing") -> None:
+                 pricing_why: str = "--sim-pricing", dp: int = 1) -> None:
+        check_dp(dp, tp=tp, pp=pp, ep=ep, windows=bool(model.windows))
+        self.dp = dp  # lockstep data-parallel ranks, each a copy of this layout (data_parallel.py)
         self.spec_gpu = gpu
         # what another instance of this deployment needs (instance): all but the parallelism and the trace file
         self._settings = dict(calibration=calibration, calibration_path=calibration_path, pricing=pricing,
@@ -108,10 +111,13 @@ class SimBackend(StepBackend):
             self.gpu, self.pricing is not None, self.cost.allreduce_engine, tp * self.cost.dp, pp)
         self.cost.check_fits()
         self.max_num_seqs, self.max_num_seqs_source = self._sequence_cap(max_num_seqs, tp)
+        if dp > 1:  # the engine holds every rank's sequences and KV: N ranks' worth, pooled
+            self.max_num_seqs *= dp
+            self.max_num_seqs_source += f", x{dp} data-parallel ranks"
         # A windowed model's sequences hold fewer positions on its windowed layers: its cache is counted in
         # positions summed over layers (ModelSpec.kv_positions), a dense one's in tokens, as before.
         self._windows = model.windows
-        self._kv_capacity = self.cost.kv_capacity_positions() if self._windows else self.cost.kv_capacity_tokens()
+        self._kv_capacity = dp * (self.cost.kv_capacity_positions() if self._windows else self.cost.kv_capacity_tokens())
         if self._windows:
             self._full_layers = sum(1 for w in model.windows if not w)
             self._window_layers = {w: sum(1 for x in model.windows if x == w) for w in self.cost.windows}
@@ -121,6 +127,8 @@ class SimBackend(StepBackend):
         self.calibration_path = calibration_path
         n = self.cost.n_gpus
         self.device = gpu.name if n == 1 else f"{n}x{gpu.name} TP{tp} PP{pp}" + (f" EP{ep}" if ep > 1 else "")
+        if dp > 1:
+            self.device = f"DP{dp} x " + self.device
         if self.calibrated:
             self.device += " calibrated"
         self.model_name = model.name
@@ -182,6 +190,9 @@ class SimBackend(StepBackend):
             out.append(f"{m.name}: experts priced under uniform routing (a step of T tokens reads the weights of "
                        f"E(1-(1-k/E)^T) of its {m.n_experts} experts per MoE layer, k={m.experts_per_tok}); "
                        "see docs/sim.md for where that errs")
+        if self.dp > 1:
+            out.append(f"--dp {self.dp}: ranks in lockstep, each step the slowest rank's; requests round-robin to ranks; "
+                       "one budget and one cadence for the whole step, KV and max_num_seqs pooled (data_parallel.py)")
         if self.cost.dp > 1:
             out.append(f"--ep {self.ep} with --tp {self.tp}: attention in {self.cost.dp} data-parallel groups, each "
                        "priced on an equal share of every step's tokens")
@@ -193,7 +204,7 @@ class SimBackend(StepBackend):
              sim_gpu: str | None = None, sim_dtype: str | None = None, kv_dtype: str | None = None,
              dtype: str | None = None, sim_pricing: str | None = None, sim_overheads: str | None = None,
              prefix_cache: str | None = None, prefix_block: int | None = None,
-             max_num_seqs: int | None = None, sim_link: str | None = None) -> "SimBackend":
+             max_num_seqs: int | None = None, sim_link: str | None = None, dp: int = 1) -> "SimBackend":
         """Presets or files by name; a calibration file supplies the model and device it measured when none is named.
         sim_dtype: the weights' precision (bf16, fp16, fp8, int8, int4, mxfp4), kv_dtype: the KV cache's (bf16,
         fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config). dtype (the
@@ -227,7 +238,7 @@ class SimBackend(StepBackend):
             why = f"the default: {why}"
         return cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration, trace=trace,
                    pricing=sim_pricing, overheads=sim_overheads, prefix=prefix, max_num_seqs=max_num_seqs,
-                   pricing_why=why)
+                   pricing_why=why, dp=dp)
 
     def instance(self, tp: int) -> "SimBackend":
         """Another GPU instance of the same model, device, pricing and cache at tensor parallelism `tp` (a
@@ -238,10 +249,10 @@ class SimBackend(StepBackend):
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int = 0) -> int:
         """Sequences of `max_seq_len` whose KV cache fits beside the weights, at most the engine's max_num_seqs;
         the engine clamps to it."""
-        return min(self.cost.max_sequences(max_seq_len, max_step_tokens), self.max_num_seqs)
+        return min(self.dp * self.cost.max_sequences(max_seq_len, max_step_tokens), self.max_num_seqs)
 
     def own_kv_capacity_tokens(self, max_step_tokens: int) -> int:
-        return self.cost.kv_capacity_tokens(max_step_tokens)
+        return self.dp * self.cost.kv_capacity_tokens(max_step_tokens)
 
     @property
     def engine_max_num_seqs(self) -> int:
@@ -284,7 +295,7 @@ class SimBackend(StepBackend):
         # under tune's 4,026-token sequences: half of a probe's CPU went to _execute_windowed).
         binds = bool(self.model.windows) and self.model.kv_positions(max_seq_len) < self.model.n_layers * max_seq_len
         self._windows = self.model.windows if binds else ()
-        self._kv_capacity = self.cost.kv_capacity_positions() if binds else self.cost.kv_capacity_tokens()
+        self._kv_capacity = self.dp * (self.cost.kv_capacity_positions() if binds else self.cost.kv_capacity_tokens())
         # The cache holds what the KV pool does (vLLM's: cached blocks live in the pool and are evicted as it fills),
         # counted as the model's pool is, whichever path the run takes.
         pool = self.cost.kv_capacity_positions() if self.model.windows else self._kv_capacity
@@ -316,6 +327,8 @@ class SimBackend(StepBackend):
         if spec is None:
             self.drafting = None
             return
+        if self.dp > 1:
+            raise BackendError(f"--spec {spec.label} with --dp {self.dp}: not modelled (data_parallel.py)")
         if self._windows or self.pp > 1:
             raise BackendError(f"--spec {spec.label}: the sim prices speculative decoding without sliding windows "
                                "or pipeline stages")
@@ -381,7 +394,9 @@ class SimBackend(StepBackend):
                 tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
             if self.prefixes is not None:
                 self.prefixes.computed(c.seq_id, end)
-        if self._trace is None:
+        if self.dp > 1:
+            seconds = slowest_rank_seconds(self.cost, step, self.dp, self._idle)
+        elif self._trace is None:
             seconds = self.cost.fast_seconds(chunks, len(step.decodes), ctx, n_emit, None, self._idle)
         else:
             cost = self.step_cost(step, self._idle)
@@ -443,7 +458,7 @@ class SimBackend(StepBackend):
     @property
     def runs_decodes(self) -> bool:
         # Pipeline stages hold several steps at once, and a trace writes each step's operators.
-        return self.pipeline is None and self._trace is None
+        return self.pipeline is None and self._trace is None and self.dp == 1
 
     def run_decodes(self, step: Step, max_steps: int, until: float) -> DecodeRun | None:
         """Decode-only steps in a row, priced and held as execute would one at a time, to the same float: the

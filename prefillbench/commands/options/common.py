@@ -149,6 +149,7 @@ class BackendOptions:
     tp: int = _backend_option(1, "--tp", "tp")
     pp: int = _backend_option(1, "--pp", "pp")
     ep: int = _backend_option(1, "--ep", "ep")
+    dp: int = _backend_option(1, "--dp", "dp")
     sim_dtype: str | None = _backend_option(None, "--sim-dtype", "sim_dtype")
     kv_dtype: str | None = _backend_option(None, "--kv-dtype", "kv_dtype")
     sim_pricing: str | None = _backend_option(None, "--sim-pricing", "sim_pricing")
