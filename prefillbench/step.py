@@ -63,6 +63,9 @@ class Step:
     #: What the strategy's own state was when it chose the step, as (name, value) pairs (SGLang's new_token_ratio,
     #: slo-budget's prompt-token budget): carried to the step's record and the per-request export, never executed.
     policy_values: tuple[tuple[str, float], ...] = ()
+    #: Tokens loaded from a host tier (engine/host_tier.py) before a prompt's first chunk, as (seq_id, tokens): the
+    #: chunk starts past them; the backend prices the load (the sim over its host link).
+    host_loads: tuple[tuple[int, int], ...] = ()
 
     @property
     def n_prefill_tokens(self) -> int:

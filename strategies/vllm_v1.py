@@ -342,24 +342,34 @@ class VllmV1(Strategy):
         if limits:
             new, slot = self._partial_limits(in_progress, preempted, new, budget, threshold)
         size = memory.block_size
+        host_loads: list[tuple[int, int]] = []
         for seq in new:  # the WAITING queue, FCFS (preempted requests at its head)
             if budget <= 0 or (cap is not None and n_running >= cap):
                 break
             if self.deferred and len(seq.prompt) - seq.n_prefilled > 1:
                 break  # throttle_prefills, as on the paged path
             hit = cache.computed_blocks(seq)
-            start = len(hit) * size
+            # past the GPU's hit, the blocks on the host tier (the OffloadingConnector's get_num_new_matched_tokens):
+            # loaded into blocks allocated now, the chunk starting past them
+            loaded = cache.host_blocks(seq, len(hit))
+            start = (len(hit) + loaded) * size
             end = min(len(seq.prompt), start + self._cap(min(budget, slot) if limits else budget, threshold))
-            if not memory.allocate(seq, 0, end - start, hit, len(seq.prompt) if self.reserve_full_isl else 0):
+            if not memory.allocate(seq, loaded * size, end - start, hit,
+                                   len(seq.prompt) if self.reserve_full_isl else 0):
                 break  # head of line: no preemption on behalf of a waiting request
-            cache.record_lookup(seq, start)
+            cache.record_lookup(seq, len(hit) * size)
+            if cache.host is not None:
+                cache.record_host(seq, len(hit), loaded)
+                if loaded:
+                    host_loads.append((seq.seq_id, loaded * size))
             prefills.append(PrefillChunk(seq.seq_id, tuple(seq.prompt[start:end]), start, end == len(seq.prompt)))
             budget -= end - start
             n_running += 1
             if seq.preemptions or order:  # RUNNING's tail, after every request in it: numbered from the first resume
                 order[seq.seq_id] = self._next + 1_000_000_000
                 self._next += 1
-        return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes), preempted=tuple(preempted))
+        return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes), preempted=tuple(preempted),
+                    host_loads=tuple(host_loads))
 
     def _slot_budget(self, in_progress, waiting) -> int:
         """V0's share of the budget for one prompt: the budget over the prompts a step holds (no limits: all of it)."""

@@ -31,8 +31,13 @@ def block_cache_columns(runs: list[RunRecord]) -> dict:
     kept = [run for run in runs if getattr(run, "kv_cache", None) is not None]
     if not kept:
         return {}
-    return {"found_again_tokens": float(np.mean([sum(r.found_again for r in run.requests) for run in kept])),
-            "kv_evicted_blocks": float(np.mean([run.kv_cache.evicted_blocks for run in kept]))}
+    columns = {"found_again_tokens": float(np.mean([sum(r.found_again for r in run.requests) for run in kept])),
+               "kv_evicted_blocks": float(np.mean([run.kv_cache.evicted_blocks for run in kept]))}
+    hosted = [run.kv_cache.host for run in kept if run.kv_cache.host is not None]
+    if hosted:  # a host tier (engine/host_tier.py): tokens loaded from it, their load time, per repetition
+        columns["host_hit_tokens"] = float(np.mean([h.loaded_tokens for h in hosted]))
+        columns["host_load_s"] = float(np.mean([h.load_seconds for h in hosted]))
+    return columns
 
 
 def server_memory_columns(runs: list[RunRecord]) -> dict:

@@ -179,6 +179,10 @@ class ResultRow:
     # cached again on resuming (not recomputed), and cached blocks evicted, per repetition; NaN: no block cache.
     found_again_tokens: float = math.nan
     kv_evicted_blocks: float = math.nan
+    # Its host tier (--kv-host-cache, engine/host_tier.py): tokens loaded from host memory at admission and the
+    # loads' priced time, per repetition; NaN: no host tier.
+    host_hit_tokens: float = math.nan
+    host_load_s: float = math.nan
     # A server's KV memory as the engine reported it (backends/server/engine_metrics.py): where it was read ("vllm
     # /metrics", "sglang /metrics", "llama-server /slots", with what it did not export), its capacity in tokens.
     kv_source: str = ""

@@ -105,6 +105,11 @@ KvCacheTokens = Annotated[Optional[int], option(
     help="the KV cache shrunk to N tokens on any step backend (sim, gguf, torch), so admission by free blocks and "
     "preemption can be studied where the cache would never fill (default: the backend's own; the sim's is the GPU's "
     "memory beside the weights and the largest step)")]
+KvHostCache = Annotated[Optional[float], option(
+    "--kv-host-cache", panel=SIM_PANEL, metavar="GiB",
+    help="sim: GiB of host memory below the GPU's KV blocks (vLLM's --kv-offloading-size): blocks stored as "
+    "computed, a prefix found there loaded over PCIe at admission, or recomputed where cheaper; with -s vllm-v1 "
+    "and --prefix-cache on (docs/memory.md, Host tier) (default: none)")]
 KvDtype = Annotated[Optional[str], option(
     "--kv-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8", help="sim: KV cache precision to price (default: bf16)")]
 ExpertParallel = Annotated[int, option(

@@ -33,6 +33,7 @@ from strategies import Strategy
 from prefillbench.backends.base import Backend, BackendError, ServingBackend, StepBackend
 from prefillbench.engine.admission import Admission, Feed, fit
 from prefillbench.engine.drafts import proposer_for
+from prefillbench.engine.host_tier import HostTier
 from prefillbench.engine.loop import STOP_CHECK_STEPS, Loop, StepFailed
 from prefillbench.engine.memory import KVMemory
 from prefillbench.engine.records import Progress, RequestRecord, RunRecord, StepRecord
@@ -101,6 +102,18 @@ def run(
                     and strategy.reads_block_cache and memory.total_blocks is not None and spec is None)
     if engine_cache:
         memory.cached()
+    # a host tier below the cache's blocks (engine/host_tier.py: vLLM's OffloadingConnector), where the backend has one
+    host = getattr(backend, "host_tier", None)
+    terms = host(memory.block_size) if host is not None else None
+    if terms is not None:
+        if memory.cache is None:
+            if "--kv-host-cache" not in _SAID:
+                _SAID.add("--kv-host-cache")
+                print("prefillbench: --kv-host-cache ignored: a host tier sits below vllm-v1's block cache (the sim, "
+                      "--prefix-cache on, -s vllm-v1, no --spec)", file=sys.stderr)
+        else:
+            memory.cache.host = HostTier(*terms)
+            memory.cache.stats.host = memory.cache.host.stats
     backend.kv_shared = engine_cache
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap) + drafts_room)
     depth = max(1, backend.max_steps_in_flight)

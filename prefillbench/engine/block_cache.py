@@ -31,6 +31,9 @@ class CacheStats:
     preempted_queries: int = 0
     preempted_hits: int = 0
     evicted_blocks: int = 0
+    #: the host tier's (engine/host_tier.py HostTierStats); None: no host tier. Its loads count in `hits` only as
+    #: far as the GPU held them: vLLM counts a connector's hits apart (connector_prefix_cache_stats).
+    host: object = None
 
 
 class BlockCache:
@@ -51,6 +54,8 @@ class BlockCache:
         self.chains: dict[int, list[int]] = {}  # each sequence's full-block hashes so far
         self.seqs: dict[int, object] = {}  # seq_id -> its Sequence (its tokens name its blocks)
         self.stats = CacheStats()
+        #: the host tier below (engine/host_tier.py: vLLM's OffloadingConnector); None: none
+        self.host = None
 
     # ---- reading ------------------------------------------------------------------------------------------------
     @property
@@ -100,6 +105,24 @@ class BlockCache:
         leave the queue, so it counts)."""
         new = max(-(-tokens // self.block_size) - len(hit) - self.held(seq_id), 0)
         return new + sum(1 for b in hit if self.ref[b] == 0)
+
+    def host_blocks(self, seq, gpu_hit: int) -> int:
+        """Full blocks of `seq` to load from the host tier past the `gpu_hit` blocks the GPU holds (none without a
+        tier; never its last token, as computed_blocks)."""
+        if self.host is None:
+            return 0
+        last = (seq.n_tokens - 1) // self.block_size
+        return self.host.to_load(self._chain(seq, last), gpu_hit, last, self.block_size)
+
+    def record_host(self, seq, gpu_hit: int, n: int) -> None:
+        """An admitted request's host lookup: `n` blocks loaded past `gpu_hit` (touched), or those declined."""
+        host = self.host
+        last = (seq.n_tokens - 1) // self.block_size
+        chain = self._chain(seq, last)
+        if n:
+            host.loaded(chain, gpu_hit, n, self.block_size)
+        else:
+            host.stats.recomputed_tokens += host.declined(chain, gpu_hit, last, self.block_size)
 
     # ---- changing -----------------------------------------------------------------------------------------------
     def record_lookup(self, seq, hit_tokens: int) -> None:
@@ -186,6 +209,8 @@ class BlockCache:
                 continue
             block_hash[b] = h
             cached.setdefault(h, {})[b] = None
+            if self.host is not None:  # stored to the host as computed (the connector's _build_store_jobs)
+                self.host.store(h)
         self.num_cached[seq_id] = full
 
     def free(self, seq_id: int) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 from prefillbench.backends.prefix import PrefixSettings, PrefixStore
 from prefillbench.backends.sim import calibration_measured, links
+from prefillbench.backends.sim import host_tier as sim_host_tier
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
@@ -79,7 +80,9 @@ class SimBackend(StepBackend):
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
     options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
                          "trace", "sim_pricing", "sim_overheads", "max_num_seqs", "prefix_cache", "prefix_block",
-                         "sim_link", "dp"})
+                         "sim_link", "dp", "kv_host_cache"})
+    #: --kv-host-cache: GiB of host memory below the GPU's KV blocks (host_tier.py); None: no host tier
+    kv_host_gib: float | None = None
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
@@ -204,7 +207,8 @@ class SimBackend(StepBackend):
              sim_gpu: str | None = None, sim_dtype: str | None = None, kv_dtype: str | None = None,
              dtype: str | None = None, sim_pricing: str | None = None, sim_overheads: str | None = None,
              prefix_cache: str | None = None, prefix_block: int | None = None,
-             max_num_seqs: int | None = None, sim_link: str | None = None, dp: int = 1) -> "SimBackend":
+             max_num_seqs: int | None = None, sim_link: str | None = None, dp: int = 1,
+             kv_host_cache: float | None = None) -> "SimBackend":
         """Presets or files by name; a calibration file supplies the model and device it measured when none is named.
         sim_dtype: the weights' precision (bf16, fp16, fp8, int8, int4, mxfp4), kv_dtype: the KV cache's (bf16,
         fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config). dtype (the
@@ -236,9 +240,16 @@ class SimBackend(StepBackend):
         if sim_pricing is None:
             sim_pricing, why = default_pricing(gpu_spec, cal is not None)
             why = f"the default: {why}"
-        return cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration, trace=trace,
-                   pricing=sim_pricing, overheads=sim_overheads, prefix=prefix, max_num_seqs=max_num_seqs,
-                   pricing_why=why, dp=dp)
+        sim_host_tier.check(kv_host_cache, gpu_spec, pp, dp)
+        backend = cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration,
+                      trace=trace, pricing=sim_pricing, overheads=sim_overheads, prefix=prefix,
+                      max_num_seqs=max_num_seqs, pricing_why=why, dp=dp)
+        backend.kv_host_gib = kv_host_cache
+        return backend
+
+    def host_tier(self, block_size: int):
+        """The host tier's blocks and prices (host_tier.py), None without --kv-host-cache."""
+        return sim_host_tier.host_tier(self, block_size)
 
     def instance(self, tp: int) -> "SimBackend":
         """Another GPU instance of the same model, device, pricing and cache at tensor parallelism `tp` (a
@@ -405,6 +416,8 @@ class SimBackend(StepBackend):
         self._idle = False
         if self._jitter is not None:  # median-preserving: the calibration fits the medians of its repeats
             seconds *= math.exp(self.gpu.step_jitter * self._jitter.gauss(0.0, 1.0))
+        if step.host_loads:  # a host tier's loads, waited for before the step (host_tier.py says why)
+            seconds += sim_host_tier.load_seconds(self, sum(n for _, n in step.host_loads))
         self.clock += seconds
         self.n_steps += 1
         if self._held > self._kv_capacity and not self.kv_shared:
@@ -448,6 +461,8 @@ class SimBackend(StepBackend):
         self._idle = False
         if self._jitter is not None:
             seconds *= math.exp(self.gpu.step_jitter * self._jitter.gauss(0.0, 1.0))
+        if step.host_loads:
+            seconds += sim_host_tier.load_seconds(self, sum(n for _, n in step.host_loads))
         self.clock += seconds
         self.n_steps += 1
         if self._held > self._kv_capacity and not self.kv_shared:

@@ -156,6 +156,7 @@ class BackendOptions:
     sim_overheads: str | None = _backend_option(None, "--sim-overheads", "sim_overheads")
     max_num_seqs: int | None = _backend_option(None, "--max-num-seqs", "max_num_seqs")
     kv_cache_tokens: int | None = _backend_option(None, "--kv-cache-tokens", "kv_cache_tokens")
+    kv_host_cache: float | None = _backend_option(None, "--kv-host-cache", "kv_host_cache")
     calibration: str | None = _backend_option(None, "--calibration", "calibration")
     prefix_cache: str | None = _backend_option(None, "--prefix-cache", "prefix_cache")
     prefix_block: int | None = _backend_option(None, "--prefix-block", "prefix_block")

@@ -1,0 +1,78 @@
+"""The sim's host tier (`--kv-host-cache GiB`, vLLM's `--kv-offloading-size`): its capacity in blocks from the model's
+KV bytes per token, and a load's time over the GPU's host link.
+
+- Capacity: GiB over the whole instance (vLLM's kv_offloading_size "is the total buffer size summed across all TP
+  ranks", config/cache.py CacheConfig), each token holding its KV on every GPU of the instance.
+- Link: the card's PCIe slot, PCIe 4.0 / 5.0 x16 at links.PCIE_BW a direction (the link's rate after encoding; what
+  a copy achieves is lower, about 25 / 50 GB/s: so these loads are priced at their floor). Each GPU loads its own
+  share of a token's KV over its own slot, in parallel. No preset has NVLink-C2C (GH200/GB200): a card without a
+  PCIe generation is refused.
+- Pricing: a load is a wait added to the step that runs the request's first chunk, not overlapped with it. vLLM
+  loads asynchronously while the request waits (WAITING_FOR_REMOTE_KVS) and the others' steps run on, so this charges
+  the step's other requests too: an upper bound on what the load costs the batch, exact for the loading request
+  where it runs alone. Stores (GPU -> host, as blocks are computed) are not priced: vLLM runs them on another stream
+  after the step, off its critical path where the link keeps up.
+- Recompute instead: where computing the run of host blocks again, as a lone chunk from where the GPU's hit ends, is
+  priced below loading it (engine/host_tier.py).
+"""
+from __future__ import annotations
+
+from prefillbench.backends.sim import links
+from prefillbench.backends.sim.breakdown import Batch
+from prefillbench.backends.sim.specs import SimConfigError
+
+GiB = 1024 ** 3
+
+
+def check(gib: float | None, gpu, pp: int = 1, dp: int = 1) -> None:
+    """--kv-host-cache: a positive size, on a card whose host link the sim knows, one stage and one rank (a
+    pipeline's and the data-parallel ranks' steps do not price the loads); one line each."""
+    if gib is None:
+        return
+    if not gib > 0:
+        raise SimConfigError(f"--kv-host-cache is a size in GiB above 0, got {gib:g}")
+    if pp > 1 or dp > 1:
+        raise SimConfigError("--kv-host-cache: the sim prices a host tier with one pipeline stage and one "
+                             "data-parallel rank (--pp 1 --dp 1)")
+    if gpu.pcie_gen not in links.PCIE_BW:
+        raise SimConfigError(f"--kv-host-cache: {gpu.name} has no PCIe generation the sim knows, so no host link "
+                             "to price loads over")
+
+
+def host_link_bw(gpu) -> float:
+    """Bytes/s a direction between one GPU and host memory: its PCIe slot."""
+    return links.PCIE_BW[gpu.pcie_gen]
+
+
+def load_seconds(backend, tokens: int) -> float:
+    """`tokens` tokens' KV moved from host memory to the GPUs, each GPU its share over its own link."""
+    return tokens * backend.cost.kv_bytes_per_token_per_gpu() / host_link_bw(backend.gpu)
+
+
+def recompute_seconds(backend, start: int, tokens: int) -> float:
+    """`tokens` prompt tokens computed again from position `start`, as a chunk alone in a step."""
+    return backend.cost.seconds(Batch(((start, tokens, False),)))
+
+
+def capacity_blocks(backend, gib: float, block_size: int) -> int:
+    """Blocks of `block_size` tokens that `gib` GiB of host memory hold across the instance's GPUs."""
+    per_token = backend.cost.kv_bytes_per_token_per_gpu() * backend.cost.n_gpus
+    return int(gib * GiB // (per_token * block_size))
+
+
+def host_tier(backend, block_size: int) -> tuple[int, object, object] | None:
+    """The run's host tier as the engine builds it (engine/host_tier.py HostTier): its blocks, a load's seconds and a
+    recompute's (None: no --kv-host-cache)."""
+    gib = backend.kv_host_gib
+    if gib is None:
+        return None
+    blocks = capacity_blocks(backend, gib, block_size)
+    if blocks < 1:
+        raise SimConfigError(f"--kv-host-cache {gib:g} GiB holds no block of {block_size} tokens")
+    return blocks, lambda n: load_seconds(backend, n), lambda s, n: recompute_seconds(backend, s, n)
+
+
+def words(backend) -> str:
+    """The host link in words, for the pricing line."""
+    return (f"host tier {backend.kv_host_gib:g} GiB over PCIe {backend.gpu.pcie_gen}.0 x16, "
+            f"{host_link_bw(backend.gpu) / 1e9:g} GB/s a direction")
