@@ -185,6 +185,8 @@ class SimBackend(StepBackend):
         out = list(self.model.approximations) + self.cost.approximations
         if self.pricing is not None:
             out += self.pricing.notes
+        if self.kv_host_gib is not None:
+            out.append(sim_host_tier.words(self))
         if self.overheads is not None:
             out.append(f"--sim-overheads {self.overheads.name}: each step pays {self.overheads.version or self.overheads.name}'s "
                        "host time, kernel launches and CUDA graphs (docs/sim.md, Measured pricing)")
@@ -245,6 +247,8 @@ class SimBackend(StepBackend):
                       trace=trace, pricing=sim_pricing, overheads=sim_overheads, prefix=prefix,
                       max_num_seqs=max_num_seqs, pricing_why=why, dp=dp)
         backend.kv_host_gib = kv_host_cache
+        if kv_host_cache is not None:
+            say_once(sim_host_tier.words(backend))
         return backend
 
     def host_tier(self, block_size: int):

@@ -74,5 +74,7 @@ def host_tier(backend, block_size: int) -> tuple[int, object, object] | None:
 
 def words(backend) -> str:
     """The host link in words, for the pricing line."""
-    return (f"host tier {backend.kv_host_gib:g} GiB over PCIe {backend.gpu.pcie_gen}.0 x16, "
-            f"{host_link_bw(backend.gpu) / 1e9:g} GB/s a direction")
+    return (f"--kv-host-cache {backend.kv_host_gib:g} GiB: a host tier of "
+            f"{capacity_blocks(backend, backend.kv_host_gib, 16):,} blocks of 16 tokens, loads over PCIe "
+            f"{backend.gpu.pcie_gen}.0 x16 at {host_link_bw(backend.gpu) / 1e9:g} GB/s a direction, added to the step "
+            "of the request's first chunk (not overlapped); stores not priced (docs/memory.md, Host tier)")
