@@ -73,3 +73,8 @@ def test_unmodelled_combinations_are_refused_in_one_line(capsys):
                  "-n", "4", "--dp", "2", "--pp", "2", "--no-results-file"]) != 0
     err = capsys.readouterr().err
     assert "--dp 2 with --pp 2" in err and "Traceback" not in err
+
+
+def test_a_trace_beside_dp_is_refused(tmp_path):
+    with pytest.raises(SimConfigError, match="--trace with --dp 2"):
+        SimBackend.load(sim_model="llama-3.1-8b", sim_gpu="h100-sxm", dp=2, trace=str(tmp_path / "t.jsonl"))

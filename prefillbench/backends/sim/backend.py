@@ -90,6 +90,8 @@ class SimBackend(StepBackend):
                  prefix: PrefixSettings = PrefixSettings(), max_num_seqs: int | None = None,
                  pricing_why: str = "--sim-pricing", dp: int = 1) -> None:
         check_dp(dp, tp=tp, pp=pp, ep=ep, windows=bool(model.windows))
+        if dp > 1 and trace:
+            raise SimConfigError(f"--trace with --dp {dp}: a trace writes one step's operators, not each rank's; drop one")
         self.dp = dp  # lockstep data-parallel ranks, each a copy of this layout (data_parallel.py)
         self.spec_gpu = gpu
         # what another instance of this deployment needs (instance): all but the parallelism and the trace file
