@@ -146,6 +146,7 @@ class BackendOptions:
     kernels: str = _backend_option("auto", "--kernels", "kernels")
     sim_model: str | None = _backend_option(None, "--sim-model", "sim_model")
     sim_gpu: str | None = _backend_option(None, "--sim-gpu", "sim_gpu")
+    sim_link: str | None = _backend_option(None, "--sim-link", "sim_link")
     tp: int = _backend_option(1, "--tp", "tp")
     pp: int = _backend_option(1, "--pp", "pp")
     ep: int = _backend_option(1, "--ep", "ep")
@@ -170,7 +171,6 @@ class BackendOptions:
     client_workers: str | None = _backend_option(None, "--client-workers", "client_workers")
     client_ray: bool = _backend_option(False, "--client-ray", "client_ray")
     shard: str | None = _backend_option(None, "--shard", "shard")
-    sim_link: str | None = _backend_option(None, "--sim-link", "sim_link")
     latency_from: str | None = _backend_option(None, "--latency-from", "latency_from")
     skip_idle: bool | None = None  # the engine's clock, not a load option: None leaves it to the command (tune --quick)
     # prefill apart from decode (deploy/): the layout, each pool's TP (None: --tp), the KV's link and transfer
