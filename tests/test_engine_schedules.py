@@ -384,7 +384,7 @@ def test_vllm_v1_with_ngram_drafts_runs_every_step_a_real_vllm_with_drafts_ran(t
     vLLM's tokens, its own n-gram proposer and acceptance), and vLLM's spec_decode counters equal the engine's."""
     from benchmarks.server.vllm_spec_steps import SPEC_COUNTERS, compare, make_trace
 
-    trace = make_trace(seed=3, rounds=24)  # 20 rounds ran 264 steps, all equal (docs/speculative-decoding.md)
+    trace = make_trace(seed=3, rounds=26)  # 24 rounds ran 297 steps, all equal (docs/speculative-decoding.md)
     result, starts = compare(trace, budget=64, max_num_seqs=8, k=3, workdir=tmp_path)
     assert result.equal, result.summary(starts)
     vllm = result.steps.vllm
