@@ -9,9 +9,8 @@ from __future__ import annotations
 import math
 import random
 import sys
-from bisect import bisect_right
 from itertools import repeat
-from operator import add, mod
+from operator import add
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,8 @@ from prefillbench.backends.sim.run_metadata import sim_metadata
 from prefillbench.backends.sim.specs import (GiB, GPUSpec, ModelSpec, SimConfigError, kv_format, precision_words,
                                              weight_format, with_precision)
 from prefillbench.backends.sim.step_trace import StepTrace
+from prefillbench.backends.sim.placeholders import POSITION_STRIDE, SEQ_STRIDE, placeholder_run, placeholder_token
+from prefillbench.backends.sim.windowed import execute_windowed, run_decodes_windowed
 from prefillbench.step import Step, StepResult
 
 from prefillbench.backends.base import BackendError, DecodeRun, Launched, StepBackend
@@ -38,15 +39,6 @@ JITTER_SEED = 7
 DEFAULT_MAX_NUM_SEQS = 1024
 
 
-#: placeholder_token's: 100 + (SEQ_STRIDE * seq_id + POSITION_STRIDE * length) % span.
-SEQ_STRIDE, POSITION_STRIDE = 1_000_003, 7_919
-
-
-def placeholder_token(seq_id: int, length: int, span: int) -> int:
-    """The sim's token after `length` positions of a sequence: deterministic, so every strategy emits the same."""
-    return 100 + (SEQ_STRIDE * seq_id + POSITION_STRIDE * length) % span
-
-
 #: What this process has said on stderr already: a grid of sims loads the same model many times.
 _SAID: set[str] = set()
 
@@ -55,13 +47,6 @@ def say_once(line: str) -> None:
     if line not in _SAID:
         _SAID.add(line)
         print(f"prefillbench: sim: {line}", file=sys.stderr)
-
-
-def placeholder_run(seq_id: int, length: int, n: int, span: int) -> list[int]:
-    """placeholder_token after `length`, `length` + 1, ... positions, n of them (in C: maps over a range)."""
-    first = SEQ_STRIDE * seq_id + POSITION_STRIDE * length
-    return list(map(add, map(mod, range(first, first + POSITION_STRIDE * n, POSITION_STRIDE), repeat(span, n)),
-                    repeat(100, n)))
 
 
 class SimBackend(StepBackend):
@@ -383,7 +368,7 @@ class SimBackend(StepBackend):
         if self.drafting is not None:
             return self._verify_step(step)
         if self._windows:
-            return self._execute_windowed(step)
+            return execute_windowed(self, step)
         # One pass over the step: the shape the cost model needs, the cache it holds, and its tokens. This loop
         # runs once per sequence per simulated step, so it is written out here (see benchmarks.sim.steps).
         held = self._seq_tokens
@@ -431,51 +416,6 @@ class SimBackend(StepBackend):
                                f"{self._kv_capacity} fit on {self.gpu.name}")
         return StepResult(tokens)
 
-    def _execute_windowed(self, step: Step) -> StepResult:
-        """execute for a model with sliding windows: each sequence holds kv_positions(length) of the cache, and
-        decode attention is priced on each window's capped contexts."""
-        held = self._seq_tokens
-        span = self._token_span
-        charge = self.model.kv_positions
-        tokens: dict[int, int] = {}
-        lengths = []
-        for d in step.decodes:
-            length = d.position + 1
-            lengths.append(length)
-            self._held += charge(length) - charge(held.get(d.seq_id, 0))
-            held[d.seq_id] = length
-            tokens[d.seq_id] = placeholder_token(d.seq_id, length, span)
-        n_emit = len(lengths)
-        chunks = []
-        for c in step.prefills:
-            end = c.start + len(c.tokens)
-            chunks.append((c.start, len(c.tokens) + c.pad))
-            self._held += charge(end) - charge(held.get(c.seq_id, 0))
-            held[c.seq_id] = end
-            if c.is_last:
-                n_emit += 1
-                tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
-            if self.prefixes is not None:
-                self.prefixes.computed(c.seq_id, end)
-        if self._trace is None:
-            window_ctx = {w: sum(min(x, w) for x in lengths) for w in self.cost.windows}
-            seconds = self.cost.fast_seconds(chunks, len(lengths), sum(lengths), n_emit, window_ctx, self._idle)
-        else:
-            cost = self.step_cost(step, self._idle)
-            self.trace_step(step, self.clock, cost)
-            seconds = cost.seconds
-        self._idle = False
-        if self._jitter is not None:
-            seconds *= math.exp(self.gpu.step_jitter * self._jitter.gauss(0.0, 1.0))
-        if step.host_loads:
-            seconds += sim_host_tier.load_seconds(self, sum(n for _, n in step.host_loads))
-        self.clock += seconds
-        self.n_steps += 1
-        if self._held > self._kv_capacity and not self.kv_shared:
-            raise BackendError(f"the KV cache overflowed: {self._held} layer-positions held, "
-                               f"{self._kv_capacity} fit on {self.gpu.name}")
-        return StepResult(tokens)
-
     @property
     def runs_decodes(self) -> bool:
         # Pipeline stages hold several steps at once, and a trace writes each step's operators.
@@ -488,7 +428,7 @@ class SimBackend(StepBackend):
         if not self.runs_decodes or step.prefills or not step.decodes:
             return None
         if self._windows:
-            return self._run_decodes_windowed(step, max_steps, until)
+            return run_decodes_windowed(self, step, max_steps, until)
         decodes = step.decodes
         n = len(decodes)
         ids = [d[0] for d in decodes]
@@ -518,53 +458,6 @@ class SimBackend(StepBackend):
         self.clock = clock
         self.n_steps += k
         self._held += grown + (k - 1) * n
-        held.update(zip(ids, map(add, lengths, repeat(k - 1, n))))
-        span = self._token_span
-        return DecodeRun(start, ends, {i: placeholder_run(i, length, k, span) for i, length in zip(ids, lengths)})
-
-    def _run_decodes_windowed(self, step: Step, max_steps: int, until: float) -> DecodeRun | None:
-        """run_decodes for a model with sliding windows: a step adds one position per sequence on each full layer
-        and on each windowed layer whose window the sequence has not yet filled."""
-        decodes = step.decodes
-        n = len(decodes)
-        ids = [d[0] for d in decodes]
-        lengths = [d[2] + 1 for d in decodes]
-        held = self._seq_tokens
-        charge = self.model.kv_positions
-        grown = sum(map(charge, lengths)) - sum(charge(held.get(i, 0)) for i in ids)
-        if self._held + grown > self._kv_capacity:
-            return None  # the first step overflows: execute says so
-        ordered = sorted(lengths)
-        windows = self.cost.windows
-        window_ctx = {w: sum(min(x, w) for x in lengths) for w in windows}
-        price, sigma, jitter = self.cost.fast_seconds, self.gpu.step_jitter, self._jitter
-        start = clock = self.clock
-        ctx = sum(lengths)
-        ends = []
-        k = 0
-        idle, self._idle = self._idle, False
-        while True:
-            seconds = price((), n, ctx, n, window_ctx, idle)
-            idle = False
-            if jitter is not None:
-                seconds *= math.exp(sigma * jitter.gauss(0.0, 1.0))
-            clock += seconds
-            ends.append(clock)
-            k += 1
-            if clock >= until or k >= max_steps:
-                break
-            # The next step: contexts one longer; on a window's layers only those still under it grow.
-            under = {w: bisect_right(ordered, w - k) for w in windows}  # sequences with length + k <= w
-            more = self._full_layers * n + sum(self._window_layers[w] * under[w] for w in windows)
-            if self._held + grown + more > self._kv_capacity:
-                break
-            grown += more
-            ctx += n
-            for w in windows:
-                window_ctx[w] += under[w]
-        self.clock = clock
-        self.n_steps += k
-        self._held += grown
         held.update(zip(ids, map(add, lengths, repeat(k - 1, n))))
         span = self._token_span
         return DecodeRun(start, ends, {i: placeholder_run(i, length, k, span) for i, length in zip(ids, lengths)})

@@ -123,7 +123,7 @@ def execute_verify(sim, step):
     (attention as a short chunk over its context, a logit row at each) and answered with `verified` as the acceptance
     draws (the kept drafts, then a token that differs from the next draft); every sequence that emits then drafts K
     tokens for its next step at the drafter's price."""
-    from prefillbench.backends.sim.backend import placeholder_token
+    from prefillbench.backends.sim.placeholders import placeholder_token
     from prefillbench.step import StepResult
 
     held, span, drafting = sim._seq_tokens, sim._token_span, sim.drafting
