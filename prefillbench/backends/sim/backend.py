@@ -352,15 +352,23 @@ class SimBackend(StepBackend):
         from prefillbench.backends.sim.drafting import execute_verify
 
         result, seconds = execute_verify(self, step)
+        self.end_step(step, seconds)
+        return result
+
+    def end_step(self, step: Step, seconds: float, held: str = "positions") -> None:
+        """A step's price onto the clock, as every path of execute ends: the jitter, a host tier's loads, the KV
+        held checked against the cache (`held` names what a sequence holds: positions, or layer-positions where
+        windows cap some layers)."""
         self._idle = False
-        if self._jitter is not None:
+        if self._jitter is not None:  # median-preserving: the calibration fits the medians of its repeats
             seconds *= math.exp(self.gpu.step_jitter * self._jitter.gauss(0.0, 1.0))
+        if step.host_loads:  # a host tier's loads, waited for before the step (host_tier.py says why)
+            seconds += sim_host_tier.load_seconds(self, sum(n for _, n in step.host_loads))
         self.clock += seconds
         self.n_steps += 1
-        if self._held > self._kv_capacity and not getattr(self, "kv_shared", False):
-            raise BackendError(f"the KV cache overflowed: {self._held} positions held, "
+        if self._held > self._kv_capacity and not self.kv_shared:
+            raise BackendError(f"the KV cache overflowed: {self._held} {held} held, "
                                f"{self._kv_capacity} fit on {self.gpu.name}")
-        return result
 
     def execute(self, step: Step, return_logits: bool = False) -> StepResult:
         if return_logits:
@@ -404,16 +412,7 @@ class SimBackend(StepBackend):
             cost = self.step_cost(step, self._idle)
             self.trace_step(step, self.clock, cost)
             seconds = cost.seconds
-        self._idle = False
-        if self._jitter is not None:  # median-preserving: the calibration fits the medians of its repeats
-            seconds *= math.exp(self.gpu.step_jitter * self._jitter.gauss(0.0, 1.0))
-        if step.host_loads:  # a host tier's loads, waited for before the step (host_tier.py says why)
-            seconds += sim_host_tier.load_seconds(self, sum(n for _, n in step.host_loads))
-        self.clock += seconds
-        self.n_steps += 1
-        if self._held > self._kv_capacity and not self.kv_shared:
-            raise BackendError(f"the KV cache overflowed: {self._held} positions held, "
-                               f"{self._kv_capacity} fit on {self.gpu.name}")
+        self.end_step(step, seconds)
         return StepResult(tokens)
 
     @property

@@ -9,8 +9,7 @@ from bisect import bisect_right
 from itertools import repeat
 from operator import add
 
-from prefillbench.backends.base import BackendError, DecodeRun
-from prefillbench.backends.sim import host_tier as sim_host_tier
+from prefillbench.backends.base import DecodeRun
 from prefillbench.backends.sim.placeholders import placeholder_run, placeholder_token
 from prefillbench.step import Step, StepResult
 
@@ -48,16 +47,7 @@ def execute_windowed(backend, step: Step) -> StepResult:
         cost = backend.step_cost(step, backend._idle)
         backend.trace_step(step, backend.clock, cost)
         seconds = cost.seconds
-    backend._idle = False
-    if backend._jitter is not None:
-        seconds *= math.exp(backend.gpu.step_jitter * backend._jitter.gauss(0.0, 1.0))
-    if step.host_loads:
-        seconds += sim_host_tier.load_seconds(backend, sum(n for _, n in step.host_loads))
-    backend.clock += seconds
-    backend.n_steps += 1
-    if backend._held > backend._kv_capacity and not backend.kv_shared:
-        raise BackendError(f"the KV cache overflowed: {backend._held} layer-positions held, "
-                           f"{backend._kv_capacity} fit on {backend.gpu.name}")
+    backend.end_step(step, seconds, held="layer-positions")
     return StepResult(tokens)
 
 
