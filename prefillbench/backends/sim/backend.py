@@ -355,6 +355,27 @@ class SimBackend(StepBackend):
         self.end_step(step, seconds)
         return result
 
+    def hold_prefills(self, step: Step, tokens: dict[int, int], charge=None) -> tuple[list[tuple[int, int]], int]:
+        """Every prompt chunk of `step`, as each execute path takes it: its KV held (`charge`: the positions a length
+        holds where windows cap some layers; None, the length itself), its token put in `tokens` where it ends its
+        prompt, the prefix store told. Returns the chunks as the price takes them, (start, tokens with pads), and how
+        many of them emit a token."""
+        held, span, prefixes = self._seq_tokens, self._token_span, self.prefixes
+        chunks = []
+        emitting = 0
+        for c in step.prefills:
+            end = c.start + len(c.tokens)
+            chunks.append((c.start, len(c.tokens) + c.pad))
+            before = held.get(c.seq_id, 0)
+            self._held += end - before if charge is None else charge(end) - charge(before)
+            held[c.seq_id] = end
+            if c.is_last:
+                emitting += 1
+                tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
+            if prefixes is not None:
+                prefixes.computed(c.seq_id, end)
+        return chunks, emitting
+
     def end_step(self, step: Step, seconds: float, held: str = "positions") -> None:
         """A step's price onto the clock, as every path of execute ends: the jitter, a host tier's loads, the KV
         held checked against the cache (`held` names what a sequence holds: positions, or layer-positions where
@@ -393,17 +414,8 @@ class SimBackend(StepBackend):
             tokens = dict(zip(ids, [100 + (SEQ_STRIDE * i + POSITION_STRIDE * n) % span for i, n in zip(ids, lengths)]))  # placeholder_token
         else:
             tokens, ctx = {}, 0
-        chunks = []
-        for c in step.prefills:
-            end = c.start + len(c.tokens)
-            chunks.append((c.start, len(c.tokens) + c.pad))
-            self._held += end - held.get(c.seq_id, 0)
-            held[c.seq_id] = end
-            if c.is_last:
-                n_emit += 1
-                tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
-            if self.prefixes is not None:
-                self.prefixes.computed(c.seq_id, end)
+        chunks, emitting = self.hold_prefills(step, tokens)
+        n_emit += emitting
         if self.dp > 1:
             seconds = slowest_rank_seconds(self.cost, step, self.dp, self._idle)
         elif self._trace is None:

@@ -149,17 +149,8 @@ def execute_verify(sim, step):
             n_plain += 1
             ctx += position + 1
             n_emit += 1
-    chunks = []
-    for c in step.prefills:
-        end = c.start + len(c.tokens)
-        chunks.append((c.start, len(c.tokens) + c.pad))
-        sim._held += end - held.get(c.seq_id, 0)
-        held[c.seq_id] = end
-        if c.is_last:
-            n_emit += 1
-            tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
-        if sim.prefixes is not None:
-            sim.prefixes.computed(c.seq_id, end)
+    chunks, emitting = sim.hold_prefills(step, tokens)
+    n_emit += emitting
     if sim._trace is None:
         seconds = sim.cost.fast_seconds(chunks, n_plain, ctx, n_emit, None, sim._idle, verify)
     else:

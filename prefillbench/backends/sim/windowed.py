@@ -28,18 +28,8 @@ def execute_windowed(backend, step: Step) -> StepResult:
         backend._held += charge(length) - charge(held.get(d.seq_id, 0))
         held[d.seq_id] = length
         tokens[d.seq_id] = placeholder_token(d.seq_id, length, span)
-    n_emit = len(lengths)
-    chunks = []
-    for c in step.prefills:
-        end = c.start + len(c.tokens)
-        chunks.append((c.start, len(c.tokens) + c.pad))
-        backend._held += charge(end) - charge(held.get(c.seq_id, 0))
-        held[c.seq_id] = end
-        if c.is_last:
-            n_emit += 1
-            tokens[c.seq_id] = placeholder_token(c.seq_id, end, span)
-        if backend.prefixes is not None:
-            backend.prefixes.computed(c.seq_id, end)
+    chunks, emitting = backend.hold_prefills(step, tokens, charge)
+    n_emit = len(lengths) + emitting
     if backend._trace is None:
         window_ctx = {w: sum(min(x, w) for x in lengths) for w in backend.cost.windows}
         seconds = backend.cost.fast_seconds(chunks, len(lengths), sum(lengths), n_emit, window_ctx, backend._idle)
