@@ -99,7 +99,7 @@ def use_backend(monkeypatch):
 #: Test modules whose outcomes rest on floating-point kernels (BLAS, ATen's vectorized ops, least squares): `make
 #: test-lower-isa` runs them again with the lower ISA forced, so that an AVX-512 or AMX machine also checks what an
 #: AVX2 one computes. Their tolerances come from the numerics, so both passes must hold on every machine.
-NUMERICS = {"test_sim_calibrate_measured", "test_sim_calibrate", "test_sim_pricing", "test_measured_attention_net",
+NUMERICS = {"test_sim_calibrate_measured", "test_sim_calibrate", "test_sim_pricing", "test_shipped_curves", "test_measured_attention_net",
             "test_stats", "test_layers", "test_torch_linear", "test_verify", "test_cpu_layer_ops",
             "test_cpu_prefill_attention", "test_cpu_decode_attention", "test_cpu_few_rows"}
 

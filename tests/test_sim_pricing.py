@@ -12,7 +12,7 @@ from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel
 from prefillbench.backends.sim.measured import linear, profiles
-from prefillbench.backends.sim.measured.attention import fitted_attention
+from prefillbench.backends.sim.measured.attention import shipped_attention
 from prefillbench.backends.sim.measured.overheads import ENGINE_OVERHEADS
 from prefillbench.backends.sim.pricing import MeasuredPricing, engine_overheads
 
@@ -37,7 +37,7 @@ def test_the_sims_linears_are_the_curves_on_the_profiles_held_out_rows():
     sim's four linears of a layer at every measured TP and token count are the GEMM curve's price of that very row
     (so the sim counts the FLOPs and bytes the profile's rows do), and they are nearer the measured medians than the
     spec sheet's flat roofline."""
-    gemm, _ = linear.fitted_curves("a100")
+    gemm, _ = linear.shipped_curves("a100")  # what the sim prices by
     peaks = linear.PEAKS["a100"]
     rows = [r for r in profiles.load_rows("a100") if r.model == "Meta-Llama-3-8B" and r.is_gemm]
     assert not any(r.fit for r in rows) and len(rows) >= 4 * 4 * 10
@@ -57,7 +57,7 @@ def test_attention_and_elementwise_are_their_curves_at_the_gpus_own_peaks():
     """On an H200 (not profiled) the curves' shares price it at its own peaks: decode attention streams its bytes
     at the A100 profile's decode share of 4.8 TB/s, prefill attention's rate rises with the query rows."""
     cm = _measured("llama-3.1-8b", "h200")
-    g, curve = cm.gpu, fitted_attention()
+    g, curve = cm.gpu, shipped_attention()
     decode = {op.name: op for op, _ in cm.layer_ops(Batch(decodes=(2048,) * 32))}["decode_attention"]
     assert decode.seconds == pytest.approx(curve.decode_seconds(decode.bytes, decode.flops, g.flops, g.mem_bw), rel=REL)
     prefill = {op.name: op for op, _ in cm.layer_ops(Batch(chunks=((0, 512, True),)))}["prefill_attention"]

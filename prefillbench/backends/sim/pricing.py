@@ -180,8 +180,8 @@ def _all_reduce_seconds(gpu: str, link: str, link_bw: float, engine: str, worker
 def _curves(profile: str):
     from prefillbench.backends.sim.measured import attention, linear
 
-    gemm, elementwise = linear.fitted_curves(profile)
-    return gemm, elementwise, attention.fitted_attention()
+    gemm, elementwise = linear.shipped_curves(profile)
+    return gemm, elementwise, attention.shipped_attention()
 
 
 def default_pricing(gpu: GPUSpec, calibrated: bool) -> tuple[str, str]:

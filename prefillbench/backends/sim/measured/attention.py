@@ -57,6 +57,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from prefillbench.backends.sim.measured import profiles
+from prefillbench.backends.sim.measured import store
 from prefillbench.backends.sim.specs import SimConfigError
 
 VIDUR_REPO = "microsoft/vidur"
@@ -320,6 +321,12 @@ def fitted_attention() -> AttentionCurve:
     return fit_attention(df[df["split"] == "fit"])
 
 
+@lru_cache(maxsize=None)
+def shipped_attention() -> AttentionCurve:
+    """fitted_attention() as it was when data/fitted_curves.json was written (store.py: why shipped)."""
+    return AttentionCurve(**store.section("attention"))
+
+
 # ---- checking -------------------------------------------------------------------------------------------------------
 def predict(df: pd.DataFrame, curve: AttentionCurve, peak_flops: float = A100_FLOPS,
             mem_bw: float = A100_MEM_BW) -> np.ndarray:
@@ -386,5 +393,5 @@ def summary(err: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["ATTENTION_COMMIT", "ATTENTION_PATH", "AttentionCurve", "FA2_PEAK_SHARE", "SAMPLE", "decode_cost", "errors",
-           "fit_attention", "fitted_attention", "flat_roofline", "frame", "load_frame", "predict", "prefill_cost",
+           "fit_attention", "fitted_attention", "shipped_attention", "flat_roofline", "frame", "load_frame", "predict", "prefill_cost",
            "read_sample", "read_vidur", "sample_frame", "spread", "summary", "write_sample"]

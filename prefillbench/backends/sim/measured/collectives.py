@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from prefillbench.backends.sim.measured import profiles
+from prefillbench.backends.sim.measured import profiles, store
 from prefillbench.backends.sim.measured.profiles import VIDUR_COMMIT, VIDUR_REPO
 from prefillbench.backends.sim.specs import SimConfigError
 
@@ -321,6 +321,13 @@ def fitted_curves() -> dict[tuple[str, str, str, int], CollectiveCurve]:
     return {key: fitted_curve(*key) for key in _fit_groups()}
 
 
+@lru_cache(maxsize=1)
+def shipped_curves() -> dict[tuple[str, str, str, int], CollectiveCurve]:
+    """fitted_curves() as they were when data/fitted_curves.json was written (store.py: why shipped)."""
+    return {(g, k, t, int(w)): CollectiveCurve(**r["curve"]) for r in store.section("collectives")
+            for g, k, t, w in [r["key"]]}
+
+
 def collective(kind: str, workers: int, topology: str, gpu: str | None = None) -> CollectiveCurve:
     """The curve of `kind` among `workers` GPUs over `topology`, from `gpu`'s profile (None: the newest profiled one
     with that topology, GPU_ORDER). All-gather and all-to-all are the all-reduce curve with their byte factor; a
@@ -332,7 +339,8 @@ def collective(kind: str, workers: int, topology: str, gpu: str | None = None) -
     if workers <= 1:
         return CollectiveCurve(topology, workers, 0.0, math.inf, "one worker: no collective", kind, gpu or "", 0.0)
     measured = "send_recv" if kind == "send_recv" else "all_reduce"
-    have = {(g, w) for g, k, tp, w in _fit_groups() if k == measured and tp == topology}
+    curves = shipped_curves()
+    have = {(g, w) for g, k, tp, w in curves if k == measured and tp == topology}
     gpus = [g for g in ((gpu,) if gpu else GPU_ORDER) if any(h == g for h, _ in have)]
     if not gpus:
         raise SimConfigError(f"no {measured} profile over {topology}" + (f" for {gpu}" if gpu else "") +
@@ -340,7 +348,7 @@ def collective(kind: str, workers: int, topology: str, gpu: str | None = None) -
     g = gpus[0]
     ws = sorted(w for h, w in have if h == g)
     w = min(ws, key=lambda x: (abs(math.log(x / workers)), -x))  # nearest in ratio; a tie takes the larger
-    base = fitted_curve(g, measured, topology, w)
+    base = curves[(g, measured, topology, w)]
     source = base.source
     if kind != measured:
         source = (f"{kind} not measured: the {measured} curve's latency and bus bandwidth with the ring's byte factor "
@@ -414,5 +422,5 @@ def summary(err: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["CollectiveCurve", "KINDS", "SAMPLE", "TOPOLOGIES", "byte_factor", "collective", "errors", "fit_curve",
-           "fitted_curve", "fitted_curves", "flat_seconds", "frame", "load_frame", "read_sample", "read_vidur", "sample_frame",
+           "fitted_curve", "fitted_curves", "flat_seconds", "shipped_curves", "frame", "load_frame", "read_sample", "read_vidur", "sample_frame",
            "spread", "summary", "topology_of", "write_sample"]

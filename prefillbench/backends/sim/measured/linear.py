@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from prefillbench.backends.sim.measured import profiles
+from prefillbench.backends.sim.measured import profiles, store
 from prefillbench.backends.sim.measured.profiles import OpRow
 
 
@@ -231,6 +231,17 @@ def fitted_curves(gpu: str) -> tuple[GemmCurve, ElementwiseCurve]:
     return fit_gemm(rows, peaks.flops, peaks.mem_bw), fit_elementwise(rows, peaks.mem_bw, peaks.l2_bytes)
 
 
+@lru_cache(maxsize=None)
+def shipped_curves(gpu: str) -> tuple[GemmCurve, ElementwiseCurve]:
+    """gpu's curves as fitted_curves fitted them when data/fitted_curves.json was written (store.py: why shipped)."""
+    d = store.section("linear")[gpu]
+    return GemmCurve(**d["gemm"]), elementwise_from_record(d["elementwise"])
+
+
+def elementwise_from_record(d: dict) -> ElementwiseCurve:
+    return ElementwiseCurve(**{**d, "classes": tuple(ElementwiseCurve(**c) for c in d["classes"])})
+
+
 def predict(df: pd.DataFrame, gemm: GemmCurve, elementwise: ElementwiseCurve, peaks: Peaks) -> np.ndarray:
     """Each row of a profiles.long_frame priced by the curves (seconds), elementwise rows by their class's curve."""
     out = np.asarray(gemm.seconds(df["flops"].to_numpy(), df["nbytes"].to_numpy(), peaks.flops, peaks.mem_bw),
@@ -264,4 +275,4 @@ def errors(gpu: str, df: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 __all__ = ["ElementwiseCurve", "GemmCurve", "PEAKS", "Peaks", "errors", "fit_elementwise", "fit_gemm",
-           "fitted_curves", "flat_roofline", "predict", "smooth_max"]
+           "fitted_curves", "flat_roofline", "predict", "shipped_curves", "smooth_max"]
