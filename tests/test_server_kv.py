@@ -182,13 +182,18 @@ def test_the_sampler_process_keeps_the_largest_use_it_was_told_asking_for_that_f
     try:
         assert sampler.start(metrics_server, ENGINES["vllm"], interval_s=0.001)
         assert Metrics.served.wait(60)
-        peak, samples = sampler.stop()
-        assert peak == 0.9375 and samples == len(Metrics.paths) - 1  # the bad body is no sample; stop takes a last
+        seen = sampler.stop()
+        # the bad body is no sample; stop takes a last
+        assert seen.peak == 0.9375 and seen.samples == len(Metrics.paths) - 1
         assert set(Metrics.paths) == {"/metrics?name%5B%5D=vllm%3Akv_cache_usage_perc"}
-        # the same process samples the next run afresh; a cancelled run asks nothing more of the server
+        assert math.isnan(seen.round_trip_ms)  # no health URL given: no round trip timed
+        # the same process samples the next run afresh, timing a round trip to the health URL with each sample;
+        # a cancelled run asks nothing more of the server
         Metrics.bodies, Metrics.paths = [gauge % 0.125], []
-        assert sampler.start(metrics_server, ENGINES["vllm"], interval_s=60.0)
-        assert sampler.stop(last=False) == (0.125, 1) and len(Metrics.paths) == 1
+        assert sampler.start(metrics_server, ENGINES["vllm"], interval_s=60.0, health_url=metrics_server + "/health")
+        seen = sampler.stop(last=False)
+        assert (seen.peak, seen.samples) == (0.125, 1) and Metrics.paths[0] == "/health" and len(Metrics.paths) == 2
+        assert 0 < seen.round_trip_ms < 60e3
         proc = sampler.proc
     finally:
         sampler.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -201,8 +202,10 @@ class ServerBackend(ServingBackend):
         before = engine_clock.snapshot_of(before_families) if before_families is not None else None
         if missing:  # the rows keep the client's clock; the engine's columns stay empty, said once (metadata)
             self.clock_missing = f"{missing}: the rows have no engine clock (the server's own /metrics) beside the client's"
-        # its KV memory: capacity and preemptions from the same scrapes, its use sampled during the run
-        kv = engine_metrics.watch(url, self.engine.api, before_families, self.kv_sampler, headers)
+        # its KV memory: capacity and preemptions from the same scrapes, its use sampled during the run, and the
+        # round trip timed with each sample: under the run's load it is slower than before or after the run
+        kv = engine_metrics.watch(url, self.engine.api, before_families, self.kv_sampler, headers,
+                                  health_url=url + self.engine.health_path)
         try:
             run = self._stream(url, headers, requests, concurrency, watch, alive, done)
         except BaseException:
@@ -212,8 +215,10 @@ class ServerBackend(ServingBackend):
         after_families = engine_metrics.read_families(url, headers)[0] if before is not None or kv else None
         run.engine_kv = kv.finish(after_families) if kv is not None else None
         after = engine_clock.snapshot_of(after_families) if before is not None and after_families is not None else None
-        if after is not None:  # the round trip again, after: the slower of the two is what the run had at worst
+        if after is not None:  # the round trip again, after: the slowest of all is what the run had at worst
             net_ms = max(net_ms, engine_clock.net_round_trip_ms(url + self.engine.health_path, headers))
+            if kv is not None and not math.isnan(kv.round_trip_ms):
+                net_ms = max(net_ms, kv.round_trip_ms)
         run.engine_clock = None if after is None else engine_clock.Reading(
             after.minus(before), sum(bool(s.tokens) and s.error is None for s in run.done), net_ms)
         if self.server is not None and any(s.error and s.error.startswith(DROPPED) for s in run.done):

@@ -219,16 +219,28 @@ def _slots(body: str | None) -> list[dict[str, Any]]:
 
 
 class UseSamples:
-    """The largest share of its capacity an engine said it used, over the samples taken, and how many there were."""
+    """The largest share of its capacity an engine said it used, over the samples taken, and how many there were;
+    with `health_url`, each sample also times a GET of it: the slowest round trip while the run's requests were in
+    flight (what the network and both ends' loops added to a client figure under the run's own load, which the
+    round trips before and after it, with the engine idle, do not see)."""
 
     def __init__(self, url: str, engine: Engine, headers: dict[str, str] | None = None,
-                 interval_s: float = SAMPLE_INTERVAL_S) -> None:
+                 interval_s: float = SAMPLE_INTERVAL_S, health_url: str | None = None) -> None:
         self.url, self.engine, self.headers, self.interval_s = url + engine.usage_path, engine, headers, interval_s
+        self.health_url = health_url
         self.peak = math.nan
         self.samples = 0
+        self.slowest_round_trip_s = math.nan
 
     def sample(self) -> None:
-        body, _ = get_text(self.url, self.headers, timeout=min(TIMEOUT_S, 10 * self.interval_s))
+        timeout = min(TIMEOUT_S, 10 * self.interval_s)
+        if self.health_url is not None:
+            t0 = time.perf_counter()
+            if get_text(self.health_url, self.headers, timeout=timeout)[0] is not None:
+                took = time.perf_counter() - t0
+                self.slowest_round_trip_s = took if math.isnan(self.slowest_round_trip_s) else max(
+                    self.slowest_round_trip_s, took)
+        body, _ = get_text(self.url, self.headers, timeout=timeout)
         if body is None:
             return
         try:
@@ -239,20 +251,33 @@ class UseSamples:
             self.samples += 1
             self.peak = use if math.isnan(self.peak) else max(self.peak, use)
 
+    def answer(self) -> dict:
+        return {"peak": None if math.isnan(self.peak) else self.peak, "samples": self.samples,
+                "round_trip_ms": None if math.isnan(self.slowest_round_trip_s) else 1e3 * self.slowest_round_trip_s}
+
+
+@dataclass(frozen=True)
+class RunSamples:
+    """What the sampler saw over one run: the largest KV share, how many samples, the slowest timed round trip."""
+
+    peak: float = math.nan
+    samples: int = 0
+    round_trip_ms: float = math.nan
+
 
 class KVSampler:
     """Polls an engine's use during runs in a process of its own: in the client's process even a short parse holds
     the interpreter's lock while the client's event loop is due to send (a sampling thread there put the client's
     send lag past its 1 ms bound on a 2-core machine). One process for a backend, told over its stdin: a JSON line
-    {url, engine, headers, interval_s} starts a run's sampling (answered once its first sample is taken), "stop"
-    ends it (answered with {peak, samples}, after a last sample: what is still held); end of input ends it, so it
-    never outlives the client."""
+    {url, engine, headers, interval_s, health_url} starts a run's sampling (answered once its first sample is
+    taken), "stop" ends it (answered with UseSamples.answer(), after a last sample: what is still held); end of input
+    ends it, so it never outlives the client."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
 
     def start(self, url: str, engine: Engine, headers: dict[str, str] | None = None,
-              interval_s: float = SAMPLE_INTERVAL_S) -> bool:
+              interval_s: float = SAMPLE_INTERVAL_S, health_url: str | None = None) -> bool:
         """Sampling begun; False where no sampler could be started (the run goes on without a peak)."""
         if self.proc is None or self.proc.poll() is not None:
             try:
@@ -262,16 +287,18 @@ class KVSampler:
                 self.proc = None
                 return False
         return self._ask(json.dumps({"url": url, "engine": engine.name, "headers": headers or {},
-                                     "interval_s": interval_s})) == "started"
+                                     "interval_s": interval_s, "health_url": health_url})) == "started"
 
-    def stop(self, last: bool = True) -> tuple[float, int]:
-        """(largest share sampled, samples): NaN and 0 where none was taken."""
+    def stop(self, last: bool = True) -> RunSamples:
+        """What the run's samples saw; NaN and 0 where none was taken."""
         answer = self._ask("stop" if last else "cancel")
         try:
             got = json.loads(answer or "{}")
-            return float(got["peak"]) if got.get("peak") is not None else math.nan, int(got.get("samples", 0))
+            peak, round_trip = got.get("peak"), got.get("round_trip_ms")
+            return RunSamples(math.nan if peak is None else float(peak), int(got.get("samples", 0)),
+                              math.nan if round_trip is None else float(round_trip))
         except (ValueError, TypeError, KeyError):
-            return math.nan, 0
+            return RunSamples()
 
     def _ask(self, line: str) -> str | None:
         if self.proc is None:
@@ -303,7 +330,7 @@ def _sample_on_request() -> None:
         try:
             asked = json.loads(line)
             samples = UseSamples(asked["url"], ENGINES[asked["engine"]], asked.get("headers"),
-                                 float(asked.get("interval_s", SAMPLE_INTERVAL_S)))
+                                 float(asked.get("interval_s", SAMPLE_INTERVAL_S)), asked.get("health_url"))
         except (ValueError, KeyError, TypeError):
             print("refused", flush=True)
             continue
@@ -318,8 +345,7 @@ def _sample_on_request() -> None:
             return
         if command == "stop":
             samples.sample()
-        print(json.dumps({"peak": None if math.isnan(samples.peak) else samples.peak, "samples": samples.samples}),
-              flush=True)
+        print(json.dumps(samples.answer()), flush=True)
 
 
 class KVWatch:
@@ -327,10 +353,13 @@ class KVWatch:
     engine's clock), its use sampled during it (the backend's KVSampler), the families after it."""
 
     def __init__(self, url: str, engine: Engine, before: list | None, sampler: KVSampler,
-                 headers: dict[str, str] | None = None, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+                 headers: dict[str, str] | None = None, interval_s: float = SAMPLE_INTERVAL_S,
+                 health_url: str | None = None) -> None:
         self.url, self.engine, self.before, self.headers, self.interval_s = url, engine, before, headers, interval_s
         self.sampler = sampler
-        self.sampling = sampler.start(url, engine, headers, interval_s)
+        self.sampling = sampler.start(url, engine, headers, interval_s, health_url)
+        #: the slowest round trip timed during the run (UseSamples), once finished; NaN where none was
+        self.round_trip_ms = math.nan
 
     def cancel(self) -> None:
         """The run failed or was interrupted: sampling ends, nothing more is asked of the server."""
@@ -339,16 +368,18 @@ class KVWatch:
 
     def finish(self, after: list | None) -> KVMemory:
         """What the engine said of its memory over the run."""
-        peak, samples = self.sampler.stop() if self.sampling else (math.nan, 0)
+        seen = self.sampler.stop() if self.sampling else RunSamples()
+        self.round_trip_ms = seen.round_trip_ms
+        peak, samples = seen.peak, seen.samples
         slots_body = get_text(self.url + "/slots", self.headers)[0] if self.engine.name == "llama-server" else None
         return kv_memory(self.engine, self.before, after, slots_body, peak, samples, self.interval_s)
 
 
 def watch(url: str, api: str, before: list | None, sampler: KVSampler, headers: dict[str, str] | None = None,
-          interval_s: float = SAMPLE_INTERVAL_S) -> KVWatch | None:
+          interval_s: float = SAMPLE_INTERVAL_S, health_url: str | None = None) -> KVWatch | None:
     """A run's KV watch, started, where the engine is one whose memory is read here (engine_for); None otherwise."""
     engine = engine_for(before, api)
-    return KVWatch(url, engine, before, sampler, headers, interval_s) if engine is not None else None
+    return KVWatch(url, engine, before, sampler, headers, interval_s, health_url) if engine is not None else None
 
 
 def kv_memory(engine: Engine, before: list | None, after: list | None, slots_body: str | None, peak: float,
