@@ -146,6 +146,16 @@ class Strategy(ABC):
         policy values in order (Step.policy_values), or None where its steps carry none."""
         return None
 
+    #: How its engine sends requests to data-parallel ranks (prefillbench/engine/dp_balance.py): vLLM's least
+    #: loaded, which prefillbench takes where no engine says otherwise.
+    dp_balance: str = "least-loaded"
+
+    def dummy_step(self) -> None:
+        """Its data-parallel rank had no work while the others stepped: the rank ran a dummy batch (vLLM's
+        execute_dummy_batch), which its cadence counts as a step (cadence.py); nothing is chosen."""
+        if self.cadence is not None:
+            self.cadence.dummy_step()
+
     def idle(self) -> None:
         """Nothing is in flight and nothing waits: an engine's scheduler may forget what load taught it (SGLang's
         new_token_ratio goes back to its start). The engine calls it as it waits for the next arrival."""

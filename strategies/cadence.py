@@ -53,6 +53,11 @@ class VllmInterval:
     def idle(self) -> None:
         self.step_counter = 0  # a new wave: run_busy_loop resets it at its next DP sync (module docstring)
 
+    def dummy_step(self) -> None:
+        """Its data-parallel rank ran a dummy batch: vLLM counts it (run_busy_loop's `_has_global_unfinished_reqs`
+        on every rank, so the counter is the same on all); its scheduler did not run, so the guard stays."""
+        self.step_counter += 1
+
     def admits(self, running) -> bool:
         throttle = self.interval > 1 and self.step_counter % self.interval != 0
         self.step_counter += 1  # _has_global_unfinished_reqs: once per engine step
@@ -91,6 +96,9 @@ class SglangDecodeRounds:
 
     def idle(self) -> None:
         """SGLang keeps the count through idle rounds; with nothing running it is counted down at once anyway."""
+
+    def dummy_step(self) -> None:
+        """Its DP rank ran an idle batch: with nothing running the next round's check ends the interval anyway."""
 
     def admits(self, running) -> bool:
         if self.remaining == 0:

@@ -65,6 +65,9 @@ SPEC_MAX_RUNNING = 48
 
 class Sglang(Strategy):
     name = "sglang"
+    # SGLang 0.5.23's --load-balance-method auto is round_robin outside P/D (srt/arg_groups/serving_hook.py
+    # handle_load_balance_method; data_parallel_controller.py round_robin_scheduler)
+    dp_balance = "round-robin"
     uses_chunk_size = True
     kv_policy = "paged"
     kv_block_size = 1  # page_size 1 (arg_groups/overrides.py `_page_size_default`)

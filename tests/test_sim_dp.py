@@ -1,67 +1,136 @@
-"""--dp N on the sim: lockstep ranks, round-robin requests, each step priced as its slowest rank's."""
+"""--dp N on the sim: N engine ranks in lockstep (engine/lockstep.py), each its own budget and KV cache, requests
+balanced by the engine's rule (engine/dp_balance.py), each step as long as the slowest rank's."""
 
 import pytest
 
+from prefillbench import engine
 from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.specs import SimConfigError
 from prefillbench.cli import main
-from prefillbench.step import DecodeToken, PrefillChunk, Step
+from prefillbench.engine.dp_balance import Balancer, RankLoad, least_loaded_score
+from prefillbench.sequence import Request
+from prefillbench.step import PrefillChunk, Step
+from strategies import make_strategy
 
 
 def _backend(dp: int) -> SimBackend:
     return SimBackend.load(sim_model="llama-3.1-8b", sim_gpu="h100-sxm", sim_pricing="spec", dp=dp)
 
 
-def _seconds(dp: int, step: Step) -> float:
-    """The step's simulated time on a fresh backend (its clock at 0, so the float is the step's own)."""
-    backend = _backend(dp)
-    backend.prepare(64, 8192, 4096)
-    backend.execute(step)
+def _request(prompt: int, gen: int, at: float | None = None) -> Request:
+    return Request(tuple([7] * prompt), gen, arrival_s=at)
+
+
+def _alone(n_prompt: int) -> float:
+    """A lone prompt's step on one fresh engine (its clock at 0 and idle before, as a run's first step is)."""
+    backend = _backend(1)
+    backend.prepare(1, 8192, 4096)
+    backend.execute(Step(prefills=(PrefillChunk(0, tuple([7] * n_prompt), 0, True),)))
     return backend.now()
 
 
-def _prefill(seq_id: int, n: int) -> PrefillChunk:
-    return PrefillChunk(seq_id, tuple([7] * n), 0, True)
+def _first_step(run):
+    return [s for s in run.steps if s.start == run.steps[0].start]
 
 
-def _decodes(seq_ids, position: int = 1000) -> tuple[DecodeToken, ...]:
-    return tuple(DecodeToken(s, 7, position) for s in seq_ids)
+def test_each_rank_takes_its_own_budget_in_the_same_step():
+    # Two 2048-token prompts at --chunk-size 512 on DP 2: the first step carries 512 prompt tokens on each rank
+    # (1024 in the step), where one engine (or one budget shared by the ranks) carries 512 in all.
+    reqs = [_request(2048, 4), _request(2048, 4)]
+    run = engine.run(_backend(2), make_strategy("vllm-v1", 512), reqs, 2)
+    first = _first_step(run)
+    assert sorted(s.instance for s in first) == [0, 1]
+    assert [sum(n for _, n in s.prefill_chunks) for s in first] == [512, 512]
+    one = engine.run(_backend(1), make_strategy("vllm-v1", 512), reqs, 2)
+    assert sum(n for s in _first_step(one) for _, n in s.prefill_chunks) == 512
 
 
-def test_step_is_the_slowest_ranks_own_step():
-    # DP 2: seq 0 (rank 0) prefills 2048 tokens while seqs 1 and 3 (rank 1) decode. The step lasts as long as rank
-    # 0's prefill alone: rank 1's decodes run beside it, not after it.
-    step = Step(prefills=(_prefill(0, 2048),), decodes=_decodes([1, 3]))
-    dp2 = _seconds(2, step)
-    prefill_alone = _seconds(1, Step(prefills=(_prefill(0, 2048),)))
-    decodes_alone = _seconds(1, Step(decodes=_decodes([1, 3])))
-    whole = _seconds(1, step)
-    assert dp2 == max(prefill_alone, decodes_alone) == prefill_alone
-    assert dp2 < whole  # one rank running both would be slower: the rule is the max, not the sum
+def test_a_full_rank_preempts_while_the_other_has_room():
+    # Each rank's own KV cache of 1,200 tokens (--kv-cache-tokens, a copy per rank). Least loaded sends requests
+    # 0 and 2 (800 tokens each) to rank 0 and the short 1 and 3 to rank 1: rank 0 cannot hold both long ones and
+    # preempts; rank 1 never fills. Pooled (2,400 tokens for all four, 1,640 at most) nothing would be preempted.
+    backend = _backend(2)
+    backend.kv_cache_tokens = 1200
+    reqs = [_request(400, 400), _request(16, 4), _request(400, 400), _request(16, 4)]
+    run = engine.run(backend, make_strategy("vllm-v1", 512), reqs, 4)
+    assert [r.instance for r in run.requests] == [0, 1, 0, 1]
+    assert sum(r.preemptions for r in run.requests[0::2]) > 0
+    assert sum(r.preemptions for r in run.requests[1::2]) == 0
+    assert run.kv_peak_fraction > 0.9  # the fullest rank's
+    assert all(s.preempted == 0 for s in run.steps if s.instance == 1)
 
 
-def test_a_rank_with_more_work_sets_the_step():
-    # 64 decodes on rank 1 against one short prefill on rank 0: the decoding rank is the slowest.
-    step = Step(prefills=(_prefill(0, 16),), decodes=_decodes(range(1, 128, 2), position=6000))
-    decodes_alone = _seconds(1, Step(decodes=step.decodes))
-    assert _seconds(2, step) == decodes_alone > _seconds(1, Step(prefills=step.prefills))
+def test_vllm_sends_a_request_to_the_least_loaded_rank_and_sglang_round_robin():
+    # A decodes 300 tokens on rank 0; B (one token) finished on rank 1 long before C arrives at 0.3 s. vLLM's
+    # least loaded sends C to the idle rank 1; SGLang's round robin sends the third request to rank 0.
+    reqs = [_request(64, 300, 0.0), _request(64, 1, 0.0), _request(64, 4, 0.3)]
+    vllm = engine.run(_backend(2), make_strategy("vllm-v1", 512), reqs, 0)
+    assert vllm.requests[0].token_times[-1] > 0.3 > vllm.requests[1].token_times[-1]  # A still runs, B is done
+    assert [r.instance for r in vllm.requests] == [0, 1, 1]
+    sglang = engine.run(_backend(2), make_strategy("sglang", 512), reqs, 0)
+    assert [r.instance for r in sglang.requests] == [0, 1, 0]
 
 
-def test_requests_are_assigned_round_robin_by_arrival():
-    # DP 2: seqs 0 and 2 share rank 0, so their prompts are priced as one rank's step; seqs 0 and 1 do not.
-    same_rank = Step(prefills=(_prefill(0, 1024), _prefill(2, 1024)))
-    other_ranks = Step(prefills=(_prefill(0, 1024), _prefill(1, 1024)))
-    assert _seconds(2, same_rank) == _seconds(1, same_rank)
-    assert _seconds(2, other_ranks) == _seconds(1, Step(prefills=(_prefill(0, 1024),)))
-    assert _seconds(2, other_ranks) < _seconds(2, same_rank)
+def test_least_loaded_weighs_waiting_requests_as_the_kv_fills():
+    # vLLM's score: unfinished requests, plus waiting x 6 x (KV use - 0.5) past half the cache.
+    assert least_loaded_score(RankLoad(2, 1, 0.4)) == 2
+    assert least_loaded_score(RankLoad(2, 1, 1.0)) == 2 + 1 * 6 * 0.5
+    # rank 0: 2 unfinished, one waiting on a full cache (5); rank 1: 4 running on a light one (4)
+    assert Balancer("least-loaded", 2).choose([RankLoad(2, 1, 1.0), RankLoad(4, 0, 0.2)]) == 1
+    # ties go to the first rank of a scan that starts one rank later each request (eng_start_index)
+    balancer = Balancer("least-loaded", 3)
+    assert [balancer.choose([RankLoad(0, 0, 0.0)] * 3) for _ in range(4)] == [0, 1, 2, 0]
+    with pytest.raises(ValueError, match="least-loaded, round-robin"):
+        Balancer("random", 2)
 
 
-def test_ranks_pool_kv_and_max_num_seqs():
+def test_a_step_lasts_as_long_as_its_slowest_rank():
+    # Rank 0 prefills 2048 tokens while rank 1 prefills 16: both ranks' records span rank 0's step alone, and
+    # rank 1's first token waits for it.
+    run = engine.run(_backend(2), make_strategy("vllm-v1", 4096), [_request(2048, 2), _request(16, 2)], 2)
+    first = _first_step(run)
+    assert len(first) == 2 and len({s.end for s in first}) == 1
+    assert first[0].seconds == _alone(2048) > _alone(16)
+    assert run.requests[1].token_times[0] == run.requests[0].token_times[0] == first[0].end
+    # a rank without work runs a dummy batch, which sets no time: one request alone is one engine's step
+    lone = engine.run(_backend(2), make_strategy("vllm-v1", 4096), [_request(16, 2)], 1)
+    assert lone.steps[0].seconds == _alone(16)
+
+
+def _capacity(run_cli, dp: int) -> float:
+    result = run_cli("capacity", "--backend", "sim", "--sim-model", "qwen3-30b-a3b", "--sim-gpu", "h100", "--dp",
+                     str(dp), "--pg", "2048,32", "--slo", "tbt=100", "-s", "vllm-v1", "--chunk-size", "256",
+                     "--requests", "120", "--no-progress")
+    assert result.code == 0, result.err
+    header, _, row = result.out.splitlines()[:3]
+    cells = dict(zip([h.strip() for h in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["limited by"] == "queue growth"
+    return float(cells["capacity req/s"])
+
+
+def test_two_ranks_double_a_budget_bound_capacity(run_cli):
+    # 2048-token prompts at 256 tokens a step: the budget bounds capacity (queue growth at a P99 TBT far within
+    # 100 ms). Each rank's own budget doubles the prompt tokens a step; a budget shared by the ranks would not.
+    # Bounds: the search's 5% bracket on each, and the lockstep's wait for the slower rank (a few %) below 2x.
+    one, two = _capacity(run_cli, 1), _capacity(run_cli, 2)
+    assert 1.8 * one <= two <= 2.1 * one
+
+
+def test_rows_say_the_ranks_and_their_balancing():
+    backend = _backend(2)
+    engine.run(backend, make_strategy("sglang", 512), [_request(64, 2)], 1)
+    meta = backend.metadata()
+    assert meta["sim_dp"] == 2 and meta["sim_dp_balancing"] == "round-robin"
+    assert backend.device.startswith("DP2 x ")
+
+
+def test_ranks_have_their_own_kv_and_max_num_seqs():
     one, four = _backend(1), _backend(4)
-    assert four.max_num_seqs == 4 * one.max_num_seqs
-    assert four.own_kv_capacity_tokens(2048) == 4 * one.own_kv_capacity_tokens(2048)
-    assert four.max_concurrency(8192) == min(4 * one.cost.max_sequences(8192, 0), four.max_num_seqs)
-    assert not four.runs_decodes  # decode runs price one rank: each step goes through the slowest-rank rule
+    assert four.max_num_seqs == one.max_num_seqs  # each rank's
+    assert four.own_kv_capacity_tokens(2048) == 4 * one.own_kv_capacity_tokens(2048)  # the deployment's
+    assert four.max_concurrency(8192) == 4 * min(one.cost.max_sequences(8192, 0), one.max_num_seqs)
+    ranks = four.rank_backends()
+    assert len(ranks) == 4 and all(r.own_kv_capacity_tokens(2048) == one.own_kv_capacity_tokens(2048) for r in ranks)
 
 
 def test_unmodelled_combinations_are_refused_in_one_line(capsys):

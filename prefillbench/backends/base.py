@@ -250,6 +250,21 @@ class StepBackend(Backend):
 
     #: How many steps may be in flight at once (pipeline stages); the engine never puts a sequence in two.
     max_steps_in_flight: int = 1
+    #: Data-parallel ranks (the sim's --dp): each an engine of its own on a backend of its own (`rank_backends`),
+    #: stepping in lockstep (engine/lockstep.py); 1: one engine.
+    data_parallel: int = 1
+    #: The balancing rules its data-parallel runs used (engine/dp_balance.py), for the metadata.
+    dp_balancing: frozenset[str] = frozenset()
+
+    def rank_backends(self) -> list["StepBackend"]:
+        """With `data_parallel` > 1: one backend per rank, each holding its own KV on a clock the engine keeps in
+        lockstep (`join_step`)."""
+        raise BackendError(f"the {self.name} backend runs one data-parallel rank")
+
+    def join_step(self, end: float) -> None:
+        """A data-parallel rank's clock joins the lockstep step's end (the slowest rank's), having run its own step
+        or a dummy batch: it was not idle."""
+        raise BackendError(f"the {self.name} backend runs one data-parallel rank")
 
     @property
     def schedules_ahead(self) -> bool:

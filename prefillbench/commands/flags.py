@@ -116,8 +116,9 @@ ExpertParallel = Annotated[int, option(
     "--ep", panel=SIM_PANEL, help="sim: expert-parallel GPUs per pipeline stage, a multiple of --tp (attention runs in "
     "ep/tp data-parallel groups; MoE models only)")]
 DataParallel = Annotated[int, option(
-    "--dp", panel=SIM_PANEL, help="sim: data-parallel ranks in lockstep, each a copy of the --tp layout: requests "
-    "round-robin to ranks, each step the slowest rank's (docs/scheduler-parts.md; dense or MoE, no --ep past --tp)")]
+    "--dp", panel=SIM_PANEL, help="sim: data-parallel ranks in lockstep, each a copy of the --tp layout with its own "
+    "budget, cadence, KV cache and max_num_seqs; requests to ranks by the engine's rule (vLLM's least loaded, SGLang's "
+    "round robin), each step the slowest rank's (docs/scheduler-parts.md; dense or MoE, no --ep past --tp)")]
 TensorParallel = Annotated[int, option(
     "--tp", panel=MODEL_PANEL,
     help="tensor-parallel ranks: torch runs one process per rank under torchrun (see docs/servers.md, \"Past one machine\"); "

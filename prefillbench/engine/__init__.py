@@ -71,7 +71,34 @@ def run(
     reqs, open_loop, longest_prompt, max_seq_len = _checked(requests, concurrency, backend)
     if isinstance(backend, ServingBackend):
         return serve(backend, strategy, reqs, concurrency, on_tokens, stop)
+    if backend.data_parallel > 1:  # N ranks, each an engine of its own, stepping in lockstep (lockstep.py)
+        from prefillbench.engine.lockstep import run_lockstep
+
+        return run_lockstep(backend, strategy, reqs, open_loop, concurrency, longest_prompt, max_seq_len,
+                            keep_logits=keep_logits, on_tokens=on_tokens, stop=stop, feed=feed)
     asked = min(concurrency or len(reqs), len(reqs))
+    cap, memory, engine_cache, proposer = set_up(backend, strategy, reqs, asked, longest_prompt, max_seq_len,
+                                                 keep_logits)
+    spec = strategy.speculation
+    depth = max(1, backend.max_steps_in_flight)
+    # Decode runs (Loop.decode_run) skip the strategy and the step-by-step bookkeeping, where the backend can run
+    # them; a forced token or kept logits need every step's own.
+    # With speculation on, decode runs are off: every step's drafts come from the tokens of the step before.
+    steady = ((strategy.steady_decodes or strategy.steady_while_none_waits) and backend.runs_decodes and depth == 1 and not keep_logits
+              and all(r.forced_tokens is None for r in reqs) and spec is None)
+    admission = Admission(reqs if feed is None else [], open_loop, cap, start=backend.now(),
+                          reuse=backend.reuse_prefix if backend.caches_prefixes and not engine_cache else None,
+                          accept=backend.accept_handoff, feed=feed,
+                          reserve=memory if strategy.kv_policy != "paged" else None)
+    return Loop(backend, strategy, admission, memory, depth, steady, keep_logits, on_tokens, stop,
+                spec, proposer).run()
+
+
+def set_up(backend: StepBackend, strategy: Strategy, reqs: list[Request], asked: int, longest_prompt: int,
+           max_seq_len: int, keep_logits: bool) -> tuple[int, KVMemory, bool, object]:
+    """One engine's run set up on `backend`: the most sequences in flight, its KV memory, whether that memory is
+    the engine's block cache, and the drafter (None: no speculation); the backend prepared, the strategy reset and
+    attached. `asked`: the sequences the run asks to hold at once."""
     if strategy.kv_policy == "paged":
         # the strategy admits by free blocks and preempts: every request may wait in its queue, the engine's
         # max_num_seqs (where the backend stands for an engine) caps those running, as vLLM's does
@@ -116,20 +143,9 @@ def run(
             memory.cache.stats.host = memory.cache.host.stats
     backend.kv_shared = engine_cache
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap) + drafts_room)
-    depth = max(1, backend.max_steps_in_flight)
     strategy.reset()
     strategy.attach(memory, backend.engine_max_num_seqs, prefix_cache=backend.caches_prefixes)
-    # Decode runs (Loop.decode_run) skip the strategy and the step-by-step bookkeeping, where the backend can run
-    # them; a forced token or kept logits need every step's own.
-    # With speculation on, decode runs are off: every step's drafts come from the tokens of the step before.
-    steady = ((strategy.steady_decodes or strategy.steady_while_none_waits) and backend.runs_decodes and depth == 1 and not keep_logits
-              and all(r.forced_tokens is None for r in reqs) and spec is None)
-    admission = Admission(reqs if feed is None else [], open_loop, cap, start=backend.now(),
-                          reuse=backend.reuse_prefix if backend.caches_prefixes and not engine_cache else None,
-                          accept=backend.accept_handoff, feed=feed,
-                          reserve=memory if strategy.kv_policy != "paged" else None)
-    return Loop(backend, strategy, admission, memory, depth, steady, keep_logits, on_tokens, stop,
-                spec, proposer).run()
+    return cap, memory, engine_cache, proposer
 
 
 #: The engines' warnings said already: a grid runs the same configuration many times.

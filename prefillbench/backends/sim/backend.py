@@ -20,7 +20,7 @@ from prefillbench.backends.sim import host_tier as sim_host_tier
 from prefillbench.backends.sim.calibration import calibration_specs, load_calibration
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
-from prefillbench.backends.sim.data_parallel import check_dp, slowest_rank_seconds
+from prefillbench.backends.sim.data_parallel import check_dp, rank_backends
 from prefillbench.backends.sim.pipeline import Pipeline
 from prefillbench.backends.sim.pricing import default_pricing, engine_overheads, pricing_for
 from prefillbench.backends.sim.run_metadata import sim_metadata
@@ -77,7 +77,8 @@ class SimBackend(StepBackend):
         check_dp(dp, tp=tp, pp=pp, ep=ep, windows=bool(model.windows))
         if dp > 1 and trace:
             raise SimConfigError(f"--trace with --dp {dp}: a trace writes one step's operators, not each rank's; drop one")
-        self.dp = dp  # lockstep data-parallel ranks, each a copy of this layout (data_parallel.py)
+        self.dp = self.data_parallel = dp  # lockstep data-parallel ranks, each a copy of this layout (data_parallel.py)
+        self._ranks: list[SimBackend] = []  # their backends, built at the first run (rank_backends)
         self.spec_gpu = gpu
         # what another instance of this deployment needs (instance): all but the parallelism and the trace file
         self._settings = dict(calibration=calibration, calibration_path=calibration_path, pricing=pricing,
@@ -101,9 +102,8 @@ class SimBackend(StepBackend):
             self.gpu, self.pricing is not None, self.cost.allreduce_engine, tp * self.cost.dp, pp)
         self.cost.check_fits()
         self.max_num_seqs, self.max_num_seqs_source = self._sequence_cap(max_num_seqs, tp)
-        if dp > 1:  # the engine holds every rank's sequences and KV: N ranks' worth, pooled
-            self.max_num_seqs *= dp
-            self.max_num_seqs_source += f", x{dp} data-parallel ranks"
+        if dp > 1:  # each rank's own: N ranks hold N times as many, each within its own (engine/lockstep.py)
+            self.max_num_seqs_source += f", each of {dp} data-parallel ranks"
         # A windowed model's sequences hold fewer positions on its windowed layers: its cache is counted in
         # positions summed over layers (ModelSpec.kv_positions), a dense one's in tokens, as before.
         self._windows = model.windows
@@ -183,8 +183,9 @@ class SimBackend(StepBackend):
                        f"E(1-(1-k/E)^T) of its {m.n_experts} experts per MoE layer, k={m.experts_per_tok}); "
                        "see docs/sim.md for where that errs")
         if self.dp > 1:
-            out.append(f"--dp {self.dp}: ranks in lockstep, each step the slowest rank's; requests round-robin to ranks; "
-                       "one budget and one cadence for the whole step, KV and max_num_seqs pooled (data_parallel.py)")
+            out.append(f"--dp {self.dp}: {self.dp} engine ranks in lockstep, each its own budget, cadence, KV cache and "
+                       "max_num_seqs, each step the slowest rank's; requests to ranks by the engine's rule (vLLM's "
+                       "least loaded, SGLang's round robin) (engine/lockstep.py, data_parallel.py)")
         if self.cost.dp > 1:
             out.append(f"--ep {self.ep} with --tp {self.tp}: attention in {self.cost.dp} data-parallel groups, each "
                        "priced on an equal share of every step's tokens")
@@ -242,6 +243,16 @@ class SimBackend(StepBackend):
         """The host tier's blocks and prices (host_tier.py), None without --kv-host-cache."""
         return sim_host_tier.host_tier(self, block_size)
 
+    def rank_backends(self) -> list["SimBackend"]:
+        """Its data-parallel ranks' backends (data_parallel.py), built once: each a copy of this layout."""
+        if not self._ranks:
+            self._ranks = rank_backends(self)
+        return self._ranks
+
+    def join_step(self, end: float) -> None:
+        self.clock = max(self.clock, end)
+        self._idle = False
+
     def instance(self, tp: int) -> "SimBackend":
         """Another GPU instance of the same model, device, pricing and cache at tensor parallelism `tp` (a
         deployment's pool, deploy/), with a clock of its own."""
@@ -251,7 +262,7 @@ class SimBackend(StepBackend):
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int = 0) -> int:
         """Sequences of `max_seq_len` whose KV cache fits beside the weights, at most the engine's max_num_seqs;
         the engine clamps to it."""
-        return min(self.dp * self.cost.max_sequences(max_seq_len, max_step_tokens), self.max_num_seqs)
+        return self.dp * min(self.cost.max_sequences(max_seq_len, max_step_tokens), self.max_num_seqs)
 
     def own_kv_capacity_tokens(self, max_step_tokens: int) -> int:
         return self.dp * self.cost.kv_capacity_tokens(max_step_tokens)
@@ -417,8 +428,9 @@ class SimBackend(StepBackend):
         chunks, emitting = self.hold_prefills(step, tokens)
         n_emit += emitting
         if self.dp > 1:
-            seconds = slowest_rank_seconds(self.cost, step, self.dp, self._idle)
-        elif self._trace is None:
+            raise BackendError(f"--dp {self.dp}: each rank's step runs on its own backend (rank_backends), the "
+                               "engine keeping them in lockstep (engine/lockstep.py)")
+        if self._trace is None:
             seconds = self.cost.fast_seconds(chunks, len(step.decodes), ctx, n_emit, None, self._idle)
         else:
             cost = self.step_cost(step, self._idle)

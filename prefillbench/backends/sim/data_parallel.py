@@ -1,55 +1,27 @@
-"""--dp N on the sim: N data-parallel ranks, each a copy of the --tp/--pp layout, stepping in lockstep.
+"""--dp N on the sim: N data-parallel ranks, each a copy of the --tp layout with its own KV cache and max_num_seqs,
+each an engine of its own, stepping in lockstep (prefillbench/engine/lockstep.py says how and why: vLLM's
+`DPEngineCoreProc`, SGLang's DP attention).
 
-vLLM's data-parallel engine cores step together for MoE models (vllm/v1/engine/core.py `DPEngineCoreProc`: a rank
-with no request runs a dummy batch so the ranks' collectives meet, `run_busy_loop` / `execute_dummy_batch`), so a
-step lasts as long as its slowest rank's; SGLang's DP attention syncs its ranks' batches before the MoE layers the
-same way (srt/managers/scheduler_components/dp_attn.py `SchedulerDPAttnAdapter.prepare_mlp_sync_batch`, an idle
-rank running `get_idle_batch`). Here one scheduler chooses the step for all ranks; each request belongs to one
-rank, `seq_id % N` (SGLang's `--load-balance-method round_robin`, srt/managers/data_parallel_controller.py
-`round_robin_scheduler`, in arrival order), and the step is priced as the maximum over ranks of that rank's own step (its chunks and decodes alone,
-CostModel.fast_seconds). A rank with nothing in the step runs a dummy batch, cheaper than any rank's real one, so it
-never sets the step.
+The lead backend (the one --dp built) stands for the whole deployment in what the commands read of it (its device,
+its metadata, N ranks' worth of sequences and KV in `max_concurrency`); each rank's steps run on a backend of its
+own, built here once: the same model, GPU, pricing and cache settings at --tp with one rank, so a rank's step is
+priced on its own prompt chunks and decodes alone (CostModel.fast_seconds), as one engine's would be, and its KV
+held against its own cache.
 
-What it does not model: each rank's own token budget and cadence counter (the step's budget, --chunk-size, is
-the whole step's across ranks, and one cadence paces all ranks, as vLLM's lockstep step counter does), each
-rank's own KV pool and max_num_seqs (the engine holds N ranks' worth of both, pooled), and expert parallelism
-across the ranks (each rank is priced with its own experts, as with --tp alone; --ep past --tp, the sim's DP
-attention on equal shares, is refused beside --dp).
+Not modelled: expert parallelism across the ranks (each rank is priced with its own experts, as with --tp alone;
+--ep past --tp, the sim's DP attention on equal shares, is refused beside --dp), pipeline stages, sliding-window
+layers, a trace, speculative decoding and a host KV tier beside --dp.
 """
 
 from __future__ import annotations
 
 from prefillbench.backends.sim.specs import SimConfigError
-from prefillbench.step import Step
 
 
-def rank_of(seq_id: int, dp: int) -> int:
-    """The data-parallel rank a request runs on: round-robin in arrival order (seq_ids count arrivals)."""
-    return seq_id % dp
-
-
-def slowest_rank_seconds(cost, step: Step, dp: int, after_idle: bool) -> float:
-    """The step's time: the slowest rank's own step, each rank priced on its own prefill chunks and decodes."""
-    chunks: dict[int, list[tuple[int, int]]] = {}
-    emits: dict[int, int] = {}
-    decodes: dict[int, int] = {}
-    contexts: dict[int, int] = {}
-    for c in step.prefills:
-        r = c.seq_id % dp
-        chunks.setdefault(r, []).append((c.start, len(c.tokens) + c.pad))
-        if c.is_last:
-            emits[r] = emits.get(r, 0) + 1
-    for d in step.decodes:
-        r = d.seq_id % dp
-        decodes[r] = decodes.get(r, 0) + 1
-        contexts[r] = contexts.get(r, 0) + d.position + 1
-    slowest = 0.0
-    for r in set(chunks) | set(decodes):
-        n_dec = decodes.get(r, 0)
-        seconds = cost.fast_seconds(chunks.get(r, []), n_dec, contexts.get(r, 0), emits.get(r, 0) + n_dec, None,
-                                    after_idle)
-        slowest = max(slowest, seconds)
-    return slowest
+def rank_backends(lead) -> list:
+    """The ranks' backends of a SimBackend with --dp N: N copies of its layout, one rank each."""
+    return [type(lead)(lead.model, lead.spec_gpu, tp=lead.tp, pp=lead.pp, ep=lead.ep, **lead._settings)
+            for _ in range(lead.dp)]
 
 
 def check_dp(dp: int, *, tp: int, pp: int, ep: int, windows: bool) -> None:
@@ -67,4 +39,4 @@ def check_dp(dp: int, *, tp: int, pp: int, ep: int, windows: bool) -> None:
         raise SimConfigError(f"--dp {dp}: models with sliding-window layers are not modelled beside --dp")
 
 
-__all__ = ["check_dp", "rank_of", "slowest_rank_seconds"]
+__all__ = ["check_dp", "rank_backends"]

@@ -48,6 +48,9 @@ def sim_metadata(sim) -> dict[str, Any]:
         "sim_max_num_seqs_source": sim.max_num_seqs_source,
         "prefix_cache": "on" if sim.prefix.on else "off",
     }
+    if sim.dp > 1:  # data-parallel ranks (engine/lockstep.py): each its own KV cache and max_num_seqs, above
+        meta["sim_dp"] = sim.dp
+        meta["sim_dp_balancing"] = ", ".join(sorted(sim.dp_balancing)) or None
     if sim.prefixes is not None:
         meta |= sim.prefixes.metadata()
     if sim.clamped:
