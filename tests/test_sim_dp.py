@@ -97,6 +97,19 @@ def test_a_step_lasts_as_long_as_its_slowest_rank():
     assert lone.steps[0].seconds == _alone(16)
 
 
+def test_stop_sees_every_ranks_finished_records_in_the_order_they_finished():
+    # capacity's stop counts the records it has seen (Progress.finished[seen:]): the list only grows, in finish order
+    seen = []
+    reqs = [_request(32, 100 + 61 * (i % 5)) for i in range(16)]
+    run = engine.run(_backend(2), make_strategy("vllm-v1", 512), reqs, 4,
+                     stop=lambda progress: seen.append(list(progress.finished)) or False)
+    assert len(seen) >= 2 and len(run.requests) == 16
+    for before, after in zip(seen, seen[1:]):
+        assert [id(r) for r in after[:len(before)]] == [id(r) for r in before]
+    last = [r.token_times[-1] for r in seen[-1]]
+    assert last == sorted(last) and {r.instance for r in seen[-1]} == {0, 1}
+
+
 def _capacity(run_cli, dp: int) -> float:
     result = run_cli("capacity", "--backend", "sim", "--sim-model", "qwen3-30b-a3b", "--sim-gpu", "h100", "--dp",
                      str(dp), "--pg", "2048,32", "--slo", "tbt=100", "-s", "vllm-v1", "--chunk-size", "256",

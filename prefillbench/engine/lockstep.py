@@ -88,6 +88,10 @@ class Lockstep:
         self.open_loop, self.concurrency, self.start, self.stop = open_loop, concurrency, start, stop
         self.dispatched: list[list[int]] = [[] for _ in loops]  # each rank's requests, in its admission order
         self.steps = 0  # lockstep steps
+        # every rank's finished records in the order they finished, only ever appended to (what `stop` reads: a
+        # caller counts the records it has seen), and how many of each rank's it holds
+        self.finished: list = []
+        self.taken = [0] * len(loops)
 
     def load(self, loop: Loop) -> RankLoad:
         """What the balancer reads of a rank: its unfinished requests, those in vLLM's WAITING (queued, or not
@@ -161,6 +165,9 @@ class Lockstep:
         for r, lp in enumerate(loops):
             if r not in asked:  # its dummy batch: the step counted, nothing chosen
                 lp.strategy.dummy_step()
+            if len(lp.done) > self.taken[r]:
+                self.finished += lp.done[self.taken[r]:]
+                self.taken[r] = len(lp.done)
         self.steps += 1
 
     def wait(self, now: float) -> None:
@@ -183,7 +190,7 @@ class Lockstep:
 
     def progress(self) -> Progress:
         loops = self.loops
-        return Progress(self.start, loops[0].backend.now(), [rec for lp in loops for rec in lp.done],
+        return Progress(self.start, loops[0].backend.now(), self.finished,
                         [seq for lp in loops for seq in lp.live.values()],
                         deque([req for _, req in self.pending] + [req for lp in loops for req in lp.admission.pending]))
 

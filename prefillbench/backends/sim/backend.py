@@ -245,8 +245,7 @@ class SimBackend(StepBackend):
 
     def rank_backends(self) -> list["SimBackend"]:
         """Its data-parallel ranks' backends (data_parallel.py), built once: each a copy of this layout."""
-        if not self._ranks:
-            self._ranks = rank_backends(self)
+        self._ranks = self._ranks or rank_backends(self)
         return self._ranks
 
     def join_step(self, end: float) -> None:
@@ -428,8 +427,7 @@ class SimBackend(StepBackend):
         chunks, emitting = self.hold_prefills(step, tokens)
         n_emit += emitting
         if self.dp > 1:
-            raise BackendError(f"--dp {self.dp}: each rank's step runs on its own backend (rank_backends), the "
-                               "engine keeping them in lockstep (engine/lockstep.py)")
+            raise BackendError(f"--dp {self.dp}: each rank steps on its own backend (rank_backends, engine/lockstep.py)")
         if self._trace is None:
             seconds = self.cost.fast_seconds(chunks, len(step.decodes), ctx, n_emit, None, self._idle)
         else:
