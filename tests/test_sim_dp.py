@@ -110,6 +110,21 @@ def test_stop_sees_every_ranks_finished_records_in_the_order_they_finished():
     assert last == sorted(last) and {r.instance for r in seen[-1]} == {0, 1}
 
 
+def test_a_rank_idle_for_some_steps_keeps_the_lockstep_cadence_count():
+    # vLLM's prefill interval reads a step counter counted on every rank each step, dummy batches included: a rank
+    # that idled while the other stepped admits prompts beside its decodes only on the engine's every 4th step.
+    # A decodes on rank 0 throughout (one wave); B comes to the idle rank 1 at 0.2 s, C to rank 0 (a tie, the scan
+    # starting there), D to rank 1 while B decodes: D's prompt waits for a step whose index is a multiple of 4.
+    reqs = [_request(64, 400, 0.0), _request(64, 200, 0.2), _request(64, 100, 0.3), _request(64, 4, 0.35)]
+    run = engine.run(_backend(2), make_strategy("vllm-v1 · budget fixed · cadence interval:4", 512), reqs, 0)
+    assert [r.instance for r in run.requests] == [0, 1, 0, 1]
+    index = {s.start: i for i, s in enumerate(s for s in run.steps if s.instance == 0)}  # rank 0 steps every step
+    first_chunk = [index[r.first_scheduled] for r in run.requests]
+    assert first_chunk[1] % 4 != 0  # B started off the cadence: rank 1 had no decode to defer it for
+    # D's prompt ran on a multiple of 4 (a rank counting only its own steps would be first_chunk[1] off it)
+    assert first_chunk[3] % 4 == 0 and run.requests[3].first_scheduled > run.requests[3].arrival
+
+
 def _capacity(run_cli, dp: int) -> float:
     result = run_cli("capacity", "--backend", "sim", "--sim-model", "qwen3-30b-a3b", "--sim-gpu", "h100", "--dp",
                      str(dp), "--pg", "2048,32", "--slo", "tbt=100", "-s", "vllm-v1", "--chunk-size", "256",
