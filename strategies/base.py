@@ -36,6 +36,9 @@ class Strategy(ABC):
     #: Whether, with a prefix cache on, it reads the engine's memory as its engine's block cache (vllm-v1: vLLM's
     #: prefix caching, engine/block_cache.py), the memory deciding hits; else the backend's own cache decides them.
     reads_block_cache: bool = False
+    #: Whether, likewise, it reads the engine's memory as SGLang's radix cache (engine/radix_cache.py: the SGLang
+    #: strategies), its tree deciding hits and evictions.
+    reads_radix_cache: bool = False
     #: The engine's cap on running sequences (vLLM's max_num_seqs) where the backend stands for an engine; None: none.
     engine_max_num_seqs: int | None = None
     #: Speculative decoding's settings for the run (prefillbench/speculation.py; None: off), set by make_strategy:

@@ -9,8 +9,9 @@ default, is the engine's async property: a finished request's memory seen a step
   start, a decode batch of every running request.
 - **One prompt in progress** (`chunked_req`): it is served first, with what the batch's budget allows (at least
   progress); every other admitted prompt finishes in its batch or becomes the one in progress.
-- **Admission** (`_get_new_batch_prefill_raw`, PrefillAdder): FCFS over the waiting queue (radix cache off; LPM by
-  cached prefix where the run's prefix cache is on), each admitted if its prompt plus its expected output fits the
+- **Admission** (`_get_new_batch_prefill_raw`, PrefillAdder): FCFS over the waiting queue (radix cache off; where
+  the engine's memory is SGLang's radix cache, LPM and the tree's hits and evictions as sglang_radix.py reads them;
+  with another prefix cache, LPM by its cached prefix), each admitted if its prompt plus its expected output fits the
   free tokens less every running request's expected output at `new_token_ratio`; the first that does not fit stops
   admission (head of line) and, with others running, marks the batch full: no prefill is tried again until a
   request leaves (finishes, is retracted, or a prompt in progress is set aside).
@@ -43,6 +44,7 @@ from prefillbench.step import Preemption, Step
 
 from .base import Strategy, cut_drafts, decode_tokens, prefill_chunk
 from .sglang_budget import CONTINUE, MAX_PREFILL_TOKENS, NO_TOKEN, OTHER, PrefillBudget
+from .sglang_radix import RadixRules
 
 #: environ.py: SGLANG_INIT_NEW_TOKEN_RATIO, _MIN_NEW_TOKEN_RATIO_FACTOR, _NEW_TOKEN_RATIO_DECAY_STEPS,
 #: _RETRACT_DECODE_STEPS (schedule_conservativeness 1.0)
@@ -63,7 +65,7 @@ MIXED_CHUNK_ALGORITHMS = ("EAGLE", "EAGLE3")
 SPEC_MAX_RUNNING = 48
 
 
-class Sglang(Strategy):
+class Sglang(RadixRules, Strategy):
     name = "sglang"
     # SGLang 0.5.23's --load-balance-method auto is round_robin outside P/D (srt/arg_groups/serving_hook.py
     # handle_load_balance_method; data_parallel_controller.py round_robin_scheduler)
@@ -71,6 +73,9 @@ class Sglang(Strategy):
     uses_chunk_size = True
     kv_policy = "paged"
     kv_block_size = 1  # page_size 1 (arg_groups/overrides.py `_page_size_default`)
+    # with a prefix cache on, the engine's memory is SGLang's radix cache (engine/radix_cache.py; sglang_radix.py)
+    reads_radix_cache = True
+    ratio_decay, min_ratio = RATIO_DECAY, MIN_RATIO
     native_cadence = True  # a deferred round forms no prefill batch (cadence.py)
     # With nothing waiting, a decode batch that fits is followed by the same batch, the ratio one decay lower
     # (`ran_decodes`): the engine may run such batches in a row (Loop.decode_run).
@@ -101,10 +106,12 @@ class Sglang(Strategy):
         self._last_chunked = False
         self._emptied = False  # the last step was a prefill batch that left the running batch empty
         self.prefix_cache = False
+        self.radix_reset()
 
     def attach(self, memory, engine_max_num_seqs: int | None = None, prefix_cache: bool = False) -> None:
         super().attach(memory, engine_max_num_seqs, prefix_cache)
         self.prefix_cache = prefix_cache
+        self.radix = getattr(memory, "radix", None)  # SGLang's radix cache, where the engine's memory is one
 
     def idle(self) -> None:
         super().idle()
@@ -113,6 +120,8 @@ class Sglang(Strategy):
         self.batch_is_full = False
 
     def next_step(self, waiting, running):
+        if self.radix is not None:  # the chunk in progress into the tree, the running batch's order, the queue
+            self.radix_sync(waiting, running)
         live = {s.seq_id for s in waiting}
         live.update(s.seq_id for s in running)
         # what the last batch's filtering does to the flag: a request that left, or the prompt in progress taken
@@ -145,6 +154,11 @@ class Sglang(Strategy):
         if allocatable <= 0 and chunked is None:
             self.batch_is_full = True
             return None
+        if self.radix is not None:  # the radix cache's own rules (sglang_radix.py)
+            size = self.chunk_size if self.budget_part is None else self.step_budget(
+                ([chunked] if chunked is not None else []) + new, running if self.mixes and running else (),
+                counts_decodes=self.mixes and bool(running))
+            return self.radix_prefill(waiting, running, chunked, allocatable, size)
         if self.prefix_cache and len(new) <= LPM_MAX_WAITING:  # LPM: the longest cached prefix first (stable)
             new = sorted(new, key=lambda s: -s.n_cached)
         memory = self.memory
@@ -197,6 +211,8 @@ class Sglang(Strategy):
 
     # ---- update_running_batch ----------------------------------------------------------------------------------
     def _decode(self, running) -> Step:
+        if self.radix is not None:
+            return self.radix_decode(running)
         memory = self.memory
         free = memory.free_tokens if memory is not None else float("inf")
         keep = list(running)

@@ -3,7 +3,7 @@
 prefill-first launch and --enable-mixed-chunk) admit and chunk prompts by.
 
 A batch's budget starts from the KV tokens free (`allocator.available_size()`, plus the radix cache's evictable
-tokens, 0 here: a cached prefix is held by its sequence) and charges:
+tokens where it runs: strategies/sglang_radix.py; else 0) and charges:
 - every running request its expected future output: `min(max_new_tokens - len(output_ids), CLIP)` times
   `new_token_ratio` (1.0 for an ignore_eos request: `_get_running_request_total_token_offset`);
 - the running decodes a mixed batch carries, one token each (`num_mixed_decode_tokens`);
@@ -39,11 +39,14 @@ class PrefillBudget:
     """One batch's budget as SGLang's PrefillAdder keeps it (page_size 1)."""
 
     __slots__ = ("available", "total_offset", "current_offset", "rem_input", "rem_chunk", "admitted", "running",
-                 "ratio", "ignore_eos", "states")
+                 "ratio", "ignore_eos", "states", "evictable")
 
     def __init__(self, available: float, running: list[Sequence], ratio: float, max_prefill_tokens: int,
-                 chunked_prefill_size: int, mixed_decodes: int, ignore_eos: bool) -> None:
+                 chunked_prefill_size: int, mixed_decodes: int, ignore_eos: bool, evictable=None) -> None:
         self.available = available
+        #: the radix cache's evictable tokens, read live (`PrefillBudget._available_and_evictable`: a prefix locked
+        #: for a candidate leaves them); None: no cache (0)
+        self.evictable = evictable
         self.running = running
         self.ratio = ratio
         self.ignore_eos = ignore_eos
@@ -57,10 +60,14 @@ class PrefillBudget:
 
     @property
     def rem_total(self) -> float:
+        if self.evictable is not None:
+            return self.available + self.evictable() - self.total_offset
         return self.available - self.total_offset
 
     @property
     def cur_rem(self) -> float:
+        if self.evictable is not None:
+            return self.available + self.evictable() - self.current_offset
         return self.available - self.current_offset
 
     def state(self) -> str:
@@ -91,10 +98,11 @@ class PrefillBudget:
         self._reserve(seq, n, 0 if truncated else min(seq.n_gen, CLIP))
         return n, truncated
 
-    def add_one(self, seq: Sequence, simulate_future: bool) -> tuple[int, str]:
+    def add_one(self, seq: Sequence, simulate_future: bool, prefix: int | None = None) -> tuple[int, str]:
         """add_one_req (or, `simulate_future`, add_one_req_ignore_eos: ignore_eos with the radix cache off): the
-        prompt tokens it takes this step (0: not admitted) and the budget's verdict after it."""
-        extend = len(seq.prompt) - seq.n_prefilled
+        prompt tokens it takes this step (0: not admitted) and the budget's verdict after it. `prefix`: the tokens
+        the radix cache holds of it (its prompt starts there); None: from where it stands."""
+        extend = len(seq.prompt) - (seq.n_prefilled if prefix is None else prefix)
         if simulate_future:
             if not self._future_fits(seq, extend):
                 return 0, NO_TOKEN

@@ -17,8 +17,10 @@ from benchmarks.lib import cli
 ROOT = Path(__file__).resolve().parent.parent
 #: Modules of the package that are no benchmark of their own: helpers, and the GPU check's parts.
 # Parts of a benchmark, not benchmarks: the GPU table's pieces, and the script vllm_throttle_steps runs inside vLLM's
-# own environment (its python, not the project's: it has no flags of ours to declare).
-HELPERS = {"benchmarks.gpu.sections", "benchmarks.gpu.table", "benchmarks.engine.vllm_throttle_reference"}
+# own environment (its python, not the project's: it has no flags of ours to declare), and the session traces
+# sglang_steps --radix compares on.
+HELPERS = {"benchmarks.gpu.sections", "benchmarks.gpu.table", "benchmarks.engine.vllm_throttle_reference",
+           "benchmarks.engine.sglang_sessions"}
 
 
 def all_modules() -> list[str]:

@@ -5,10 +5,19 @@ repository root:
     ~/.cache/prefillbench/sglang-0.5.23/bin/python -m benchmarks.engine.sglang_reference --job job.json
 
 The job: {"config": {chunked_prefill_size, max_prefill_tokens, kv_capacity_tokens, max_running_requests,
-enable_mixed_chunk, and optionally prefill_decode_interval and prefill_decode_interval_min_bs}, "requests": [{id, prompt_len, output_len, arrival_step, ignore_eos}, ...]}, or {"jobs": [job,
-...]} (each line then has "job": its index). Each output line:
-{"kind": "extend"|"mixed"|"decode"|"idle", "prefill": [[id, tokens], ...] (batch order), "decode": [ids, sorted],
-"retracted": [ids, retraction order], "ratio": new_token_ratio after the iteration's scheduling}.
+enable_mixed_chunk, and optionally prefill_decode_interval, prefill_decode_interval_min_bs and radix_cache},
+"requests": [{id, prompt_len, output_len, arrival_step, ignore_eos, and optionally tokens (the prompt's token ids;
+else 3, 4, ...), follows and think (a session's later turn: it arrives `think` iterations after request `follows`
+finished, its arrival_step ignored)}, ...]}, or {"jobs": [job, ...]} (each line then has "job": its index). Each
+output line: {"kind": "extend"|"mixed"|"decode"|"idle", "prefill": [[id, tokens], ...] (batch order), "prefix":
+[prefix_len of each, batch order: the tokens it starts past], "decode": [ids, sorted], "retracted": [ids, retraction
+order], "ratio": new_token_ratio after the iteration's scheduling, "evicted": tokens the radix cache evicted so far}.
+
+With "radix_cache": true the scheduler runs as SGLang launches by default with `--schedule-policy lpm`: the
+RadixCache built enabled (`disable=False`), SchedulePolicy's LPM order. Its recency is read from `time.monotonic()`;
+here the tree module's clock is a counter (each reading one more), so that two nodes touched at different moments
+never tie (a tie is broken by the nodes' places in a heap, which follow their addresses), the order of every reading
+SGLang's own.
 
 What runs is SGLang 0.5.23's code, not a reading of it: `Scheduler.get_next_batch_to_run` with everything it calls
 on a scheduler (`_get_new_batch_prefill_raw`, `get_num_allocatable_reqs`, `update_running_batch`,
@@ -78,11 +87,27 @@ def _setup(config: dict):
     maybe_stub_sgl_kernel()
     from sglang.test.test_utils import published_topology
 
+    radix = bool(config.get("radix_cache", False))
     return published_topology(
         chunked_prefill_size=config["chunked_prefill_size"], max_prefill_tokens=config["max_prefill_tokens"],
         max_running_requests=config["max_running_requests"], enable_mixed_chunk=config["enable_mixed_chunk"],
-        disable_radix_cache=True, disable_overlap_schedule=True, page_size=1, schedule_policy="fcfs",
-        attention_backend="torch_native", device="cpu")
+        disable_radix_cache=not radix, disable_overlap_schedule=True, page_size=1,
+        schedule_policy="lpm" if radix else "fcfs", attention_backend="torch_native", device="cpu")
+
+
+class Ticks:
+    """time.monotonic for the radix tree's module: one more at each reading (its other readings pass through)."""
+
+    def __init__(self, time_module) -> None:
+        self.time = time_module
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(self.time, name)
 
 
 class Reference:
@@ -114,9 +139,24 @@ class Reference:
         s.req_to_token_pool = ReqToTokenPool(max_running, context, "cpu", False)
         s.token_to_kv_pool_allocator = TokenToKVPoolAllocator(config["kv_capacity_tokens"], torch.bfloat16, "cpu",
                                                               SimpleNamespace(), False)
-        s.tree_cache = RadixCache(CacheInitParams(disable=True, req_to_token_pool=s.req_to_token_pool,
+        radix = bool(config.get("radix_cache", False))
+        from sglang.srt.mem_cache import radix_cache as radix_module
+
+        if not isinstance(radix_module.time, Ticks):
+            radix_module.time = Ticks(radix_module.time)
+        # --disable-radix-cache builds it disabled; the default launch, enabled
+        s.tree_cache = RadixCache(CacheInitParams(disable=not radix, req_to_token_pool=s.req_to_token_pool,
                                                   token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
                                                   page_size=1))
+        self.evicted = 0
+        evict = s.tree_cache.evict
+
+        def evict_and_count(params):  # the tokens evicted, counted as RadixCache.evict reports them
+            result = evict(params)
+            self.evicted += result.num_tokens_evicted
+            return result
+
+        s.tree_cache.evict = evict_and_count
         s.page_size = 1
         # Scheduler.init_running_status, init_chunked_prefill, init_schedule_policy
         s.waiting_queue = []
@@ -139,6 +179,7 @@ class Reference:
         s.model_config = SimpleNamespace(is_encoder_decoder=False, is_multimodal=False, vocab_size=1 << 15)
         s.device = "cpu"
         self.ScheduleBatch = ScheduleBatch
+        self.finished_now: list[int] = []  # the requests that finished in the iteration, for their next turns
 
     def iteration(self, arrived: list) -> dict:
         """One pass of Scheduler.event_loop_normal: receive, get_next_batch_to_run, run_batch and
@@ -156,20 +197,22 @@ class Reference:
             s.new_token_ratio_tracker.reset()
         s.last_batch = batch
         line["ratio"] = s.new_token_ratio_tracker.current
+        line["evicted"] = self.evicted
         return line
 
     def describe(self, batch) -> dict:
         retracted = [int(r.rid) for r in self.s.retracted_now]
         self.s.retracted_now = []
         if batch is None:
-            return {"kind": "idle", "prefill": [], "decode": [], "retracted": retracted}
+            return {"kind": "idle", "prefill": [], "prefix": [], "decode": [], "retracted": retracted}
         mode = batch.forward_mode
         # a MIXED batch's decodes are its decoding_reqs (mix_with_running); a DECODE batch decodes all its requests
         decoding = {id(r) for r in (batch.decoding_reqs or () if mode.is_extend() else batch.reqs)}
         prefill = [[int(r.rid), r.extend_len] for r in batch.reqs if id(r) not in decoding]
+        prefix = [r.prefix_len for r in batch.reqs if id(r) not in decoding]
         decode = sorted(int(r.rid) for r in batch.reqs if id(r) in decoding)
         kind = "decode" if mode.is_decode() else "mixed" if mode.is_mixed() else "extend"
-        return {"kind": kind, "prefill": prefill, "decode": decode, "retracted": retracted}
+        return {"kind": kind, "prefill": prefill, "prefix": prefix, "decode": decode, "retracted": retracted}
 
     def run_and_process(self, batch) -> None:
         """run_batch (the model: one constant token a request) and process_batch_result (batch_result_processor.py
@@ -191,6 +234,7 @@ class Reference:
             req.update_finish_state()
             if req.finished():
                 release_kv_cache(req, tree_cache, checkpoint=True)
+                self.finished_now.append(int(req.rid))
             elif extend and id(req) not in decoding:
                 checkpoint_kv_cache(req, tree_cache)
         # the next decode feeds these tokens (run_batch's next_token_ids become batch.input_ids)
@@ -245,7 +289,8 @@ def make_req(r: dict, vocab: int):
 
     params = SamplingParams(max_new_tokens=r["output_len"], ignore_eos=bool(r["ignore_eos"]))
     params.normalize(None)
-    return Req(str(r["id"]), "", array("q", [3 + i % 1000 for i in range(r["prompt_len"])]), params, vocab_size=vocab)
+    tokens = r.get("tokens") or [3 + i % 1000 for i in range(r["prompt_len"])]
+    return Req(str(r["id"]), "", array("q", tokens), params, vocab_size=vocab)
 
 
 def run_job(job: dict):
@@ -254,16 +299,23 @@ def run_job(job: dict):
     with _setup(config):
         ref = Reference(config)
         vocab = ref.s.model_config.vocab_size
-        pending = sorted(job["requests"], key=lambda r: (r["arrival_step"], r["id"]))
-        left = len(pending)
+        # a session's later turn waits for the turn it follows to finish, then arrives `think` iterations on
+        held = {r["follows"]: r for r in job["requests"] if r.get("follows") is not None}
+        pending = [(r["arrival_step"], r) for r in job["requests"] if r.get("follows") is None]
+        left = len(job["requests"])
         step = 0
         while True:
-            arrived = [make_req(r, vocab) for r in pending if r["arrival_step"] == step]
-            pending = [r for r in pending if r["arrival_step"] != step]
+            arrived = [make_req(r, vocab) for due, r in sorted(pending, key=lambda p: p[1]["id"]) if due == step]
+            pending = [(due, r) for due, r in pending if due != step]
             line = ref.iteration(arrived)
+            for rid in ref.finished_now:
+                follow = held.pop(rid, None)
+                if follow is not None:
+                    pending.append((step + follow["think"], follow))
+            ref.finished_now = []
             s = ref.s
-            done = not pending and not s.waiting_queue and s.running_batch.is_empty() and s.chunked_req is None \
-                and (s.last_batch is None or s.last_batch.is_empty())
+            done = not pending and not held and not s.waiting_queue and s.running_batch.is_empty() \
+                and s.chunked_req is None and (s.last_batch is None or s.last_batch.is_empty())
             yield line
             step += 1
             if done and line["kind"] == "idle":

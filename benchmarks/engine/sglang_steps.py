@@ -3,6 +3,7 @@
     python -m benchmarks.engine.sglang_steps                    # every preset trace
     python -m benchmarks.engine.sglang_steps --trace retract    # one of them
     python -m benchmarks.engine.sglang_steps --seed 7 --requests 60 --kv-cache-tokens 3000 --ignore-eos 0
+    python -m benchmarks.engine.sglang_steps --radix             # the radix cache on: the session presets
 
 One side is SGLang's code itself (benchmarks/engine/sglang_reference.py, run by the python of `make sglang`'s
 environment: its PrefillAdder, SchedulePolicy, new-token-ratio tracker, batch forming and retraction driven with
@@ -13,9 +14,12 @@ admitted before step k is chosen, as SGLang receives it at the top of iteration 
 whole second, so engine step k starts at second k exactly where SGLang runs iteration k. Iterations SGLang spends
 idle are the seconds no step starts in.
 
-Every iteration is compared: the prompt tokens of each request in batch order, the decoding requests, the
-retracted ones in retraction order, and new_token_ratio after the iteration's scheduling (to 1e-9: both sides do
-the same float operations, so they agree to the last bits or differ by a rule). A table of traces, steps, equal steps
+Every iteration is compared: the prompt tokens of each request in batch order and where each starts (SGLang's
+prefix_len: a cached prefix, or a prompt's progress), the decoding requests, the retracted ones in retraction order,
+new_token_ratio after the iteration's scheduling (to 1e-9: both sides do the same float operations, so they agree to
+the last bits or differ by a rule), and the tokens the radix cache has evicted so far. With --radix the radix cache is
+on, on seeded multi-turn session traces (benchmarks/engine/sglang_sessions.py): the engine's memory is SGLang's
+radix cache (prefillbench/engine/radix_cache.py), read by the strategies as SGLang's scheduler reads its own. A table of traces, steps, equal steps
 and retractions is printed; on a mismatch the first differing step is named with both sides and the exit is 1.
 """
 from __future__ import annotations
@@ -34,9 +38,10 @@ from tabulate import tabulate
 
 from prefillbench import engine
 from prefillbench.backends.fake import FakeBackend
+from prefillbench.backends.prefix import PrefixSettings
 from prefillbench.errors import BackendError
 from prefillbench.sequence import Request
-from prefillbench.step import Step
+from prefillbench.step import Step, StepResult
 from strategies import compose, make_strategy
 
 from benchmarks.lib import cli
@@ -46,6 +51,8 @@ REFERENCE = "benchmarks.engine.sglang_reference"
 #: Both sides' ratios come out of the same float operations in the same order (0.7 less k decays, or one division
 #: after a retraction); anything past rounding is a different rule, not noise.
 RATIO_TOLERANCE = 1e-9
+#: The token the reference's model "samples" every time (sglang_reference.NEXT_TOKEN), never an EOS
+NEXT_TOKEN = 7
 
 
 # --- the trace and its configuration (what the reference reads, as JSON) ----------------------------------------
@@ -57,6 +64,10 @@ class TraceRequest:
     output_len: int  # max_new_tokens: every request stops exactly there
     arrival_step: int  # received at the top of this scheduler iteration
     ignore_eos: bool
+    tokens: tuple[int, ...] | None = None  # the prompt's tokens (None: 3, 4, ...)
+    #: a session's later turn: the request it follows, and the iterations after that one finished it arrives
+    follows: int | None = None
+    think: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,8 @@ class Config:
     #: --prefill-decode-interval and --prefill-decode-interval-min-bs (0: off): the decode-rounds cadence
     prefill_decode_interval: int = 0
     prefill_decode_interval_min_bs: int = 0
+    #: the radix cache on (SGLang's default launch, --schedule-policy lpm); off: --disable-radix-cache
+    radix_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,29 +194,34 @@ class Iteration:
     decode: tuple[int, ...] = ()  # sorted
     retracted: tuple[int, ...] = ()  # retraction order
     ratio: float = math.nan
+    prefix: tuple[int, ...] = ()  # where each prompt chunk starts (SGLang's prefix_len), batch order
+    evicted: int = 0  # tokens the radix cache evicted up to this iteration
 
     @classmethod
     def from_json(cls, line: str) -> "Iteration":
         d = json.loads(line)
         return cls(d["kind"], tuple((int(i), int(n)) for i, n in d["prefill"]), tuple(d["decode"]),
-                   tuple(d["retracted"]), float(d["ratio"]))
+                   tuple(d["retracted"]), float(d["ratio"]), tuple(d["prefix"]), int(d["evicted"]))
 
     def same(self, other: "Iteration") -> bool:
         return (self.kind, self.prefill, self.decode, self.retracted) == (
             other.kind, other.prefill, other.decode, other.retracted) and (
-            self.kind == "idle" or abs(self.ratio - other.ratio) <= RATIO_TOLERANCE)
+            self.kind == "idle" or (abs(self.ratio - other.ratio) <= RATIO_TOLERANCE
+                                    and (self.prefix, self.evicted) == (other.prefix, other.evicted)))
 
     def __str__(self) -> str:
         if self.kind == "idle":
             return "idle"
         parts = [self.kind]
         if self.prefill:
-            parts.append("prefill " + " ".join(f"{i}:{n}" for i, n in self.prefill))
+            parts.append("prefill " + " ".join(f"{i}:{n}@{p}" for (i, n), p in zip(self.prefill, self.prefix)))
         if self.decode:
             parts.append(f"decode {list(self.decode)}")
         if self.retracted:
             parts.append(f"retracted {list(self.retracted)}")
         parts.append(f"ratio {self.ratio:.12g}")
+        if self.evicted:
+            parts.append(f"evicted {self.evicted}")
         return ", ".join(parts)
 
 
@@ -241,13 +259,23 @@ class StepClock(FakeBackend):
     name = "step-clock"
     context_length = 1 << 20
 
-    def __init__(self) -> None:
+    def __init__(self, radix: bool = False) -> None:
         super().__init__(seconds_per_token=0.0, seconds_per_step=1.0)
-        self.started: list[tuple[int, Step]] = []
+        self.started: list[tuple[int, Step, int]] = []  # (second, step, tokens evicted before it ran)
+        self.strategy = None  # the run's strategy: its memory's radix cache counts the evictions
+        if radix:  # the prefix cache on, held by the engine's memory (SGLang's radix cache), as on the sim
+            self.prefix = PrefixSettings(on=True)
+            self.shares_kv_blocks = True
+        self.radix = radix
 
     def execute(self, step, return_logits=False):
-        self.started.append((round(self.clock), step))
-        return super().execute(step, return_logits)
+        stats = self.strategy.memory.cache_stats if self.strategy is not None else None
+        self.started.append((round(self.clock), step, 0 if stats is None else stats.evicted_blocks))
+        result = super().execute(step, return_logits)
+        if self.radix:  # every token the reference's model "samples" (sglang_reference.NEXT_TOKEN): a session's
+            # next turn resends them, and the tree matches them
+            result = StepResult({seq_id: NEXT_TOKEN for seq_id in result.next_tokens})
+        return result
 
     def wait_until(self, t, *, stalled=False, idle=False):
         self.clock = max(self.clock, float(math.ceil(t)))
@@ -267,29 +295,62 @@ def strategy_iterations(trace: list[TraceRequest], config: Config) -> list[Itera
     kinds = {r.ignore_eos for r in trace}
     if len(kinds) != 1:
         raise ValueError("the strategies take ignore_eos for every request at once (-s sglang:ignore-eos=N)")
-    order = sorted(trace, key=lambda r: (r.arrival_step, r.id))  # the engine numbers sequences as it admits them
-    requests = [Request(tuple(range(3, 3 + r.prompt_len)), r.output_len,
-                        arrival_s=0.0 if r.arrival_step == 0 else r.arrival_step - 0.5) for r in order]
-    backend = StepClock()
+    if any(r.follows is not None for r in trace):
+        requests, keys = session_requests(trace)
+    else:
+        order = sorted(trace, key=lambda r: (r.arrival_step, r.id))  # the engine numbers sequences as it admits them
+        requests = [Request(r.tokens or tuple(range(3, 3 + r.prompt_len)), r.output_len,
+                            arrival_s=0.0 if r.arrival_step == 0 else r.arrival_step - 0.5) for r in order]
+        keys = None
+    backend = StepClock(radix=config.radix_cache)
     backend.kv_cache_tokens = config.kv_capacity_tokens
     strategy = make_strategy(strategy_spec(config, kinds.pop()), config.chunked_prefill_size)
-    engine.run(backend, strategy, requests, 0)
-    ids = [r.id for r in order]
+    backend.strategy = strategy
+    record = engine.run(backend, strategy, requests, 0)
+    # sequences are numbered as the engine admits them: its record lists them so
+    ids = [r.id for r in order] if keys is None else [keys[(q.session, q.turn)] for q in record.requests]
     by_start: dict[int, Iteration] = {}
-    for start, step in backend.started:
+    for start, step, evicted in backend.started:
         if start in by_start:
             raise BackendError(f"two engine steps started at second {start}: a step took other than one second")
-        by_start[start] = iteration_of(step, ids)
+        by_start[start] = iteration_of(step, ids, evicted)
     last = max(by_start, default=-1)
     return [by_start.get(i, IDLE) for i in range(last + 1)]
 
 
-def iteration_of(step: Step, ids: list[int]) -> Iteration:
+def iteration_of(step: Step, ids: list[int], evicted: int = 0) -> Iteration:
     prefill = tuple((ids[c.seq_id], len(c.tokens)) for c in step.prefills)
     decode = tuple(sorted(ids[d.seq_id] for d in step.decodes))
     kind = "mixed" if prefill and decode else "extend" if prefill else "decode"
     ratio = dict(step.policy_values).get("new_token_ratio", math.nan)
-    return Iteration(kind, prefill, decode, tuple(ids[p.seq_id] for p in step.preempted), ratio)
+    return Iteration(kind, prefill, decode, tuple(ids[p.seq_id] for p in step.preempted), ratio,
+                     tuple(c.start for c in step.prefills), evicted)
+
+
+def session_requests(trace: list[TraceRequest]) -> tuple[list[Request], dict[tuple[int, int], int]]:
+    """A session trace as the engine's requests: each chain of turns a session (its first request's id), a later
+    turn arriving `think` - 1.5 s after the last token of the turn before (that token ends iteration f at second
+    f + 1: it arrives half a second before iteration f + think starts, as SGLang receives it at that iteration's
+    top); and the (session, turn) of each request's id. Arrivals in one iteration are ordered by id, as the
+    reference receives them, by a ten-thousandth of a second each."""
+    by_id = {r.id: r for r in trace}
+    keys: dict[tuple[int, int], int] = {}
+    requests = []
+    for r in sorted(trace, key=lambda r: r.id):
+        root, turn = r, 0
+        while root.follows is not None:
+            root, turn = by_id[root.follows], turn + 1
+        keys[(root.id, turn)] = r.id
+        offset = r.id * 1e-4
+        if r.follows is None:
+            arrival = 0.0 if r.arrival_step == 0 else r.arrival_step - 0.5 + offset
+            requests.append(Request(r.tokens, r.output_len, arrival_s=arrival, session=root.id, turn=0))
+        else:
+            if r.think < 2:
+                raise ValueError(f"request {r.id}: a later turn thinks at least 2 iterations")
+            requests.append(Request(r.tokens, r.output_len, session=root.id, turn=turn,
+                                    think_s=r.think - 1.5 + offset))
+    return requests, keys
 
 
 # --- the comparison ---------------------------------------------------------------------------------------------
@@ -323,6 +384,24 @@ class Comparison:
     def retractions(self, side: list[Iteration]) -> int:
         return sum(len(it.retracted) for it in side)
 
+    @staticmethod
+    def cached(side: list[Iteration]) -> int:
+        """Prompt tokens admitted from the radix cache: each request's first chunk's start, on each admission (a
+        retracted request's again; a chunk that continues a prompt is not an admission)."""
+        going: set[int] = set()
+        total = 0
+        for it in side:
+            for (rid, n), start in zip(it.prefill, it.prefix):
+                if rid not in going:
+                    total += start
+                going.add(rid)
+            going -= set(it.retracted)
+        return total
+
+    @staticmethod
+    def evicted(side: list[Iteration]) -> int:
+        return max((it.evicted for it in side), default=0)
+
     def first_mismatch(self) -> str:
         if not self.mismatches:
             return ""
@@ -338,18 +417,23 @@ def compare(jobs: list[tuple[str, list[TraceRequest], Config]], python: Path | N
             for (name, trace, config), theirs in zip(jobs, sglang)]
 
 
-def table(results: list[Comparison]) -> str:
+def table(results: list[Comparison], radix: bool = False) -> str:
     rows = [[c.name, c.strategy, c.config.chunked_prefill_size, c.config.kv_capacity_tokens, c.steps, c.equal,
              c.retractions(c.sglang), c.retractions(c.ours),
-             f"{min((it.ratio for it in c.sglang if it.kind != 'idle'), default=math.nan):.4g}"] for c in results]
-    return tabulate(rows, headers=["trace", "strategy", "chunked_prefill_size", "KV tokens", "steps", "equal steps",
-                                   "retractions (SGLang)", "retractions (strategy)", "lowest ratio"],
-                    tablefmt="github", disable_numparse=True)
+             f"{min((it.ratio for it in c.sglang if it.kind != 'idle'), default=math.nan):.4g}"]
+            + ([c.cached(c.sglang), c.cached(c.ours), c.evicted(c.sglang), c.evicted(c.ours)] if radix else [])
+            for c in results]
+    headers = ["trace", "strategy", "chunked_prefill_size", "KV tokens", "steps", "equal steps",
+               "retractions (SGLang)", "retractions (strategy)", "lowest ratio"]
+    if radix:
+        headers += ["cached tokens (SGLang)", "cached tokens (strategy)", "evicted (SGLang)", "evicted (strategy)"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", action="append", choices=[p.name for p in PRESETS],
-                        help="a preset trace (repeatable; default: all of them)")
+    parser.add_argument("--trace", action="append",
+                        help="a preset trace (repeatable; default: all of them): " + ", ".join(p.name for p in PRESETS)
+                        + "; with --radix, one of benchmarks/engine/sglang_sessions.py's")
     parser.add_argument("--seed", type=int, default=None, help="a trace of your own instead: its seed")
     parser.add_argument("--random", type=int, default=0, metavar="N",
                         help="N random configurations and traces instead (random_cases; --seed seeds them, default 0)")
@@ -364,18 +448,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--prefill-decode-interval N (the decode-rounds cadence); with --random: each case draws "
                         "its own, 1-8")
     parser.add_argument("--min-bs", type=int, default=1, metavar="M", help="--prefill-decode-interval-min-bs")
+    parser.add_argument("--radix", action="store_true",
+                        help="the radix cache on: the session presets (benchmarks/engine/sglang_sessions.py), those "
+                        "--trace names, or with --random N, random session cases")
     parser.add_argument("--python", default=None, help="the SGLang environment's python (default: make sglang's)")
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.random:
+    if args.random and args.radix:
+        from benchmarks.engine.sglang_sessions import random_radix_cases
+
+        jobs = random_radix_cases(args.seed or 0, args.random)
+    elif args.random:
         jobs = random_cases(args.seed or 0, args.random, decode_rounds=bool(args.decode_rounds))
     elif args.seed is not None:
         config = Config(args.chunked_prefill_size, args.max_prefill_tokens, args.kv_cache_tokens,
                         args.max_running_requests, args.mixed, args.decode_rounds, args.min_bs)
         jobs = [(f"seed {args.seed}", make_trace(args.seed, args.requests, bool(args.ignore_eos), 700, 160, 6.0,
                                                  args.kv_cache_tokens), config)]
+    elif args.radix:
+        from benchmarks.engine.sglang_sessions import RADIX_PRESETS
+
+        unknown = sorted(set(args.trace or ()) - {p.name for p in RADIX_PRESETS})
+        chosen = [p for p in RADIX_PRESETS if not args.trace or p.name in args.trace]
+        if unknown:
+            print(f"error: no radix preset is named {', '.join(unknown)} (they are "
+                  f"{', '.join(p.name for p in RADIX_PRESETS)})", file=sys.stderr)
+            return 2
+        jobs = [(p.name, p.trace(), p.config) for p in chosen]
     else:
+        unknown = sorted(set(args.trace or ()) - {p.name for p in PRESETS})
+        if unknown:
+            print(f"error: no preset trace is named {', '.join(unknown)} (they are "
+                  f"{', '.join(p.name for p in PRESETS)}; --radix has its own)", file=sys.stderr)
+            return 2
         chosen = [p for p in PRESETS if not args.trace or p.name in args.trace]
         jobs = [(p.name, preset_trace(p), p.config) for p in chosen]
     python = Path(args.python) if args.python else None
@@ -384,7 +490,7 @@ def main(args: argparse.Namespace) -> int:
     except (BackendError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(table(results))
+    print(table(results, radix=any(c.config.radix_cache for c in results)))
     bad = [c for c in results if c.mismatches]
     for c in bad:
         print(f"\n{c.first_mismatch()}\n  ({len(c.mismatches)} differing steps in all)")

@@ -87,7 +87,7 @@ def run(
     steady = ((strategy.steady_decodes or strategy.steady_while_none_waits) and backend.runs_decodes and depth == 1 and not keep_logits
               and all(r.forced_tokens is None for r in reqs) and spec is None)
     admission = Admission(reqs if feed is None else [], open_loop, cap, start=backend.now(),
-                          reuse=backend.reuse_prefix if backend.caches_prefixes and not engine_cache else None,
+                          reuse=backend.reuse_prefix if backend.caches_prefixes and not backend.kv_shared else None,
                           accept=backend.accept_handoff, feed=feed,
                           reserve=memory if strategy.kv_policy != "paged" else None)
     return Loop(backend, strategy, admission, memory, depth, steady, keep_logits, on_tokens, stop,
@@ -129,6 +129,12 @@ def set_up(backend: StepBackend, strategy: Strategy, reqs: list[Request], asked:
                     and strategy.reads_block_cache and memory.total_blocks is not None and spec is None)
     if engine_cache:
         memory.cached()
+    # the SGLang strategies read their engine's radix cache the same way (engine/radix_cache.py: a tree of token runs
+    # shared by every request, LRU leaves evicted), its one-token pages the memory's
+    radix_cache = (backend.caches_prefixes and backend.shares_kv_blocks and strategy.kv_policy == "paged"
+                   and strategy.reads_radix_cache and memory.total_blocks is not None and spec is None)
+    if radix_cache:
+        memory.radix_cached()
     # a host tier below the cache's blocks (engine/host_tier.py: vLLM's OffloadingConnector), where the backend has one
     host = getattr(backend, "host_tier", None)
     terms = host(memory.block_size) if host is not None else None
@@ -141,7 +147,7 @@ def set_up(backend: StepBackend, strategy: Strategy, reqs: list[Request], asked:
         else:
             memory.cache.host = HostTier(*terms)
             memory.cache.stats.host = memory.cache.host.stats
-    backend.kv_shared = engine_cache
+    backend.kv_shared = engine_cache or memory.radix is not None
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap) + drafts_room)
     strategy.reset()
     strategy.attach(memory, backend.engine_max_num_seqs, prefix_cache=backend.caches_prefixes)

@@ -167,7 +167,7 @@ class Loop:
         return RunRecord(self.start, end, [done[i] for i in order], self.steps, stopped,
                          arrival_lags=self.admission.arrival_lags,
                          kv_peak_fraction=memory.peak_fraction(), kv_policy=self.strategy.kv_policy,
-                         kv_cache=None if memory.cache is None else memory.cache.stats)
+                         kv_cache=memory.cache_stats)
 
     def failed(self, step: Step, e: BackendError) -> StepFailed:
         return StepFailed(f"step {len(self.steps)} ({step.n_tokens} tokens) failed: {e}")
@@ -189,7 +189,7 @@ class Loop:
             backend.release(seq.seq_id)
             first_hit = seq.n_cached
             seq.preempt(p.to_head)
-            if memory.cache is not None:  # its first lookup's hit stays its own (vLLM's prefix_cache_hits)
+            if memory.shares_prefixes:  # its first lookup's hit stays its own (vLLM's prefix_cache_hits)
                 seq.n_cached = first_hit
             if reuse is not None:  # resumed, it looks its tokens up again (vLLM's get_computed_blocks)
                 seq.n_prefilled = seq.n_cached = reuse(seq.seq_id, seq.prompt)
@@ -277,6 +277,8 @@ class Loop:
                     finished.append(seq)
         if self.on_tokens is not None:  # prompt tokens count as work: a 512-token prefill is not one token of progress
             self.on_tokens(sum(len(c.tokens) for c in step.prefills) + step.n_decode_tokens)
+        if self.memory.radix is not None:  # SGLang's process_batch_result on its tree, in the batch's order
+            self.memory.step_done(step, live, finishes=not self.ahead)
         if prefilled:
             waiting, running = self.waiting, self.running
             waiting[:] = [s for s in waiting if s.n_prefilled < len(s.prompt)]
@@ -347,7 +349,7 @@ class Loop:
         running = self.running
         running[:] = [s for s in running if not s.finished]
         backend, live, done, done_ids, logits = self.backend, self.live, self.done, self.done_ids, self.logits
-        cached = self.admission.reuse is not None or self.memory.cache is not None
+        cached = self.admission.reuse is not None or self.memory.shares_prefixes
         finish = self.admission.finished
         free = self.late.append if self.ahead else self.memory.free
         for seq in finished:
@@ -424,6 +426,8 @@ class Loop:
         if self.on_tokens is not None:
             self.on_tokens(n * len(ends))
         finished = [s for s in seqs if s.finished]
+        if finished and memory.radix is not None:  # the last step's finishes into the tree in its batch's order
+            memory.step_done(step, live, finishes=not self.ahead)
         if finished:
             self.leave(finished)
         return True

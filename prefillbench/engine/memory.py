@@ -17,7 +17,7 @@ class OutOfMemory(RuntimeError):
 class KVMemory:
     """The blocks of one engine's KV cache and who holds them."""
 
-    __slots__ = ("block_size", "total_blocks", "held", "used", "peak", "cache")
+    __slots__ = ("block_size", "total_blocks", "held", "used", "peak", "cache", "radix")
 
     def __init__(self, capacity_tokens: int | None, block_size: int = 1) -> None:
         if block_size < 1:
@@ -31,6 +31,9 @@ class KVMemory:
         #: the blocks as a cache (engine/block_cache.py: vLLM's prefix caching, shared by reference, freed blocks
         #: kept until evicted); None: every sequence's blocks its own (`cached` turns it on)
         self.cache = None
+        #: the slots as SGLang's radix cache holds them (engine/radix_cache.py: a tree of token runs shared by all
+        #: requests, unlocked leaves evicted least recently used first); None: off (`radix_cached` turns it on)
+        self.radix = None
 
     def cached(self) -> "KVMemory":
         """The same memory holding its blocks as vLLM's prefix cache does (a bounded one: the cache needs a pool)."""
@@ -40,9 +43,30 @@ class KVMemory:
             self.cache = BlockCache(self.total_blocks, self.block_size)
         return self
 
+    def radix_cached(self) -> "KVMemory":
+        """The same memory (one-token pages, bounded) holding its slots as SGLang's radix cache does."""
+        from prefillbench.engine.radix_cache import RadixCache
+
+        if self.total_blocks is not None and self.block_size == 1:
+            self.radix = RadixCache(self.total_blocks)
+        return self
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether the memory is a cache that decides prefix hits (vLLM's block cache or SGLang's radix tree)."""
+        return self.cache is not None or self.radix is not None
+
+    @property
+    def cache_stats(self):
+        """The cache's counters over the run (block_cache.CacheStats, radix_cache.RadixStats); None without one."""
+        cache = self.cache if self.cache is not None else self.radix
+        return None if cache is None else cache.stats
+
     # ---- what a strategy reads ----------------------------------------------------
     @property
     def free_blocks(self) -> float:
+        if self.radix is not None:  # the allocator's free slots; the tree's evictable ones apart (radix.evictable_size)
+            return self.radix.available
         if self.cache is not None:  # cached blocks no one holds are free too (evicted as they are handed out)
             return self.cache.num_free
         return math.inf if self.total_blocks is None else self.total_blocks - self.used
@@ -52,6 +76,8 @@ class KVMemory:
         return -(-tokens // self.block_size)
 
     def held_blocks(self, seq_id: int) -> int:
+        if self.radix is not None:  # the slots its row references, the tree's shared prefix among them
+            return self.radix.committed(seq_id)
         if self.cache is not None:
             return self.cache.held(seq_id)
         return self.held.get(seq_id, 0)
@@ -60,6 +86,8 @@ class KVMemory:
         """More blocks `seq_id` needs to hold `tokens` tokens in all (vLLM's get_num_blocks_to_allocate)."""
         # blocks_for and held_blocks written out: a paged strategy asks this of every running sequence every step
         # (two calls each, a fifth of vllm-v1's next_step on a tune probe)
+        if self.radix is not None:
+            return max(tokens - self.radix.committed(seq_id), 0)
         held = self.cache.held(seq_id) if self.cache is not None else self.held.get(seq_id, 0)
         more = -(-tokens // self.block_size) - held
         return more if more > 0 else 0
@@ -77,6 +105,19 @@ class KVMemory:
     def grow(self, seq_id: int, tokens: int, strict: bool = True) -> None:
         """`seq_id` holds `tokens` tokens in all from now on (never fewer blocks than it held). `strict`: past the
         capacity is an error (a paged strategy's step); else recorded as it is (a reservation the engine sized)."""
+        if self.radix is not None:  # the strategy allocated its step's slots as SGLang does; a decode run's here
+            rec = self.radix.reqs.get(seq_id)
+            if rec is None or tokens > rec.committed:
+                from prefillbench.engine.radix_cache import OutOfSlots
+
+                if rec is None:
+                    raise OutOfMemory(f"sequence {seq_id} grew without a request in the radix cache")
+                try:
+                    self.radix.grow(rec.seq, tokens)
+                except OutOfSlots as e:
+                    raise OutOfMemory(f"sequence {seq_id}: {e}") from None
+            self._note_radix_use()
+            return
         more = self.needed(seq_id, tokens)
         if self.cache is not None:  # even with no block more: the blocks its new tokens filled are cached
             if self.cache.num_free < more:
@@ -109,8 +150,46 @@ class KVMemory:
         if self.used > self.peak:
             self.peak = self.used
 
+    def _note_radix_use(self) -> None:
+        """With the radix cache: slots in use, the tree's evictable ones not among them (SGLang's token usage:
+        max_total_num_tokens less available_size and evictable_size), the peak among them."""
+        self.used = self.radix.used() - self.radix.evictable_size
+        if self.used > self.peak:
+            self.peak = self.used
+
+    def step_done(self, step, live: dict, finishes: bool = True) -> None:
+        """After a step's tokens are in, what SGLang's process_batch_result does to the radix cache, in the batch's
+        order (prompt chunks, then decodes): a prompt whose last chunk ran is put in the tree
+        (`checkpoint_kv_cache`) and a finished request's prompt and output are, its slots freed
+        (`release_kv_cache`); `finishes` False leaves those to `free` (memory seen a step late). Nothing without it."""
+        radix = self.radix
+        if radix is None:
+            return
+        for c in step.prefills:
+            seq = live.get(c.seq_id)
+            rec = radix.reqs.get(c.seq_id)
+            if not c.is_last or seq is None or rec is None:  # a middle chunk: the scheduler sets it aside next pass
+                continue
+            if seq.finished:
+                if finishes:
+                    radix.release(c.seq_id, checkpoint=True)
+            else:
+                radix.checkpoint(rec, rec.extend_end)
+                rec.prefix_len = rec.extend_end
+        if finishes:
+            for d in step.decodes:
+                seq = live.get(d.seq_id)
+                if seq is not None and seq.finished:
+                    radix.release(d.seq_id, checkpoint=True)
+        self._note_radix_use()
+
     def free(self, seq_id: int) -> int:
         """Free every block of `seq_id` (finished, preempted or retracted); how many."""
+        if self.radix is not None:  # a finished request not yet released (a retracted one was, by its strategy)
+            before = self.radix.available
+            self.radix.release(seq_id, checkpoint=True)
+            self._note_radix_use()
+            return self.radix.available - before
         if self.cache is not None:  # only the blocks no other sequence holds come free
             n = self.cache.free(seq_id)
             self.used -= n
@@ -124,7 +203,7 @@ class KVMemory:
         back): the blocks left empty are freed (vLLM frees none, its rejected slots are overwritten by the next step's
         tokens; a block-exact engine would). How many. With the prefix cache a sequence's blocks may be shared: kept
         until it finishes."""
-        if self.cache is not None:
+        if self.cache is not None or self.radix is not None:
             return 0
         held = self.held.get(seq_id, 0)
         n = max(held - self.blocks_for(tokens), 0)
