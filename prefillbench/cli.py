@@ -382,6 +382,9 @@ def tune_command(
         "--top-k", panel=CAPACITY_PANEL,
         help=f"real backend: measure the sim's best K and sequential (default: {DEFAULT_TOP_K})")] = None,
     no_sim: Annotated[bool, flag("--no-sim", CAPACITY_PANEL, help="real backend: measure every configuration, no sim")] = False,
+    full_grid: Annotated[bool, flag(
+        "--full-grid", CAPACITY_PANEL, help="sim: search every configuration in full (default: a grid of 8 or more "
+        "first drops, on short probes, those under 80% of the best)")] = False,
     sim_only: Annotated[bool, flag(
         "--sim-only", CAPACITY_PANEL, help="real backend: stop after the calibrated sim's prediction")] = False,
     calibrate_on: Annotated[Optional[str], option(

@@ -1,4 +1,4 @@
-"""Successive halving for tune's product grid (rules x budget x cadence): a short round first, every configuration
+"""Successive halving for tune's grids on the sim (rules x budget x cadence): a short round first, every configuration
 searched once on fewer requests at a coarser precision; the configurations it shows dominated are dropped, and the
 rest are searched in full, each starting at its short-round capacity.
 
@@ -35,11 +35,16 @@ class Halving:
     short: GridResult | None = None
 
     def describe(self, requests: int) -> str:
+        """One line: what was dropped, each with its short-round capacity (the best criteria's), and how to keep it."""
         if not self.dropped:
             return ""
+        found: dict[Config, float] = {}
+        for r in self.short.results if self.short is not None else []:
+            found[r.config] = max(found.get(r.config, 0.0), r.capacity)
         return (f"successive halving: {len(self.dropped)} of {len(self.kept) + len(self.dropped)} configurations "
-                f"dropped on short probes ({requests} requests each; below {KEEP_WITHIN:.0%} of the best): "
-                + ", ".join(c.label for c in self.dropped))
+                f"dropped on short probes ({requests} requests each; below {KEEP_WITHIN:.0%} of the best; "
+                f"--full-grid searches them all): "
+                + ", ".join(f"{c.label} {found[c]:.3g} req/s" if c in found else c.label for c in self.dropped))
 
 
 def short_settings(settings: TuneSettings) -> TuneSettings:

@@ -29,7 +29,6 @@ from prefillbench.errors import UsageError
 from prefillbench.report import adaptive, spec_verdict
 from prefillbench.report import tune as report
 from prefillbench.report import tune_plots
-from prefillbench.report.tune import composed
 from prefillbench.writers import csv_text, json_text
 
 #: Below this many simulated requests in all a pool of processes costs more than it saves.
@@ -110,7 +109,7 @@ def run_tune(o: TuneOptions) -> int:
 
     def stage(b: Backend, chosen: list[tune.Config], name: str) -> tune.GridResult:
         hints = None
-        if on_sim and any(composed(c) for c in chosen):  # a product grid of parts: successive halving (halving.py)
+        if on_sim and not o.full_grid:  # successive halving (halving.py): a grid of HALVING_FROM or more
             bar.stage("short probes", len(chosen) * len(criteria), settings.expected_probes)
             halved = halving.halve(b, chosen, settings, pool(b, chosen))
             if said := halved.describe(halving.short_settings(settings).requests):

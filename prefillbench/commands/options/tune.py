@@ -70,6 +70,7 @@ class TuneOptions(Measuring):
     burstiness: float = 1.0
     top_k: int | None = None  # None: DEFAULT_TOP_K, or --quick's
     no_sim: bool = False
+    full_grid: bool = False  # the sim's grid searched whole, no successive halving (bench/halving.py)
     sim_only: bool = False
     time_budget: float | None = None  # seconds
     quick: bool = False
