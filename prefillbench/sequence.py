@@ -165,3 +165,9 @@ class Sequence:
     def position(self) -> int:
         """Position of the next token to feed: the newest generated one."""
         return len(self.prompt) + len(self.generated) - self.earlier - 1
+
+
+def tokens_of(seq: Sequence) -> tuple[int, ...]:
+    """A sequence's tokens as SGLang's `origin_input_ids + output_ids` (a retracted one's prompt holds its output):
+    what a prefix cache keys its KV by. Here, below the strategies and the engine, since both read it."""
+    return seq.prompt + tuple(seq.generated[seq.earlier:])

@@ -30,7 +30,7 @@ The engine does what process_batch_result does to the tree after each step (KVMe
 """
 from __future__ import annotations
 
-from prefillbench.engine.radix_cache import tokens_of
+from prefillbench.sequence import tokens_of
 from prefillbench.step import Preemption, PrefillChunk, Step
 
 from .base import decode_tokens

@@ -22,6 +22,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from prefillbench.sequence import tokens_of
+
 
 class OutOfSlots(RuntimeError):
     """An allocation larger than the free and evictable slots: the scheduler that asked broke its own rule."""
@@ -61,11 +63,6 @@ class RadixStats:
 
     evicted_blocks: int = 0
     host: object = None
-
-
-def tokens_of(seq) -> tuple[int, ...]:
-    """A sequence's tokens as SGLang's `origin_input_ids + output_ids` (a retracted one's prompt holds its output)."""
-    return seq.prompt + tuple(seq.generated[seq.earlier:])
 
 
 class RadixCache:
@@ -297,4 +294,4 @@ def _common(a: tuple[int, ...], key: tuple[int, ...], offset: int) -> int:
     return i
 
 
-__all__ = ["Node", "OutOfSlots", "RadixCache", "RadixStats", "RequestKV", "tokens_of"]
+__all__ = ["Node", "OutOfSlots", "RadixCache", "RadixStats", "RequestKV"]
