@@ -34,6 +34,27 @@ def test_tune_on_the_sim_ranks_chunked_above_sequential_and_exports_every_probe(
     assert f"wrote {export}" in err
 
 
+def test_a_sim_grid_of_eight_or_more_halves_and_its_export_keeps_what_was_dropped(run_cli, tmp_path):
+    """Successive halving (bench/halving.py) on a plain grid: the budget of 128 is far under the best on short probes
+    (a chunk too small to keep up), so it is dropped, named on stderr with its short capacity, left out of the table
+    and kept in the export as stage "short"; --full-grid searches all nine; the baseline is kept however low."""
+    argv = ["--backend", "sim", "--sim-model", "llama-3.1-8b", "--sim-gpu", "h100", "--no-progress", "--pg", "512,64",
+            "--slo", "tbt=50", "-s", "sequential,chunked,vllm-v1", "--chunk-size", "128,512,2048,4096", "--requests", "80",
+            "--repeats", "1", "--precision", "20"]
+    export = tmp_path / "t.json"
+    code, out, err = run_cli("tune", *argv, "--export", str(export))
+    assert code == 0, err
+    said = next(line for line in err.splitlines() if "successive halving" in line)
+    assert "2 of 9 configurations dropped" in said and "chunked (128)" in said and "vllm-v1 (128)" in said
+    table = [line for line in out.splitlines() if line.startswith("|")][2:]
+    assert len(table) == 7 and "(128)" not in out and "sequential" in table[-1]
+    stages = {(c["strategy"], c["budget"]): c["stage"] for c in json.loads(export.read_text())["configurations"]}
+    assert len(stages) == 9 and {k for k, v in stages.items() if v == "short"} == {("chunked", 128), ("vllm-v1", 128)}
+    code, out, err = run_cli("tune", *argv, "--full-grid")
+    assert code == 0 and "successive halving" not in err
+    assert len([line for line in out.splitlines() if line.startswith("|")][2:]) == 9
+
+
 def test_tune_with_a_list_of_slos_prints_capacity_against_the_slo(run_cli):
     code, out, err = run_cli("tune", *SIM, *SMALL, "--slo", "tbt=50,200", "-s", "sequential,chunked",
                              "--chunk-size", "512")

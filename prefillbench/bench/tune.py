@@ -126,7 +126,7 @@ class ConfigResult:
     config: Config
     criteria: Criteria
     searches: list[SearchResult] = field(default_factory=list)
-    stage: str = "sim"  # sim | measured
+    stage: str = "sim"  # sim | measured | short (successive halving's short round, for a configuration it dropped)
     planned_seeds: int = 1
 
     @property

@@ -65,6 +65,9 @@ class Stages:
     edge: tune.GridResult | None = None  # the grid with every step slower (sim_first.slowed)
     measured: tune.GridResult | None = None
     repredicted: list[tune.ConfigResult] = field(default_factory=list)
+    #: the configurations successive halving dropped, as its short round found them (stage "short"): in the export,
+    #: not the table, so that a report has every configuration of the grid
+    dropped: list[tune.ConfigResult] = field(default_factory=list)
 
     def grids(self) -> list[tune.GridResult]:
         return [g for g in (self.predicted, self.edge, self.measured) if g is not None]
@@ -115,6 +118,10 @@ def run_tune(o: TuneOptions) -> int:
             if said := halved.describe(halving.short_settings(settings).requests):
                 print(f"prefillbench: {said}", file=err)
             chosen, hints = halved.kept, halved.hints
+            if halved.short is not None:
+                dropped = [replace(r, stage="short") for r in halved.short.results if r.config in halved.dropped]
+                found.dropped += dropped
+                session.keep(*dropped)  # written now: an interrupted grid keeps them
         bar.stage(name, len(chosen) * len(criteria), settings.expected_probes)
         return ended(tune.run_grid(b, chosen, settings, bar.probe if b.name == "sim" else measured_probe, config_done, hints,
                                    deadline if b.name != "sim" else None, "sim" if b.name == "sim" else "measured",
@@ -166,7 +173,7 @@ def run_tune(o: TuneOptions) -> int:
                                                             found.predicted.results, found.measured.results, settings)
     # Every result, the partial ones of a stage that stopped included, in stage order: the export's final form.
     session.results = [r for g in (found.predicted, found.measured) if g is not None for r in g.results] + \
-        found.repredicted + (found.edge.results if found.edge is not None else [])
+        found.repredicted + (found.edge.results if found.edge is not None else []) + found.dropped
     session.save()
     if found.measured is None and found.predicted is None:  # stopped before any grid (the calibration)
         return session.ending("configuration result(s)")
