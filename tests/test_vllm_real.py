@@ -184,10 +184,12 @@ def test_the_issue_target_in_vllms_default_compiled_mode(run_cli, tmp_path, monk
 def _run_until_a_row(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     """A `prefillbench run` of two cases on one eager vLLM, returned once the first case's row is kept (each kept
     row rewrites the export) while the second streams (1,000 tokens a request: seconds even on an idle machine, so
-    that the Ctrl-C finds it running however slowly this process saw the row)."""
+    that the Ctrl-C finds it running however slowly this process saw the row). Both cases fit the same launch (the
+    server's length is the longest request's, in 256s: 1,004 and 1,016 tokens both take 1,024), so no relaunch comes
+    between the first row and the signal."""
     export = tmp_path / "k.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), VLLM_ARGS_VARIABLE: EAGER}
-    argv = [sys.executable, "-m", "prefillbench", "run", "--backend", "server", "--engine", "vllm", "--pg", "16,4",
+    argv = [sys.executable, "-m", "prefillbench", "run", "--backend", "server", "--engine", "vllm", "--pg", "1000,4",
             "--pg", "16,1000", "-p", "0", "-n", "0", "-c", "2", "-s", "sarathi-serve", "--chunk-size", "64", "-r", "1",
             "--export", str(export), *QUIET]
     # An ignored SIGINT survives exec: the command starts as from a shell.

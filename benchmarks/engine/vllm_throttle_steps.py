@@ -151,7 +151,7 @@ def strategy_steps(case: Case) -> list[StepView]:
     engine.run(backend, strategy, requests, 0)
     ids = [r.id for r in order]
     by_start: dict[int, StepView] = {}
-    for start, step in backend.started:
+    for start, step, _evicted in backend.started:
         if start in by_start:
             raise BackendError(f"two engine steps started at second {start}: a step took other than one second")
         by_start[start] = StepView(tuple((ids[c.seq_id], len(c.tokens)) for c in step.prefills),
