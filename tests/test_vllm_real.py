@@ -221,7 +221,7 @@ def test_rows_from_run_then_ctrl_c_stops_vllm_whole_and_exits_130(tmp_path):
     meta = doc["metadata"]
     assert meta["server_engine"] == "vllm" and meta["server_launches"] == 1 and str(folder) in meta["server_command"]
     words = shlex.split(meta["server_command"])
-    assert words[-1] == EAGER and "--max-num-batched-tokens 64 --max-model-len 256 --custom-histogram-buckets" in \
+    assert words[-1] == EAGER and "--max-num-batched-tokens 64 --max-model-len 1024 --custom-histogram-buckets" in \
         meta["server_command"]
     assert json.loads(words[words.index("--custom-histogram-buckets") + 1]) == vllm_env.FINE_BUCKETS
     assert_none_left()
