@@ -16,7 +16,8 @@ not offered to the strategy again, since its next token does not exist yet.
 A strategy sees only `waiting` and `running`, never arrivals.
 
 Its parts, as nano-vllm's engine splits its own (LLMEngine, Scheduler, BlockManager):
-- `run`, here: checks the requests and sets the run up (the backend's cache, the strategy);
+- `run`, here: checks the requests and runs them on one engine, or on data-parallel ranks (`lockstep`);
+- `setup`: one engine's run set up (its KV memory and cache, the strategy, the drafter) and its admission;
 - `admission`: how many sequences may be in flight (`fit`: the most the KV cache holds beside their steps),
   and which requests enter when (`Admission`);
 - `loop`: the steps, in flight and retired, decode runs, stop checks (`Loop`);
@@ -25,21 +26,18 @@ Its parts, as nano-vllm's engine splits its own (LLMEngine, Scheduler, BlockMana
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Iterable
 
 from strategies import Strategy
 
 from prefillbench.backends.base import Backend, BackendError, ServingBackend, StepBackend
-from prefillbench.engine.admission import Admission, Feed, fit
-from prefillbench.engine.drafts import proposer_for
-from prefillbench.engine.host_tier import HostTier
+from prefillbench.engine.admission import Feed
+from prefillbench.engine.lockstep import run_lockstep
 from prefillbench.engine.loop import STOP_CHECK_STEPS, Loop, StepFailed
-from prefillbench.engine.memory import KVMemory
 from prefillbench.engine.records import Progress, RequestRecord, RunRecord, StepRecord
 from prefillbench.engine.served import serve
+from prefillbench.engine.setup import admission_for, set_up
 from prefillbench.sequence import Request
-from prefillbench.speculation import SpecConfig
 
 __all__ = ["STOP_CHECK_STEPS", "Backend", "Progress", "RequestRecord", "RunRecord", "ServingBackend", "StepBackend",
            "StepFailed", "StepRecord", "run"]
@@ -72,8 +70,6 @@ def run(
     if isinstance(backend, ServingBackend):
         return serve(backend, strategy, reqs, concurrency, on_tokens, stop)
     if backend.data_parallel > 1:  # N ranks, each an engine of its own, stepping in lockstep (lockstep.py)
-        from prefillbench.engine.lockstep import run_lockstep
-
         return run_lockstep(backend, strategy, reqs, open_loop, concurrency, longest_prompt, max_seq_len,
                             keep_logits=keep_logits, on_tokens=on_tokens, stop=stop, feed=feed)
     asked = min(concurrency or len(reqs), len(reqs))
@@ -86,87 +82,10 @@ def run(
     # With speculation on, decode runs are off: every step's drafts come from the tokens of the step before.
     steady = ((strategy.steady_decodes or strategy.steady_while_none_waits) and backend.runs_decodes and depth == 1 and not keep_logits
               and all(r.forced_tokens is None for r in reqs) and spec is None)
-    admission = Admission(reqs if feed is None else [], open_loop, cap, start=backend.now(),
-                          reuse=backend.reuse_prefix if backend.caches_prefixes and not backend.kv_shared else None,
-                          accept=backend.accept_handoff, feed=feed,
-                          reserve=memory if strategy.kv_policy != "paged" else None)
+    admission = admission_for(backend, strategy, memory, reqs if feed is None else [], open_loop, cap, backend.now(),
+                              feed)
     return Loop(backend, strategy, admission, memory, depth, steady, keep_logits, on_tokens, stop,
                 spec, proposer).run()
-
-
-def set_up(backend: StepBackend, strategy: Strategy, reqs: list[Request], asked: int, longest_prompt: int,
-           max_seq_len: int, keep_logits: bool) -> tuple[int, KVMemory, bool, object]:
-    """One engine's run set up on `backend`: the most sequences in flight, its KV memory, whether that memory is
-    the engine's block cache, and the drafter (None: no speculation); the backend prepared, the strategy reset and
-    attached. `asked`: the sequences the run asks to hold at once."""
-    if strategy.kv_policy == "paged":
-        # the strategy admits by free blocks and preempts: every request may wait in its queue, the engine's
-        # max_num_seqs (where the backend stands for an engine) caps those running, as vLLM's does
-        cap = asked
-        memory = KVMemory(backend.kv_capacity_tokens(strategy.max_step_tokens(longest_prompt, cap)),
-                          strategy.kv_block_size)
-        if memory.total_blocks is not None and memory.blocks_for(max_seq_len) > memory.total_blocks:
-            raise BackendError(f"not one sequence of {max_seq_len} tokens fits in {backend.room()} "
-                               f"({memory.capacity_tokens:.0f} tokens)")
-    else:
-        # the whole length reserved as a sequence is admitted (Orca's, FasterTransformer's): at most what fits
-        cap = fit(backend, strategy, asked, longest_prompt, max_seq_len)
-        memory = KVMemory(backend.kv_capacity_tokens(strategy.max_step_tokens(longest_prompt, cap)), 1)
-    spec = strategy.speculation
-    proposer = _proposer(backend, spec, keep_logits, reqs) if spec is not None else None
-    backend.speculate(spec)
-    for line in strategy.speculation_warnings():  # what its engine warns of (vLLM's budget advice), once a process
-        if line not in _SAID:
-            _SAID.add(line)
-            print(f"prefillbench: {line}", file=sys.stderr)
-    # Each decode may carry its drafts beside its token: a step's bound grows by K per sequence (a strategy that
-    # charges drafts to its budget stays within its own).
-    drafts_room = 0 if spec is None else cap * max([spec.k, *(k for _, _, k in spec.k_by_batch)])
-    # With a prefix cache, a strategy that reads blocks as its engine caches them (vllm-v1) has the engine's memory
-    # decide the hits (engine/block_cache.py: shared blocks counted once), where the backend holds no KV of its own
-    # to copy (the sim): it executes the chunks it is given, from past the cached prefix, its own cache not asked.
-    engine_cache = (backend.caches_prefixes and backend.shares_kv_blocks and strategy.kv_policy == "paged"
-                    and strategy.reads_block_cache and memory.total_blocks is not None and spec is None)
-    if engine_cache:
-        memory.cached()
-    # the SGLang strategies read their engine's radix cache the same way (engine/radix_cache.py: a tree of token runs
-    # shared by every request, LRU leaves evicted), its one-token pages the memory's
-    radix_cache = (backend.caches_prefixes and backend.shares_kv_blocks and strategy.kv_policy == "paged"
-                   and strategy.reads_radix_cache and memory.total_blocks is not None and spec is None)
-    if radix_cache:
-        memory.radix_cached()
-    # a host tier below the cache's blocks (engine/host_tier.py: vLLM's OffloadingConnector), where the backend has one
-    host = getattr(backend, "host_tier", None)
-    terms = host(memory.block_size) if host is not None else None
-    if terms is not None:
-        if memory.cache is None:
-            if "--kv-host-cache" not in _SAID:
-                _SAID.add("--kv-host-cache")
-                print("prefillbench: --kv-host-cache ignored: a host tier sits below vllm-v1's block cache (the sim, "
-                      "--prefix-cache on, -s vllm-v1, no --spec)", file=sys.stderr)
-        else:
-            memory.cache.host = HostTier(*terms)
-            memory.cache.stats.host = memory.cache.host.stats
-    backend.kv_shared = engine_cache or memory.radix is not None
-    backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap) + drafts_room)
-    strategy.reset()
-    strategy.attach(memory, backend.engine_max_num_seqs, prefix_cache=backend.caches_prefixes)
-    return cap, memory, engine_cache, proposer
-
-
-#: The engines' warnings said already: a grid runs the same configuration many times.
-_SAID: set[str] = set()
-
-
-def _proposer(backend: StepBackend, spec: SpecConfig, keep_logits: bool, reqs: list[Request]):
-    """The run's drafter (engine/drafts.py); BackendError where the backend cannot verify the method's drafts."""
-    if spec.method not in backend.spec_methods:
-        can = ", ".join(backend.spec_methods) or "no speculative decoding"
-        raise BackendError(f"{backend.name} cannot run --spec {spec.label}: it runs {can}")
-    if keep_logits or any(r.forced_tokens is not None for r in reqs):
-        raise ValueError(f"--spec {spec.label} verifies drafts by the model's own greedy tokens: it cannot run "
-                         "with forced tokens or kept logits (--verify)")
-    return proposer_for(spec, backend.real_tokens, backend.context_length)
 
 
 def _checked(requests: Iterable[Request], concurrency: int,

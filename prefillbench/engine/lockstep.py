@@ -29,10 +29,10 @@ from collections.abc import Callable
 from strategies import Strategy
 
 from prefillbench.backends.base import BackendError, StepBackend
-from prefillbench.engine.admission import Admission
 from prefillbench.engine.dp_balance import Balancer, RankLoad
 from prefillbench.engine.loop import STOP_CHECK_STEPS, Loop
 from prefillbench.engine.records import Progress, RunRecord
+from prefillbench.engine.setup import admission_for, set_up
 from prefillbench.sequence import Request
 
 
@@ -42,8 +42,6 @@ def run_lockstep(lead: StepBackend, strategy: Strategy, reqs: list[Request], ope
                  feed=None) -> RunRecord:
     """engine.run for a backend of `lead.data_parallel` ranks (module docstring); the requests as engine.run
     checked them (an open loop's by arrival)."""
-    from prefillbench.engine import set_up  # the one engine's set-up, each rank's
-
     n = lead.data_parallel
     if feed is not None:
         raise BackendError(f"--dp {n}: requests fed during the run (a split deployment's) are not modelled")
@@ -68,9 +66,7 @@ def run_lockstep(lead: StepBackend, strategy: Strategy, reqs: list[Request], ope
             backend.said_clamps = backends[0].said_clamps
         cap, memory, _, _ = set_up(backend, rules, reqs, asked, longest_prompt, max_seq_len, keep_logits)
         backend.wait_until(start, idle=True)
-        admission = Admission([], open_loop, cap, start=start,
-                              reuse=backend.reuse_prefix if backend.caches_prefixes and not backend.kv_shared else None,
-                              accept=backend.accept_handoff, reserve=memory if rules.kv_policy != "paged" else None)
+        admission = admission_for(backend, rules, memory, [], open_loop, cap, start)
         loops.append(Loop(backend, rules, admission, memory, 1, False, keep_logits, on_tokens, None))
     lead.clamped = backends[0].clamped
     rule = strategy.dp_balance
