@@ -112,6 +112,9 @@ class Backend(ABC):
 
     #: The most blocks it caches (None: no bound), for the hit rate a workload implies beside the measured one.
     prefix_capacity: int | None = None
+    #: --kv-host-cache: GiB of host memory below the GPU's KV blocks (engine/host_tier.py); None: no host tier. Only
+    #: a backend that prices the link's loads has one (the sim).
+    kv_host_gib: float | None = None
 
     def logit_tolerance(self) -> LogitTolerance | None:
         """What `--verify` may accept between strategies on this backend; None: it computes no logits (asked of
@@ -191,6 +194,17 @@ class StepBackend(Backend):
     #: several sequences counted once, so the sum of the sequences' lengths may exceed the cache, and the backend's
     #: own prefix cache is not consulted.
     kv_shared: bool = False
+
+    def host_tier(self, block_size: int) -> tuple[int, Any, Any] | None:
+        """The run's host tier as the engine builds it: its blocks of `block_size` tokens, a load's seconds (tokens)
+        and a recompute's (start, tokens); None: no host tier."""
+        return None
+
+    def with_kv_host_cache(self, gib: float) -> "StepBackend":
+        """This backend with a host tier of `gib` GiB (0: none), for one configuration of a grid."""
+        if gib:
+            raise BackendError(f"the {self.name} backend has no host tier to size (--kv-host-cache is the sim's)")
+        return self
 
     #: --kv-cache-tokens: the KV cache shrunk to this many tokens (None: the backend's own), so that memory pressure,
     #: admission by free blocks and preemption can be studied where the cache would never fill (a CPU).

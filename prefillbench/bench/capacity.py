@@ -25,7 +25,7 @@ from strategies import Strategy, configurations, make_strategy
 
 from prefillbench import engine
 from prefillbench.backends.base import Backend
-from prefillbench.bench.cases import BenchConfig, Case, warm_up, request_tokens
+from prefillbench.bench.cases import BenchConfig, Case, case_backend, host_gib, warm_up, request_tokens
 from prefillbench.bench.engine_columns import memory_note
 from prefillbench.bench.metrics import (SLO, Load, ResultRow, e2e_ms, implied_hit_rate, percentile, queue_growth, row_strategy,
                                         sched_delay_ms, summarize, tbts_ms, tpot_ms, ttft_ms, ttfts_ms)
@@ -358,6 +358,8 @@ class CapacityConfig:
     slo: SLO | None = None  # for the rows' goodput; None: the criteria's TBT alone
     deployment: Disaggregation | None = None  # prefill apart from decode (deploy/); None: one engine
     pricing: StepPricing | None = None  # what a strategy that prices its steps (slo-budget) prices them by
+    #: host-tier sizes, one search each (--kv-host-cache A,B; 0: none); [None]: the backend's own
+    host_sizes: list[float | None] = field(default_factory=lambda: [None])
 
     def strategy_for(self, case: Case) -> Strategy:
         """The case's strategy, priced against the criteria where it prices its steps (bench/slo_pricing.py)."""
@@ -381,7 +383,8 @@ class CapacityConfig:
                 raise ValueError(f"chunk size must be at least 1, got {size}")
 
     def cases(self) -> list[Case]:
-        return [Case(self.test, name, self.concurrency, size) for name, size in configurations(self.strategies, self.chunk_sizes)]
+        return [Case(self.test, name, self.concurrency, size, kv_host_gib=host)
+                for name, size in configurations(self.strategies, self.chunk_sizes) for host in self.host_sizes]
 
     @property
     def row_slo(self) -> SLO:
@@ -432,6 +435,7 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
     stops once every criteria in `watch` (default: the config's) has certainly failed (CertainFailure); [] runs
     it to the end. `price`: each step's seconds on a calibrated sim, summed beside the measured ones."""
     seed = config.seed if seed is None else seed
+    backend = case_backend(backend, case)
     strategy = config.strategy_for(case)
     spec = ArrivalSpec(config.arrival, rate, config.burstiness)
     requests = make_requests(case.test, config.requests, backend.vocab_size, seed,
@@ -449,7 +453,8 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
                     load=Load(config.arrival, rate, config.burstiness if config.arrival == "gamma" else None),
                     slo=config.row_slo,
                     prefix_implied=implied_hit_rate(backend, [r.prompt for r in requests]),
-                    deployment=config.deployment.label if config.deployment else "")
+                    deployment=config.deployment.label if config.deployment else "",
+                    kv_host_gib=host_gib(backend, case))
     values = config.criteria.values(run)
     priced = {}
     if price is not None:
@@ -466,7 +471,7 @@ def find_capacity(backend: Backend, case: Case, config: CapacityConfig,
                   on_probe_done: Callable[[Case, Probe], None] | None = None,
                   on_tokens: Callable[[int], None] | None = None) -> CapacityResult:
     if config.warmup and config.deployment is None:
-        warm_up(backend, config.strategy_for(case), case,
+        warm_up(case_backend(backend, case), config.strategy_for(case), case,
                 BenchConfig([case.test], [case.strategy], [case.concurrency], seed=config.seed))
 
     n_probes = 0

@@ -13,7 +13,7 @@ from strategies import Strategy, configurations, make_strategy, strategy_label
 from prefillbench import engine
 from prefillbench.backends.base import Backend, LogitTolerance, ServingBackend
 from prefillbench.engine import RunRecord
-from prefillbench.bench.metrics import SLO, Load, ResultRow, implied_hit_rate, row_strategy, summarize
+from prefillbench.bench.metrics import SLO, Load, ResultRow, host_label, implied_hit_rate, row_strategy, summarize
 from prefillbench.bench.slo_pricing import StepPricing, priced
 from prefillbench.deploy import Disaggregation, run_requests
 from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
@@ -30,6 +30,18 @@ class Case:
     concurrency: int  # open loop: the cap on requests in flight, 0 for none
     chunk_size: int | None  # None for strategies that ignore it
     rate: float | None = None  # open loop at a set rate: requests/s
+    #: GiB of host memory below the GPU's KV blocks, one size of a grid (0: none); None: the backend's own
+    kv_host_gib: float | None = None
+
+
+def case_backend(backend: Backend, case: Case) -> Backend:
+    """The backend a case runs on: with the host tier its grid sizes (--kv-host-cache A,B), else as loaded."""
+    return backend if case.kv_host_gib is None else backend.with_kv_host_cache(case.kv_host_gib)
+
+
+def host_gib(backend: Backend, case: Case) -> float | None:
+    """The row's host-tier size: the grid's (0 where it runs none), else the backend's (None: none asked)."""
+    return case.kv_host_gib if case.kv_host_gib is not None else backend.kv_host_gib
 
 
 @dataclass
@@ -48,6 +60,8 @@ class BenchConfig:
     slo: SLO | None = None
     deployment: Disaggregation | None = None  # prefill apart from decode (deploy/); None: one engine
     pricing: StepPricing | None = None  # what a strategy that prices its steps (slo-budget) prices them by
+    #: host-tier sizes, one configuration each (--kv-host-cache A,B; 0: none); [None]: the backend's own
+    host_sizes: list[float | None] = field(default_factory=lambda: [None])
 
     def strategy_for(self, case: Case) -> Strategy:
         """The case's strategy, priced against the SLO where it prices its steps (bench/slo_pricing.py)."""
@@ -117,7 +131,8 @@ class BenchConfig:
                 for c in self.concurrency:
                     for rate in rates:
                         for size in sizes:
-                            yield Case(test, name, c, size, rate)
+                            for host in self.host_sizes:
+                                yield Case(test, name, c, size, rate, host)
 
     def case_groups(self) -> list[list[Case]]:
         """The cases of each test, concurrency and rate, in the order `cases()` gives them."""
@@ -191,6 +206,7 @@ def prepare_case(backend: Backend, case: Case, config: BenchConfig) -> tuple[Str
 
 
 def case_result(backend: Backend, case: Case, runs: list[RunRecord], config: BenchConfig) -> CaseResult:
+    backend = case_backend(backend, case)
     implied = (implied_hit_rate(backend, [r.prompt for r in config.requests_for(case, backend.vocab_size)])
                if backend.caches_prefixes else math.nan)  # not rebuilding the requests where there is no cache
     row = summarize(
@@ -205,6 +221,7 @@ def case_result(backend: Backend, case: Case, runs: list[RunRecord], config: Ben
         slo=config.slo,
         prefix_implied=implied,
         deployment=config.deployment.label if config.deployment else "",
+        kv_host_gib=host_gib(backend, case),
     )
     return CaseResult(case, row, runs)
 
@@ -219,9 +236,15 @@ def run_case(backend: Backend, case: Case, config: BenchConfig, on_tokens: Calla
         runs = [run_requests(backend, case.strategy, case.chunk_size, requests, case.concurrency, config.deployment,
                              on_tokens) for _ in range(config.repetitions)]
         return case_result(backend, case, runs, config)
+    backend = case_backend(backend, case)
     strategy, requests = prepare_case(backend, case, config)
     runs = [engine.run(backend, strategy, requests, case.concurrency, on_tokens=on_tokens) for _ in range(config.repetitions)]
     return case_result(backend, case, runs, config)
+
+
+def case_label(case: Case) -> str:
+    """Its scheduler, and the host tier where its grid sizes one: what progress lines name."""
+    return strategy_label(case.strategy, case.chunk_size) + host_label(case.kv_host_gib)
 
 
 def _label(case: Case) -> str:

@@ -183,6 +183,7 @@ class ResultRow:
     # loads' priced time, per repetition; NaN: no host tier.
     host_hit_tokens: float = math.nan
     host_load_s: float = math.nan
+    kv_host_gib: float = math.nan  # the host tier's size in GiB (0: none, in a grid of sizes); NaN: no host tier asked
     # A server's KV memory as the engine reported it (backends/server/engine_metrics.py): where it was read ("vllm
     # /metrics", "sglang /metrics", "llama-server /slots", with what it did not export), its capacity in tokens.
     kv_source: str = ""
@@ -424,6 +425,7 @@ def summarize(
     slo: SLO | None = None,
     prefix_implied: float = math.nan,
     deployment: str = "",
+    kv_host_gib: float | None = None,
 ) -> ResultRow:
     reqs = [r for run in runs for r in run.requests]
     failed = sum(len(run.failed) for run in runs)
@@ -506,7 +508,16 @@ def summarize(
         **spec_columns(strategy, reqs),
         deployment=deployment,
         **deployment_columns(runs),
+        kv_host_gib=math.nan if kv_host_gib is None else kv_host_gib,
     )
+
+
+def host_label(gib: float | None) -> str:
+    """', host 128 GiB' where a host tier was sized (', no host tier' for a grid's 0); '' where none was asked (None,
+    NaN): what a row or a configuration adds to its scheduler's label."""
+    if gib is None or math.isnan(gib):
+        return ""
+    return f", host {gib:g} GiB" if gib else ", no host tier"
 
 
 def prefix_hit_rate(reqs: list[RequestRecord]) -> float:

@@ -27,8 +27,8 @@ from prefillbench import engine
 from prefillbench.backends.base import Backend, BackendError
 from prefillbench.bench import workers
 from prefillbench.bench.capacity import DEFAULT_START_RATE, CapacityConfig, Criteria, Probe, SearchResult, probe_case, search
-from prefillbench.bench.cases import BenchConfig, Case, warm_up
-from prefillbench.bench.metrics import strategy_label
+from prefillbench.bench.cases import BenchConfig, Case, case_backend, warm_up
+from prefillbench.bench.metrics import host_label, strategy_label
 from prefillbench.bench.pricing import Pricer
 from prefillbench.bench.slo_pricing import StepPricing, prices_steps
 from prefillbench.bench.turns import BackendCall, run_here, take_turns
@@ -54,15 +54,18 @@ class OutOfTime(Exception):
 class Config:
     strategy: str
     budget: int | None
+    #: GiB of host memory below the GPU's KV blocks, one size of a grid (0: none); None: the backend's own
+    kv_host_gib: float | None = None
 
     @property
     def label(self) -> str:
-        return strategy_label(self.strategy, self.budget)
+        return strategy_label(self.strategy, self.budget) + host_label(self.kv_host_gib)
 
 
-def grid(strategies: list[str], budgets: list[int]) -> list[Config]:
-    """Every strategy at every budget; a strategy that ignores the budget once."""
-    return [Config(name, budget) for name, budget in configurations(strategies, budgets)]
+def grid(strategies: list[str], budgets: list[int], host_sizes: list[float | None] | None = None) -> list[Config]:
+    """Every strategy at every budget and host-tier size; a strategy that ignores the budget once a size."""
+    return [Config(name, budget, host) for name, budget in configurations(strategies, budgets)
+            for host in host_sizes or [None]]
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
     each piece of backend work (warm-up, probe) when searches take turns (bench.turns); default: here, now.
     A Ctrl-C, the deadline or a failing backend raises Stopped with what was finished, the search under way included."""
     on_backend = call or run_here
-    case = Case(settings.test, config.strategy, settings.concurrency, config.budget)
+    case = Case(settings.test, config.strategy, settings.concurrency, config.budget, kv_host_gib=config.kv_host_gib)
     base = settings.capacity_config(settings.criteria[0], config.strategy)
     cache: dict[tuple[float, int], Probe] = {}
     near = 1 + NEAR_GROWTH_PRECISIONS * settings.precision
@@ -239,7 +242,7 @@ def tune_config(backend: Backend, config: Config, settings: TuneSettings, on_pro
 
     try:
         if settings.warmup and backend.name != "sim":
-            on_backend(lambda: warm_up(backend, base.strategy_for(case), case,
+            on_backend(lambda: warm_up(case_backend(backend, case), base.strategy_for(case), case,
                                        BenchConfig([case.test], [config.strategy], [case.concurrency], seed=settings.seed)))
         for index, result in enumerate(results):
             for k in range(settings.repeats) if seeds is None else seeds:
@@ -271,7 +274,7 @@ def saturated_rate(backend: Backend, case: Case, settings: TuneSettings, seed: i
     A start far below capacity would cost the most: a lightly loaded run takes the most steps (small batches)."""
     requests = make_requests(settings.test, settings.requests, backend.vocab_size, seed)
     strategy = settings.capacity_config(criteria or settings.criteria[0], case.strategy).strategy_for(case)
-    run = engine.run(backend, strategy, requests, case.concurrency or len(requests))
+    run = engine.run(case_backend(backend, case), strategy, requests, case.concurrency or len(requests))
     return len(requests) / run.wall if run.wall > 0 else DEFAULT_START_RATE
 
 
@@ -492,7 +495,7 @@ def _run_pool(backend: Backend, groups: list[list[Config]], settings: TuneSettin
 # ---- ranking --------------------------------------------------------------------------------------------------
 def ranked(results: list[ConfigResult]) -> list[ConfigResult]:
     """Highest capacity first; at equal capacity the smaller budget (less work per step), then the name."""
-    return sorted(results, key=lambda r: (-r.capacity, r.config.budget or 0, r.config.strategy))
+    return sorted(results, key=lambda r: (-r.capacity, r.config.budget or 0, r.config.kv_host_gib or 0, r.config.strategy))
 
 
 def by_criteria(results: list[ConfigResult], criteria: Criteria) -> list[ConfigResult]:

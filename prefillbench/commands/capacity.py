@@ -6,8 +6,7 @@ from pathlib import Path
 
 from prefillbench.backends.distributed import is_rank_zero
 from prefillbench.bench import capacity, slo_pricing
-from prefillbench.bench.cases import Case
-from prefillbench.bench.metrics import strategy_label
+from prefillbench.bench.cases import Case, case_label
 from prefillbench.commands.options import CapacityOptions
 from prefillbench.commands.session import Output, open_session
 from prefillbench.errors import UsageError
@@ -39,13 +38,13 @@ def cmd_capacity(options: CapacityOptions) -> int:
     with session.measuring(config.requests, not options.no_progress) as progress:
 
         def started(case: Case, n: int, rate: float) -> None:
-            progress.restart(config.tokens_per_probe(), f"{strategy_label(case.strategy, case.chunk_size)} probe {n}: {rate:.3g} req/s")
+            progress.restart(config.tokens_per_probe(), f"{case_label(case)} probe {n}: {rate:.3g} req/s")
 
         def done(case: Case, probe: capacity.Probe) -> None:
             finished.append(probe)
             if is_rank_zero():
                 r = probe.row
-                progress.print(f"capacity: {strategy_label(case.strategy, case.chunk_size)} at {probe.rate:.3g} req/s: P99 TBT "
+                progress.print(f"capacity: {case_label(case)} at {probe.rate:.3g} req/s: P99 TBT "
                                f"{r.tbt_p99_ms:.1f} ms, median scheduling delay {r.sched_delay_p50_ms:.0f} ms: "
                                f"{'within' if probe.passed else 'over'}"
                                + (f" (the client measured itself: {r.client_late})" if r.client_late else ""))

@@ -18,7 +18,7 @@ from prefillbench.bench.cases import DEFAULT_OPEN_LOOP_REQUESTS
 from prefillbench.bench.traces import FORMATS as TRACE_FORMATS
 from prefillbench.bench.workloads import ARRIVALS
 from prefillbench.deploy.links import LINKS, TRANSFERS
-from prefillbench.commands.parsers import choice, float_list, int_list, lengths, percent, pp_tg_pairs, slo_spec, str_list
+from prefillbench.commands.parsers import choice, float_list, host_sizes, int_list, lengths, percent, pp_tg_pairs, slo_spec, str_list
 from prefillbench.report.tables import OUTPUT_FORMATS
 
 MODEL_PANEL, TESTS_PANEL, OUTPUT_PANEL = "model and backend", "tests", "output"
@@ -105,11 +105,12 @@ KvCacheTokens = Annotated[Optional[int], option(
     help="the KV cache shrunk to N tokens on any step backend (sim, gguf, torch), so admission by free blocks and "
     "preemption can be studied where the cache would never fill (default: the backend's own; the sim's is the GPU's "
     "memory beside the weights and the largest step)")]
-KvHostCache = Annotated[Optional[float], option(
-    "--kv-host-cache", panel=SIM_PANEL, metavar="GiB",
+KvHostCache = Annotated[Optional[list[str]], option(
+    "--kv-host-cache", panel=SIM_PANEL, metavar="GiB[,GiB...]", callback=host_sizes,
     help="sim: GiB of host memory below the GPU's KV blocks (vLLM's --kv-offloading-size): blocks stored as "
     "computed, a prefix found there loaded over PCIe at admission, or recomputed where cheaper; with -s vllm-v1 "
-    "and --prefix-cache on (docs/memory.md, Host tier) (default: none)")]
+    "and --prefix-cache on (docs/memory.md, Host tier). A list is one configuration per size, 0 for none, searched "
+    "by capacity and tune beside the budget (default: none)")]
 KvDtype = Annotated[Optional[str], option(
     "--kv-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8", help="sim: KV cache precision to price (default: bf16)")]
 ExpertParallel = Annotated[int, option(

@@ -45,6 +45,17 @@ def lengths(texts: list[str] | None) -> list[int] | None:
     return values
 
 
+def host_sizes(texts: list[str] | None) -> list[float] | None:
+    """--kv-host-cache: GiB of host memory, 0 for no host tier; a list is one configuration per size."""
+    values = _number_list(texts, float, "sizes in GiB")
+    for v in values or []:
+        if not (v >= 0 and v != float("inf")):
+            raise typer.BadParameter(f"a host tier's size is 0 (none) or more GiB, got {v:g}")
+    if values and len(set(values)) < len(values):
+        raise typer.BadParameter(f"a size is listed twice: {','.join(texts)}")
+    return values
+
+
 def str_list(texts: list[str] | None) -> list[str] | None:
     return _items(texts, "names") if texts else None
 

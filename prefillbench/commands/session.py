@@ -36,6 +36,8 @@ def error_prefix() -> str:
 def open_backend(options: BackendOptions) -> Backend:
     backend = load_backend(options.backend, options.model, **options.load_options())
     backend.skip_idle = bool(options.skip_idle)
+    for size in options.kv_host_grid:  # each host-tier size a grid runs, refused now if the backend cannot price it
+        backend.with_kv_host_cache(size)
     # What is loaded by now (the libraries, the model) lives as long as the process: keep it out of the
     # collector's full passes, which walk every object each time (with torch imported, 18% of a sim probe).
     gc.collect()

@@ -14,7 +14,7 @@ from tabulate import tabulate
 
 from prefillbench.bench.class_columns import parse_ttft_by_class
 from prefillbench.bench.engine_columns import MEMORY_BINDS_PCT
-from prefillbench.bench.metrics import ResultRow, results_frame, strategy_label
+from prefillbench.bench.metrics import ResultRow, host_label, results_frame, strategy_label
 from strategies.compose import parse as parse_parts
 from prefillbench.bench.stats import DEFAULT_NOISY_CV
 from prefillbench.writers import csv_text, format_for_path, json_text, jsonl_text, write_atomic
@@ -27,7 +27,7 @@ def fmt_number(value: float, digits: int) -> str:
 
 
 def row_strategy_label(row: ResultRow) -> str:
-    return strategy_label(row.strategy, row.chunk_size)
+    return strategy_label(row.strategy, row.chunk_size) + host_label(row.kv_host_gib)
 
 
 MD_COLUMNS: list[tuple[str, Callable[[ResultRow], str], bool]] = [

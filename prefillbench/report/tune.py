@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from prefillbench.bench.capacity import Criteria
+from prefillbench.bench.metrics import host_label, strategy_label
 from prefillbench.bench.pricing import STEP_KINDS
 from prefillbench.bench.sim_first import (EDGE_SLOWDOWN, Comparison, at_the_edge, capacity_change, compare_stages,
                                           margin_picks, margin_ranked, order_differs, probe_speeds)
@@ -80,7 +81,7 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
     columns = [
         ("rank", lambda i: str(i[0] + 1) + ("=" if i[1] is not best and best is not None and i[1].ties(best) else ""), True),
         *(PART_COLUMNS if any(composed(r.config) for r in results) else
-          [("configuration", lambda i: i[1].config.label, False)]),
+          [("configuration", lambda i: strategy_label(i[1].config.strategy, i[1].config.budget), False)]),
         ("capacity req/s", lambda i: capacity_text(i[1].capacity, i[1].hit_bound, interrupted=i[1].interrupted), True),
         ("interval", lambda i: _interval(i[1]), True),
         ("tokens/s", lambda i: fmt_number(i[1].capacity * tokens_per_request, 0), True),
@@ -90,13 +91,18 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
         ("P99 TTFT ms", lambda i: at(i[1], "ttft_p99_ms", 0), True),
         ("probes", lambda i: str(len(i[1].probes)), True),
     ]
+    if any(r.config.kv_host_gib is not None for r in results):  # a grid of host-tier sizes: each row's own
+        where = next(i for i, c in enumerate(columns) if c[0] == "capacity req/s")
+        columns[where:where] = [("host tier GiB", lambda i: fmt_number(i[1].config.kv_host_gib, 0) if i[1].config.kv_host_gib
+                           else "-", True)]
+    after = next(i for i, c in enumerate(columns) if c[0] == "capacity req/s") + 1  # the measured capacity's column
     if pred:
-        columns[3:3] = _prediction_columns(pred, "sim req/s", "sim error")
+        columns[after:after] = _prediction_columns(pred, "sim req/s", "sim error")
+    where = after + 2 if pred else after
     if repred:
-        columns[5:5] = [("steps vs sim", lambda i: _slowdown(i[1]), True),
-                        *_prediction_columns(repred, "sim at that speed", "its error")]
+        columns[where:where] = [("steps vs sim", lambda i: _slowdown(i[1]), True),
+                                *_prediction_columns(repred, "sim at that speed", "its error")]
     if slow:
-        where = 5 if pred else 3
         columns[where:where] = [(f"sim {EDGE_SLOWDOWN - 1:.0%} slower", lambda i: change(i[1]), True)]
     if not verbose:
         columns = [c for c in columns if c[0] in DEPLOYER_COLUMNS or c[0].startswith("vs ")]
@@ -104,7 +110,7 @@ def render_ranked(results: list[ConfigResult], tokens_per_request: float,
 
 
 #: The default table's columns: what a deployer needs; the rest are under --verbose and in the export.
-DEPLOYER_COLUMNS = ("rank", "configuration", "rules", "budget", "cadence", "capacity req/s", "sim req/s",
+DEPLOYER_COLUMNS = ("rank", "configuration", "rules", "budget", "cadence", "host tier GiB", "capacity req/s", "sim req/s",
                     "vs <the baseline>", "limited by", "P99 TBT ms", "P99 TTFT ms")
 
 
@@ -131,15 +137,19 @@ def part_decided(best: ConfigResult, order: list[ConfigResult]) -> str:
     """Which part decided the best configuration: for each part, the best configuration that differs from it in that
     part alone (same criteria), and the capacity the best has over it; the part with the largest lead decided.
     '' where no configuration differs in one part only."""
-    mine = parts_of(best.config)
+    def parts(config: Config) -> tuple:  # the scheduler's three parts and the memory's host tier
+        return (*parts_of(config), config.kv_host_gib)
+
+    mine = parts(best.config)
     leads = []
-    for k, part in enumerate(("rules", "budget", "cadence")):
+    for k, part in enumerate(("rules", "budget", "cadence", "host tier")):
         rivals = [r for r in order if r is not best and r.criteria == best.criteria
-                  and [a == b for a, b in zip(parts_of(r.config), mine)] == [j != k for j in range(3)]]
+                  and [a == b for a, b in zip(parts(r.config), mine)] == [j != k for j in range(4)]]
         if rivals and rivals[0].capacity:
             leads.append((best.capacity / rivals[0].capacity - 1, part, mine[k], rivals[0]))
     if not leads:
         return ""
+    leads = [(x, p, (f"{v:g} GiB" if v else "none") if p == "host tier" else v, r) for x, p, v, r in leads]
     lead, part, value, rival = max(leads, key=lambda x: x[0])
     text = (f"; the {part} decided: {part} {value} has {lead:+.0%} capacity over the best with another {part}, "
             f"{rival.config.label} ({rival.capacity:.3g} req/s)")
@@ -163,7 +173,7 @@ def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[Con
         return f"no configuration met {criteria.describe()} at any rate tried"
     best = order[0]
     c = best.config
-    name = c.label if composed(c) else c.strategy + (f", budget {c.budget}" if c.budget else "")
+    name = c.label if composed(c) else c.strategy + (f", budget {c.budget}" if c.budget else "") + host_label(c.kv_host_gib)
     base = baseline_of(results, baseline)
     text = f"best within {criteria.describe()}: {name}: {capacity_text(best.capacity, best.hit_bound, 3)} req/s"
     if base is not None and base is not best and base.capacity:
@@ -183,7 +193,8 @@ def verdict(results: list[ConfigResult], criteria: Criteria, predicted: list[Con
     ties = [r.config.label for r in order[1:] if r.ties(best)]
     if ties:
         text += f"; a tie (capacity intervals overlap) with {', '.join(ties)}"
-    if any(composed(r.config) for r in order):  # a grid of parts: which of rules, budget and cadence decided
+    if any(composed(r.config) or r.config.kv_host_gib is not None for r in order):
+        # a grid of parts (or of host-tier sizes): which of rules, budget, cadence and host tier decided
         text += part_decided(best, order)
     return text
 
@@ -261,7 +272,9 @@ def config_records(results: list[ConfigResult], tokens_per_request: float) -> li
     for r in results:
         p = r.at_capacity
         out.append({
-            "stage": r.stage, "strategy": r.config.strategy, "budget": r.config.budget, "slo": r.criteria.describe(),
+            "stage": r.stage, "strategy": r.config.strategy, "budget": r.config.budget,
+            "kv_host_gib": math.nan if r.config.kv_host_gib is None else r.config.kv_host_gib,
+            "slo": r.criteria.describe(),
             **dict(zip(("rules", "budget_kind", "cadence"), _part_kinds(r.config))),
             "capacity_rps": r.capacity, "capacity_low_rps": r.low, "capacity_high_rps": r.high,
             "capacity_tokens_per_s": r.capacity * tokens_per_request, "hit_bound": r.hit_bound,

@@ -6,6 +6,7 @@ comparison of prefillbench works for GPUs and models that are not here.
 """
 from __future__ import annotations
 
+import copy
 import math
 import random
 import sys
@@ -242,6 +243,17 @@ class SimBackend(StepBackend):
     def host_tier(self, block_size: int):
         """The host tier's blocks and prices (host_tier.py), None without --kv-host-cache."""
         return sim_host_tier.host_tier(self, block_size)
+
+    def with_kv_host_cache(self, gib: float) -> "SimBackend":
+        """A copy with a host tier of `gib` GiB (0: none), one configuration of a grid of tier sizes; the copy shares
+        the model, the GPU and the prices (a run prepares its own state)."""
+        size = gib or None
+        if size == self.kv_host_gib:
+            return self
+        sim_host_tier.check(size, self.gpu, self.pp, self.dp)
+        sized = copy.copy(self)
+        sized.kv_host_gib = size
+        return sized
 
     def rank_backends(self) -> list["SimBackend"]:
         """Its data-parallel ranks' backends (data_parallel.py), built once: each a copy of this layout."""

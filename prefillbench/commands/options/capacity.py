@@ -74,7 +74,7 @@ class CapacityOptions(Measuring):
                 capacity.DEFAULT_REQUESTS_SIM if sim else capacity.DEFAULT_REQUESTS),
             concurrency=self.concurrency, arrival=self.arrival, burstiness=self.burstiness, seed=self.seed,
             start_rate=self.start_rate, precision=self.precision / 100, warmup=not self.no_warmup, slo=self.slo,
-            deployment=self.load.deployment(),
+            deployment=self.load.deployment(), host_sizes=self.load.host_sizes(),
         )
         try:
             self.config.validate()

@@ -158,6 +158,8 @@ class BackendOptions:
     max_num_seqs: int | None = _backend_option(None, "--max-num-seqs", "max_num_seqs")
     kv_cache_tokens: int | None = _backend_option(None, "--kv-cache-tokens", "kv_cache_tokens")
     kv_host_cache: float | None = _backend_option(None, "--kv-host-cache", "kv_host_cache")
+    #: --kv-host-cache with several sizes: one configuration each (0: no host tier); the backend is loaded with none
+    kv_host_grid: list[float] = field(default_factory=list)
     calibration: str | None = _backend_option(None, "--calibration", "calibration")
     prefix_cache: str | None = _backend_option(None, "--prefix-cache", "prefix_cache")
     prefix_block: int | None = _backend_option(None, "--prefix-block", "prefix_block")
@@ -183,7 +185,16 @@ class BackendOptions:
     @classmethod
     def pick(cls, flags: dict[str, Any]) -> BackendOptions:
         """The backend's options out of a command's flags (those this class has a field for)."""
-        return cls(**{f.name: flags[f.name] for f in fields(cls) if f.name in flags})
+        picked = {f.name: flags[f.name] for f in fields(cls) if f.name in flags}
+        sizes = picked.get("kv_host_cache")
+        if isinstance(sizes, list):  # the flag's list (parsers.host_sizes): one size loads the backend with it
+            picked["kv_host_cache"] = (sizes[0] or None) if len(sizes) == 1 else None
+            picked["kv_host_grid"] = sizes if len(sizes) > 1 else []
+        return cls(**picked)
+
+    def host_sizes(self) -> list[float | None]:
+        """The host-tier sizes a grid runs, each a configuration (0: none); [None]: the backend's own, one run."""
+        return list(self.kv_host_grid) or [None]
 
     @property
     def name(self) -> str:
@@ -215,6 +226,9 @@ class BackendOptions:
             folder = Path(self.model)
             if not (folder / "config.json").is_file() and not any(folder.glob("*.gguf")):
                 raise UsageError(f"-m {self.model}: the folder holds no model (no config.json and no .gguf file)")
+        if self.kv_host_grid and name != "sim":
+            raise UsageError(f"--kv-host-cache {','.join(f'{v:g}' for v in self.kv_host_grid)}: a grid of host-tier "
+                             f"sizes runs on the sim; the {name} backend has no host tier")
         try:
             ignored = check_options(name, self.load_options())
         except BackendError as e:
@@ -244,6 +258,8 @@ class BackendOptions:
             raise UsageError(f"--disaggregate runs on {' and '.join(DEPLOYABLE)}, not on the {self.name} backend")
         if self.pp > 1:
             raise UsageError("--disaggregate with --pp: a pool's instances are tensor parallel only")
+        if self.kv_host_cache is not None or self.kv_host_grid:
+            raise UsageError("--disaggregate with --kv-host-cache: a deployment's pools have no host tier")
         try:
             return Disaggregation.parse(self.disaggregate, self.prefill_tp or self.tp, self.decode_tp or self.tp,
                                         self.kv_link or "nvlink", self.kv_transfer or "whole")

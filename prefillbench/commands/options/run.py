@@ -104,6 +104,7 @@ class RunOptions(Measuring):
             burstiness=self.burstiness,
             slo=self.slo,
             deployment=self.load.deployment(),
+            host_sizes=self.load.host_sizes(),
         )
         if config.deployment is not None and not open_loop:
             raise UsageError("--disaggregate runs an open loop: give --arrival poisson (or gamma) and --rate, or a "

@@ -251,7 +251,8 @@ class TuneOptions(Measuring):
         served = self.load.served_engine()
         if not self.strategy and served is None and "vllm-v1" in strategies:
             strategies = [*strategies, *VLLM_VARIANTS]
-        self.configs = tune.grid(strategies, unique(self.chunk_size, "--chunk-size") or DEFAULT_BUDGETS)
+        self.configs = tune.grid(strategies, unique(self.chunk_size, "--chunk-size") or DEFAULT_BUDGETS,
+                                 self.load.host_sizes())
         if served is not None:
             self._serve_with(served)
         elif self.calibrate_on is not None:
