@@ -391,6 +391,11 @@ class CapacityConfig:
         c = self.criteria
         return self.slo or SLO(ttft_ms=c.ttft_ms, tpot_ms=c.tpot_ms, tbt_ms=c.tbt_p99_ms, e2e_ms=c.e2e_ms)
 
+    @property
+    def unit(self) -> str:
+        """What the searched rate counts: requests a second, or for multi-turn sessions, sessions started a second."""
+        return rate_unit(self.test)
+
     def tokens_per_probe(self) -> int:
         """Tokens one probe processes (see engine.run's on_tokens), for a progress bar."""
         return request_tokens(request_lengths(self.test, self.requests, self.seed))
@@ -408,6 +413,17 @@ class CapacityConfig:
         }
 
 
+def rate_unit(test: TestSpec) -> str:
+    """What a probe's rate counts: requests a second; for multi-turn sessions, sessions started a second (each
+    session's later turns follow its own answers, a closed loop within it)."""
+    return "sessions/s" if test.sessions is not None else "req/s"
+
+
+def requests_per_arrival(test: TestSpec) -> int:
+    """Requests each arrival of the searched rate brings: a session's turns, else one."""
+    return test.sessions.turns if test.sessions is not None else 1
+
+
 @dataclass
 class CapacityResult:
     case: Case
@@ -415,14 +431,21 @@ class CapacityResult:
 
     @property
     def capacity(self) -> float:
+        """In the search's unit (rate_unit): requests a second, or sessions started a second."""
         return self.search.capacity
+
+    @property
+    def capacity_rps(self) -> float:
+        """Requests a second offered at the capacity: a session's turns each count."""
+        return self.capacity * requests_per_arrival(self.case.test)
 
     @property
     def row(self) -> ResultRow:
         """The row measured at the capacity, with capacity_rps set and no fixed rate (the rate is what was searched),
         so that `compare` joins the rows of two capacity runs whatever rates they found."""
-        return replace(self.search.at_capacity.row, capacity_rps=self.capacity, rate=None,
-                       capacity_probes=len(self.search.probes))
+        sessions = self.capacity if self.case.test.sessions is not None else math.nan
+        return replace(self.search.at_capacity.row, capacity_rps=self.capacity_rps, rate=None,
+                       capacity_probes=len(self.search.probes), capacity_sessions_per_s=sessions)
 
 
 def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float,
@@ -438,8 +461,10 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
     backend = case_backend(backend, case)
     strategy = config.strategy_for(case)
     spec = ArrivalSpec(config.arrival, rate, config.burstiness)
+    sessions = case.test.sessions
+    arriving = sessions.n if sessions is not None else config.requests  # sessions: their first turns arrive
     requests = make_requests(case.test, config.requests, backend.vocab_size, seed,
-                             spec.times(config.requests, seed, case.test))
+                             spec.times(arriving, seed, case.test))
     watch = [config.criteria] if watch is None else watch
     certain = CertainFailure(watch, requests) if watch else None
     if config.deployment is None:

@@ -133,6 +133,7 @@ class ResultRow:
     goodput_rps: float = math.nan  # requests per second that met every SLO
     slo_met: float = math.nan  # their share of the requests
     capacity_rps: float = math.nan  # `capacity`: the highest rate that met the capacity criteria
+    capacity_sessions_per_s: float = math.nan  # multi-turn sessions: the capacity as sessions started a second
     capacity_probes: int = 0  # `capacity`: the runs its search took
     failed_requests: int = 0  # a server's requests that failed (HTTP error, dropped stream, short): in no figure
     # The client's means, beside the engine's (below): a histogram's mean is exact where its p50 is a bucket's.

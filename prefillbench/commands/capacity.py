@@ -38,13 +38,13 @@ def cmd_capacity(options: CapacityOptions) -> int:
     with session.measuring(config.requests, not options.no_progress) as progress:
 
         def started(case: Case, n: int, rate: float) -> None:
-            progress.restart(config.tokens_per_probe(), f"{case_label(case)} probe {n}: {rate:.3g} req/s")
+            progress.restart(config.tokens_per_probe(), f"{case_label(case)} probe {n}: {rate:.3g} {config.unit}")
 
         def done(case: Case, probe: capacity.Probe) -> None:
             finished.append(probe)
             if is_rank_zero():
                 r = probe.row
-                progress.print(f"capacity: {case_label(case)} at {probe.rate:.3g} req/s: P99 TBT "
+                progress.print(f"capacity: {case_label(case)} at {probe.rate:.3g} {config.unit}: P99 TBT "
                                f"{r.tbt_p99_ms:.1f} ms, median scheduling delay {r.sched_delay_p50_ms:.0f} ms: "
                                f"{'within' if probe.passed else 'over'}"
                                + (f" (the client measured itself: {r.client_late})" if r.client_late else ""))

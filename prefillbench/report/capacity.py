@@ -26,9 +26,12 @@ def render_md(results: list[CapacityResult], relative_to: str | None = None) -> 
         ("strategy", lambda i: row_strategy_label(i[0].row), False),
         *([("deployment", lambda i: i[0].row.deployment, False)] if any(r.row.deployment for r in results) else []),
         ("test", lambda i: i[0].row.test, False),
-        ("capacity req/s", lambda i: capacity_text(i[0].capacity, i[0].search.hit_bound,
+        ("capacity req/s", lambda i: capacity_text(i[0].capacity_rps, i[0].search.hit_bound,
                                                                   interrupted=i[0].search.interrupted), True),
     ]
+    if any(r.case.test.sessions is not None for r in results):  # what was searched: the rate sessions start at
+        columns.insert(len(columns) - 1, ("capacity sessions/s", lambda i: capacity_text(
+            i[0].capacity, i[0].search.hit_bound, interrupted=i[0].search.interrupted), True))
     if relative_to:
         columns.append((f"vs {relative_to}", lambda i: "-" if math.isnan(i[1]) else f"{i[1]:.2f}x", True))
     columns += [
@@ -49,7 +52,9 @@ def best_line(results: list[CapacityResult], slo: str, precision: float, baselin
     label = lambda r: row_strategy_label(r.row)  # noqa: E731 - the row's: "as served" at a --url
     if not best.capacity:
         return f"capacity: no strategy met {slo} at any rate tried"
-    text = f"best within {slo}: {label(best)}, {capacity_text(best.capacity, best.search.hit_bound)} req/s"
+    text = f"best within {slo}: {label(best)}, {capacity_text(best.capacity_rps, best.search.hit_bound)} req/s"
+    if best.case.test.sessions is not None:
+        text += f" ({capacity_text(best.capacity, best.search.hit_bound)} sessions/s)"
     refs = [r for r in results if r.case.strategy == baseline and r is not best]
     if refs and refs[0].capacity:
         text += f", {best.capacity / refs[0].capacity:.2f}x {baseline}"

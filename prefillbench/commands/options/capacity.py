@@ -49,7 +49,7 @@ class CapacityOptions(Measuring):
         check_seed(self.seed)
         if self.slo is None or self.slo.tbt_ms is None:
             raise UsageError("capacity needs --slo tbt=MS: the highest rate whose P99 time between tokens stays within it")
-        test = self.searched_test(self.pg, self.arrival, "capacity")
+        test = self.searched_test(self.pg, self.arrival, "capacity", sessions=True)
         strategies = strategy_names(self.strategy, self.load, self.budget, self.cadence, self.spec)
         strategies = priced.checked(strategies, bool(self.strategy), self.load, self.slo.tbt_ms, self.slo.tpot_ms,
                                     self.load.name == "sim" or bool(self.load.calibration),

@@ -325,8 +325,14 @@ def test_specs(n_prompt: list[int] | None, n_gen: list[int] | None, pg: list[tup
 
 
 def workload_requests(test: TestSpec, asked: int | None) -> int | None:
-    """A probe's requests where a trace gives them: all of its rows (its lengths, at the probe's arrival rate);
-    --requests then is not used, and said so. None: no trace."""
+    """A probe's requests where a trace gives them: all of its rows (its lengths, at the probe's arrival rate), or
+    every turn of the sessions; --requests then is not used, and said so. None: neither."""
+    if test.sessions is not None:
+        n = test.sessions.n * test.sessions.turns
+        if asked is not None and asked != n:
+            note(f"warning: --requests {asked} is ignored: each probe runs the workload's {test.sessions.n} sessions "
+                 f"of {test.sessions.turns} turns (sessions:n=N sets how many)")
+        return n
     if test.workload is None:
         return None
     if asked is not None and asked != len(test.workload):
@@ -361,17 +367,19 @@ class Measuring:
     def validate(self) -> None:
         raise NotImplementedError
 
-    def searched_test(self, pg: list[tuple[int, int]] | None, arrival: str, command: str) -> TestSpec:
+    def searched_test(self, pg: list[tuple[int, int]] | None, arrival: str, command: str,
+                      sessions: bool = False) -> TestSpec:
         """capacity's and tune's one test: --pg (512,128 unless given) or a --workload trace, its prefix cache
-        settled; sessions refused (a rate is searched for independent requests)."""
+        settled; multi-turn sessions where `sessions` (capacity searches the rate sessions start at), else refused."""
         tests = test_specs(None, None, request_shape(pg, self.workload), arrival, self.len_spread, self.workload,
                            self.reading)
         self.settle_prefix_cache(tests)
         if len(tests) != 1:
             raise UsageError(f"{command} searches one test: give one --pg or a --workload")
-        if tests[0].sessions is not None:
+        if tests[0].sessions is not None and not sessions:
             raise UsageError(f"{command} searches a rate of independent requests; multi-turn sessions run with "
-                             "`prefillbench run --workload sessions:... --arrival poisson --rate R`")
+                             "`prefillbench capacity` (the rate sessions start at) or `prefillbench run --workload "
+                             "sessions:... --arrival poisson --rate R`")
         return tests[0]
 
     def settle_prefix_cache(self, tests: list[TestSpec]) -> None:
