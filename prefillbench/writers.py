@@ -76,7 +76,9 @@ def csv_text(records: list[dict[str, Any]] | pd.DataFrame) -> str:
 
 
 def _with_meta(records: list[dict[str, Any]], meta: Mapping[str, Any], **more: Any) -> list[dict[str, Any]]:
-    return [{**r, **more, **meta} for r in records]
+    """Each record with the run's metadata beside it; a column of the record's own keeps its value (tune's rows
+    each name their SLO and their seeds, where the metadata lists every SLO and seed of the run)."""
+    return [{**r, **more, **{k: v for k, v in meta.items() if k not in r and k not in more}} for r in records]
 
 
 def render_export(fmt: str, meta: Mapping[str, Any], tables: Mapping[str, list[dict[str, Any]]]) -> dict[str, str]:

@@ -179,3 +179,16 @@ def test_capacity_and_tune_search_a_workload_without_pg(run_cli, tmp_path, comma
                              "--requests", "3", *extra)
     assert code == 0, err
     assert "best within TBT p99 <= 100 ms: sequential" in out
+
+
+def test_a_csv_export_of_several_slos_names_each_rows_own(run_cli, tmp_path):
+    """The run's metadata (every SLO, every seed) goes beside each record; a record's own column keeps its value."""
+    import pandas as pd
+
+    export = tmp_path / "tune.csv"
+    code, out, err = run_cli("tune", *SIM, *SMALL, "--slo", "tbt=100,200", "-s", "chunked", "--chunk-size", "512",
+                             "--export", str(export))
+    assert code == 0, err
+    frame = pd.read_csv(export)
+    assert sorted(frame["slo"]) == ["TBT p99 <= 100 ms", "TBT p99 <= 200 ms"]
+    assert list(frame["seeds"]) == [1, 1]  # this record's searches, not the run's list of seeds
