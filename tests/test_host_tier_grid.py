@@ -91,3 +91,12 @@ def test_a_bad_host_tier_size_is_one_line_and_exit_2(run_cli, flags, message):
 def test_a_grid_of_sizes_on_a_backend_without_a_host_tier_is_refused(run_cli):
     code, out, err = run_cli("run", "--backend", "gguf", "-p", "16", "-n", "0", "--kv-host-cache", "0,64")
     assert code == 2 and "a grid of host-tier sizes runs on the sim; the gguf backend has no host tier" in err
+
+
+def test_a_halved_grid_on_a_trace_replays_the_whole_trace_in_its_short_round(run_cli):
+    """Successive halving's short round on a trace: its rows are the workload (a short round of fewer requests gave
+    the trace's prompts too few arrival times and failed), only the precision and the seeds shrink."""
+    code, out, err = run_cli("tune", *SIM, *MOONCAKE, "-s", "vllm-v1", "--chunk-size", "512,1024,2048,4096", *SLO,
+                             "--kv-host-cache", "0,128", "--repeats", "1")
+    assert code == 0, err
+    assert "successive halving" in err and "on short probes (60 requests each" in err

@@ -49,8 +49,11 @@ class Halving:
 
 
 def short_settings(settings: TuneSettings) -> TuneSettings:
-    return replace(settings, requests=max(SHORT_MIN_REQUESTS, math.ceil(settings.requests * SHORT_SHARE)), repeats=1,
-                   precision=min(2 * settings.precision, 0.25))
+    """The short round's probes: fewer requests (a trace replays all of its rows: its arrivals and lengths are the
+    workload, and a first part of it is another one), one seed, twice the precision."""
+    trace = settings.test.workload is not None
+    requests = settings.requests if trace else max(SHORT_MIN_REQUESTS, math.ceil(settings.requests * SHORT_SHARE))
+    return replace(settings, requests=requests, repeats=1, precision=min(2 * settings.precision, 0.25))
 
 
 def keep(configs: list[Config], short: GridResult, baseline: Config | None) -> Halving:
