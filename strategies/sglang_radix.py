@@ -22,6 +22,11 @@ unchanged; what differs here, each with the function it follows:
 - **Retraction** (`retract_decode`, `release_req`): a victim's own slots are freed, its prefix left in the tree
   unlocked, then the tree evicted as far as the rest need (20 tokens each, `SGLANG_RETRACT_DECODE_STEPS`); the batch
   keeps the retraction order's order.
+- **HiCache** (`--enable-hierarchical-cache`, where the engine's radix cache has a host tier: engine/hicache.py): each
+  pass starts by taking the last pass's write and load acks (`_process_hicache_events`); a candidate's lookup finds
+  its GPU prefix and, past it, a host hit; a candidate the budget takes (counted from its GPU prefix, as
+  `_select_prefill_admission` counts `total_tokens`) has the hit loaded back (`init_load_back`) and its prompt starts
+  past it, the load carried by the step (Step.host_loads) for the backend to price.
 - **Batch order** (`merge_batch`, `mix_with_running`, `filter_batch`): the running batch's order, which decides the
   order requests finish in and so what is evicted first, is kept as SGLang keeps it: a prefill batch's requests
   appended after the running ones, a mixed batch's prompts before its decodes.
@@ -34,7 +39,7 @@ from prefillbench.sequence import tokens_of
 from prefillbench.step import Preemption, PrefillChunk, Step
 
 from .base import decode_tokens
-from .sglang_budget import CONTINUE, NO_TOKEN, OTHER, PrefillBudget
+from .sglang_budget import CONTINUE, NO_TOKEN, OTHER, PAGE, PrefillBudget, future_tokens
 
 #: WAITING_QUEUE_PREFIX_MATCH_MAX (schedule_policy.py): past this many waiting, LPM falls back to FCFS
 LPM_MAX_WAITING = 128
@@ -51,6 +56,11 @@ class RadixRules:
 
     radix = None
 
+    @property
+    def hicache(self) -> bool:
+        """Whether the radix cache has SGLang's HiCache below it (engine/hicache.py)."""
+        return self.radix is not None and self.radix.hicache
+
     def radix_reset(self) -> None:
         self.radix = None
         self._queue: list[int] = []  # SGLang's waiting_queue (seq ids), in its own order
@@ -64,6 +74,8 @@ class RadixRules:
         prefill batch merged into the running batch and finished requests filtered out (their order kept), the
         waiting queue given its arrivals."""
         radix = self.radix
+        if self.hicache:  # check_hicache_events: the last pass's writes and loads acknowledged, their locks dropped
+            radix.events()
         if self.chunked is not None:
             rec = radix.reqs.get(self.chunked)
             if rec is not None and rec.extend_end > rec.prefix_len:
@@ -123,6 +135,7 @@ class RadixRules:
                                len(running) if mixed else 0, bool(self.ignore_eos),
                                evictable=lambda: radix.evictable_size)
         chunks, batch = [], []
+        host_loads: list[tuple[int, int]] = []
         self.chunked = None
         if chunked is not None:
             n, truncated = budget.add_chunked(chunked)
@@ -144,7 +157,18 @@ class RadixRules:
             prefix = radix.match(seq, max(len(seq.prompt) - 1, 0))  # init_next_round_input
             rec = radix.request(seq)
             rec.protected = prefix
-            radix.inc_lock_ref(rec.last_node)  # the candidate's prefix pinned while it is judged
+            pinned = rec.last_node
+            radix.inc_lock_ref(pinned)  # the candidate's prefix pinned while it is judged
+            if self.hicache and radix.host_hit(seq.seq_id) and (
+                    len(seq.prompt) - prefix + future_tokens(seq) + PAGE < budget.rem_total):
+                # HiCache: a candidate the budget takes, counted from its GPU prefix (_select_prefill_admission's
+                # total_tokens), has its host hit loaded back (init_load_back) and starts past it; the budget's own
+                # check below is then the same inequality, both sides less the tokens loaded
+                loaded = radix.load_back(rec)
+                if loaded:
+                    prefix += loaded
+                    rec.protected = prefix
+                    host_loads.append((seq.seq_id, loaded))
             n, verdict = budget.add_one(seq, False, prefix=prefix)
             if n:
                 radix.lock(rec)
@@ -155,7 +179,7 @@ class RadixRules:
                 self._queue.remove(seq.seq_id)
                 if prefix + n < len(seq.prompt):
                     self.chunked = seq.seq_id
-            radix.dec_lock_ref(rec.last_node)
+            radix.dec_lock_ref(pinned)
             if verdict != CONTINUE:
                 if verdict == NO_TOKEN:
                     self.batch_is_full = bool(budget.admitted) or bool(running)
@@ -174,7 +198,8 @@ class RadixRules:
                 decodes = decode_tokens(ordered)
                 self._last_batch += [s.seq_id for s in ordered]
                 self._last_mixed = True
-        return Step(prefills=tuple(chunks), decodes=decodes, policy_values=(("new_token_ratio", self.ratio),))
+        return Step(prefills=tuple(chunks), decodes=decodes, policy_values=(("new_token_ratio", self.ratio),),
+                    host_loads=tuple(host_loads))
 
     def _decode_slots(self, seqs) -> None:
         """prepare_for_decode: a slot each (evicting as short)."""

@@ -51,6 +51,15 @@ class KVMemory:
             self.radix = RadixCache(self.total_blocks)
         return self
 
+    def hi_cached(self, host_tokens: int, load_seconds, write_policy: str) -> "KVMemory":
+        """The radix cache with SGLang's HiCache below it (engine/hicache.py): a host pool of `host_tokens` tokens,
+        loads priced by `load_seconds(tokens)`."""
+        from prefillbench.engine.hicache import HiRadixCache
+
+        if self.radix is not None:
+            self.radix = HiRadixCache(self.total_blocks, host_tokens, write_policy, load_seconds)
+        return self
+
     @property
     def shares_prefixes(self) -> bool:
         """Whether the memory is a cache that decides prefix hits (vLLM's block cache or SGLang's radix tree)."""

@@ -59,7 +59,7 @@ class RequestKV:
 @dataclass
 class RadixStats:
     """Over a run: tokens evicted (`evicted_blocks`, one-token pages, the column vLLM's block cache fills), and the
-    host tier's counters (none: SGLang's HiCache is not modelled)."""
+    host tier's counters (engine/hicache.py HiCacheStats; None: no HiCache)."""
 
     evicted_blocks: int = 0
     host: object = None
@@ -68,11 +68,16 @@ class RadixStats:
 class RadixCache:
     """The tree, the pool's free slots (`available`) and each request's KV."""
 
+    #: the tree's nodes (engine/hicache.py's carry a host copy's state too)
+    node_class = Node
+    #: whether a host tier sits below (engine/hicache.py HiRadixCache)
+    hicache = False
+
     def __init__(self, capacity_tokens: int) -> None:
         self.capacity = capacity_tokens
         self.available = capacity_tokens  # TokenToKVPoolAllocator.available_size()
         self.tick = 0
-        self.root = Node(None, (), 0)
+        self.root = self.node_class(None, (), 0)
         self.root.lock_ref = 1  # never evicted (RadixCache.reset)
         self.evictable_size = 0
         self.protected_size = 0
@@ -128,7 +133,7 @@ class RadixCache:
             matched += n
             node = self._split(child, n) if n < len(child.key) else child
         if matched < len(key):
-            leaf = Node(node, key[matched:], self._now())
+            leaf = self.node_class(node, key[matched:], self._now())
             node.children[key[matched]] = leaf
             self.evictable_size += len(leaf.key)
             self._update_leaf(node)
@@ -138,7 +143,7 @@ class RadixCache:
     def _split(self, child: Node, n: int) -> Node:
         """`child` cut after its first `n` tokens: a new node above it holds them (`_split_node`: it takes the
         child's locks, and a time of its own, made now)."""
-        upper = Node(child.parent, child.key[:n], self._now())
+        upper = self.node_class(child.parent, child.key[:n], self._now())
         upper.lock_ref = child.lock_ref
         upper.children = {child.key[n]: child}
         child.parent.children[child.key[0]] = upper

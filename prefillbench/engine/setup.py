@@ -12,6 +12,7 @@ from strategies import Strategy
 from prefillbench.backends.base import BackendError, StepBackend
 from prefillbench.engine.admission import Admission, Feed, fit
 from prefillbench.engine.drafts import proposer_for
+from prefillbench.engine.hicache import DEFAULT_WRITE_POLICY
 from prefillbench.engine.host_tier import HostTier
 from prefillbench.engine.memory import KVMemory
 from prefillbench.sequence import Request
@@ -63,14 +64,20 @@ def set_up(backend: StepBackend, strategy: Strategy, reqs: list[Request], asked:
     host = getattr(backend, "host_tier", None)
     terms = host(memory.block_size) if host is not None else None
     if terms is not None:
-        if memory.cache is None:
-            if "--kv-host-cache" not in _SAID:
-                _SAID.add("--kv-host-cache")
-                print("prefillbench: --kv-host-cache ignored: a host tier sits below vllm-v1's block cache (the sim, "
-                      "--prefix-cache on, -s vllm-v1, no --spec)", file=sys.stderr)
-        else:
+        if memory.cache is not None:
             memory.cache.host = HostTier(*terms)
             memory.cache.stats.host = memory.cache.host.stats
+        elif memory.radix is not None:
+            # SGLang's HiCache below its radix cache (engine/hicache.py), one-token pages: the tier's blocks are tokens;
+            # its write policy the backend's where it names one (--hicache-write-policy), else SGLang's default
+            blocks, load_seconds, _ = terms
+            memory.hi_cached(blocks, load_seconds,
+                             getattr(backend, "hicache_write_policy", None) or DEFAULT_WRITE_POLICY)
+        elif "--kv-host-cache" not in _SAID:
+            _SAID.add("--kv-host-cache")
+            print("prefillbench: --kv-host-cache ignored: a host tier sits below vllm-v1's block cache or SGLang's "
+                  "radix cache (the sim, --prefix-cache on, -s vllm-v1 or sglang/sglang-mixed, no --spec)",
+                  file=sys.stderr)
     backend.kv_shared = engine_cache or memory.radix is not None
     backend.prepare(cap, max_seq_len, strategy.max_step_tokens(longest_prompt, cap) + drafts_room)
     strategy.reset()
