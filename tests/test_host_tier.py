@@ -143,3 +143,32 @@ def test_second_turns_load_their_history_from_the_host_where_the_gpu_lost_it():
     declined = sim_run(reqs, host_gib=4, recompute_cheaper=True)
     assert declined.kv_cache.host.loaded_tokens == 0 and declined.kv_cache.host.recomputed_tokens > 0
     assert [s.prefill_chunks for s in declined.steps] == [s.prefill_chunks for s in plain.steps]
+
+
+def test_the_host_link_prices_loads_at_its_rate_and_a_slow_tier_loses_to_recompute():
+    per_token = 131072  # Llama-3.1-8B's KV bytes a token (above)
+    c2c = SimBackend.load(sim_model="llama-3.1-8b", sim_gpu="h100", kv_host_cache=1, kv_host_link="c2c")
+    assert c2c.host_tier(16)[1](1000) == pytest.approx(1000 * per_token / 450e9, rel=1e-12)
+    assert "loads over NVLink-C2C at 450 GB/s" in sim_host_tier.words(c2c)
+    nvme = SimBackend.load(sim_model="llama-3.1-8b", sim_gpu="h100", kv_host_cache=1, kv_host_link="2")
+    _, load, recompute = nvme.host_tier(16)
+    assert load(512) == pytest.approx(512 * per_token / 2e9, rel=1e-12)
+    # at 2 GB/s a 512-token run at a prompt's start costs more to load than to compute again (15.6 ms against
+    # 33.6: benchmarks.sim.load_vs_recompute), and the tier recomputes it; 32k tokens in, attention makes the
+    # recompute dearer than the load
+    assert recompute(0, 512) < load(512) < recompute(32768, 512)
+    tier = HostTier(64, load, recompute)
+    chain = list(range(100, 132))
+    for h in chain:
+        tier.store(h)
+    assert tier.to_load(chain, 0, 32, 16) == 0 and tier.declined(chain, 0, 32, 16) == 512
+    assert SimBackend.load(sim_model="llama-3.1-8b", sim_gpu="h100", kv_host_link="pcie").kv_host_link is None
+    for bad in ("0", "-3", "nvme", "inf"):
+        with pytest.raises(SimConfigError, match=f"--kv-host-link {bad}"):
+            SimBackend.load(sim_model="llama-3.1-8b", sim_gpu="h100", kv_host_cache=1, kv_host_link=bad)
+
+
+def test_kv_host_link_without_a_tier_is_named_as_ignored(run_cli):
+    code, out, err = run_cli("run", "--backend", "sim", "--sim-model", "llama-3.1-8b", "--sim-gpu", "h100", "-p", "64",
+                             "-n", "4", "-c", "1", "-r", "1", "--no-progress", "--kv-host-link", "c2c")
+    assert code == 0 and "--kv-host-link c2c is ignored without --kv-host-cache (no host tier)" in err

@@ -111,6 +111,11 @@ KvHostCache = Annotated[Optional[list[str]], option(
     "computed, a prefix found there loaded over PCIe at admission, or recomputed where cheaper; with -s vllm-v1 "
     "and --prefix-cache on (docs/memory.md, Host tier). A list is one configuration per size, 0 for none, searched "
     "by capacity and tune beside the budget (default: none)")]
+KvHostLink = Annotated[Optional[str], option(
+    "--kv-host-link", panel=SIM_PANEL, metavar="pcie|c2c|GB/s",
+    help="sim: what the host tier's loads cross: the card's PCIe slot (the default), NVLink-C2C (GH200/GB200, 450 "
+    "GB/s a direction), or a rate in GB/s a direction for a slower tier (an NVMe drive, a network store); a load "
+    "priced above recomputing its tokens is recomputed (docs/memory.md, When a load loses to recompute)")]
 KvDtype = Annotated[Optional[str], option(
     "--kv-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8", help="sim: KV cache precision to price (default: bf16)")]
 ExpertParallel = Annotated[int, option(

@@ -66,9 +66,11 @@ class SimBackend(StepBackend):
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
     options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
                          "trace", "sim_pricing", "sim_overheads", "max_num_seqs", "prefix_cache", "prefix_block",
-                         "sim_link", "dp", "kv_host_cache"})
+                         "sim_link", "dp", "kv_host_cache", "kv_host_link"})
     #: --kv-host-cache: GiB of host memory below the GPU's KV blocks (host_tier.py); None: no host tier
     kv_host_gib: float | None = None
+    #: --kv-host-link: what the tier's loads cross (host_tier.HostLink); None: the card's PCIe slot
+    kv_host_link = None
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  calibration: dict[str, Any] | None = None, calibration_path: str | None = None,
@@ -199,7 +201,7 @@ class SimBackend(StepBackend):
              dtype: str | None = None, sim_pricing: str | None = None, sim_overheads: str | None = None,
              prefix_cache: str | None = None, prefix_block: int | None = None,
              max_num_seqs: int | None = None, sim_link: str | None = None, dp: int = 1,
-             kv_host_cache: float | None = None) -> "SimBackend":
+             kv_host_cache: float | None = None, kv_host_link: str | None = None) -> "SimBackend":
         """Presets or files by name; a calibration file supplies the model and device it measured when none is named.
         sim_dtype: the weights' precision (bf16, fp16, fp8, int8, int4, mxfp4), kv_dtype: the KV cache's (bf16,
         fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config). dtype (the
@@ -231,11 +233,13 @@ class SimBackend(StepBackend):
         if sim_pricing is None:
             sim_pricing, why = default_pricing(gpu_spec, cal is not None)
             why = f"the default: {why}"
-        sim_host_tier.check(kv_host_cache, gpu_spec, pp, dp)
+        host_link = sim_host_tier.parse_link(kv_host_link)
+        sim_host_tier.check(kv_host_cache, gpu_spec, pp, dp, host_link)
         backend = cls(model_spec, gpu_spec, tp=tp, pp=pp, ep=ep, calibration=cal, calibration_path=calibration,
                       trace=trace, pricing=sim_pricing, overheads=sim_overheads, prefix=prefix,
                       max_num_seqs=max_num_seqs, pricing_why=why, dp=dp)
         backend.kv_host_gib = kv_host_cache
+        backend.kv_host_link = host_link
         if kv_host_cache is not None:
             say_once(sim_host_tier.words(backend))
         return backend
@@ -250,7 +254,7 @@ class SimBackend(StepBackend):
         size = gib or None
         if size == self.kv_host_gib:
             return self
-        sim_host_tier.check(size, self.gpu, self.pp, self.dp)
+        sim_host_tier.check(size, self.gpu, self.pp, self.dp, self.kv_host_link)
         sized = copy.copy(self)
         sized.kv_host_gib = size
         return sized

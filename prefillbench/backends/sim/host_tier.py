@@ -5,8 +5,10 @@ KV bytes per token, and a load's time over the GPU's host link.
   ranks", config/cache.py CacheConfig), each token holding its KV on every GPU of the instance.
 - Link: the card's PCIe slot, PCIe 4.0 / 5.0 x16 at links.PCIE_BW a direction (the link's rate after encoding; what
   a copy achieves is lower, about 25 / 50 GB/s: so these loads are priced at their floor). Each GPU loads its own
-  share of a token's KV over its own slot, in parallel. No preset has NVLink-C2C (GH200/GB200): a card without a
-  PCIe generation is refused.
+  share of a token's KV over its own slot, in parallel. `--kv-host-link c2c` prices NVLink-C2C instead (GH200 /
+  GB200: 450 GB/s a direction, NVIDIA's datasheets), and `--kv-host-link N` a tier N GB/s a direction away (an NVMe
+  drive's 3-7, a 400 Gb/s NIC's 50): a slower tier's loads lose to recomputing sooner. Without --kv-host-link a card
+  with no PCIe generation the sim knows is refused.
 - Pricing: a load is a wait added to the step that runs the request's first chunk, not overlapped with it. vLLM
   loads asynchronously while the request waits (WAITING_FOR_REMOTE_KVS) and the others' steps run on, so this charges
   the step's other requests too: an upper bound on what the load costs the batch, exact for the loading request
@@ -17,6 +19,8 @@ KV bytes per token, and a load's time over the GPU's host link.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prefillbench.backends.sim import links
 from prefillbench.backends.sim.breakdown import Batch
 from prefillbench.backends.sim.specs import SimConfigError
@@ -24,7 +28,34 @@ from prefillbench.backends.sim.specs import SimConfigError
 GiB = 1024 ** 3
 
 
-def check(gib: float | None, gpu, pp: int = 1, dp: int = 1) -> None:
+#: NVLink-C2C between a Grace CPU and its GPU (GH200, GB200), a direction: NVIDIA's datasheets (900 GB/s both ways).
+C2C_BW = 450e9
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """What a host tier's loads cross, named as the pricing line says it, at `bw` bytes/s a direction per GPU."""
+
+    name: str
+    bw: float
+
+
+def parse_link(text: str | None) -> HostLink | None:
+    """--kv-host-link: pcie (None: the card's own slot), c2c, or a rate in GB/s; one line where it is none of them."""
+    if text is None or text == "pcie":
+        return None
+    if text == "c2c":
+        return HostLink("NVLink-C2C", C2C_BW)
+    try:
+        gbps = float(text)
+    except ValueError:
+        raise SimConfigError(f"--kv-host-link {text}: give pcie, c2c or a rate in GB/s a direction") from None
+    if not 0 < gbps < float("inf"):
+        raise SimConfigError(f"--kv-host-link {text}: a rate in GB/s above 0")
+    return HostLink(f"--kv-host-link {gbps:g}", gbps * 1e9)
+
+
+def check(gib: float | None, gpu, pp: int = 1, dp: int = 1, link: HostLink | None = None) -> None:
     """--kv-host-cache: a positive size, on a card whose host link the sim knows, one stage and one rank (a
     pipeline's and the data-parallel ranks' steps do not price the loads); one line each."""
     if gib is None:
@@ -34,7 +65,7 @@ def check(gib: float | None, gpu, pp: int = 1, dp: int = 1) -> None:
     if pp > 1 or dp > 1:
         raise SimConfigError("--kv-host-cache: the sim prices a host tier with one pipeline stage and one "
                              "data-parallel rank (--pp 1 --dp 1)")
-    if gpu.pcie_gen not in links.PCIE_BW:
+    if link is None and gpu.pcie_gen not in links.PCIE_BW:
         raise SimConfigError(f"--kv-host-cache: {gpu.name} has no PCIe generation the sim knows, so no host link "
                              "to price loads over")
 
@@ -44,9 +75,14 @@ def host_link_bw(gpu) -> float:
     return links.PCIE_BW[gpu.pcie_gen]
 
 
+def link_of(backend) -> HostLink:
+    """The backend's host link: --kv-host-link's, else the card's PCIe slot."""
+    return backend.kv_host_link or HostLink(f"PCIe {backend.gpu.pcie_gen}.0 x16", host_link_bw(backend.gpu))
+
+
 def load_seconds(backend, tokens: int) -> float:
     """`tokens` tokens' KV moved from host memory to the GPUs, each GPU its share over its own link."""
-    return tokens * backend.cost.kv_bytes_per_token_per_gpu() / host_link_bw(backend.gpu)
+    return tokens * backend.cost.kv_bytes_per_token_per_gpu() / link_of(backend).bw
 
 
 def recompute_seconds(backend, start: int, tokens: int) -> float:
@@ -75,6 +111,6 @@ def host_tier(backend, block_size: int) -> tuple[int, object, object] | None:
 def words(backend) -> str:
     """The host link in words, for the pricing line."""
     return (f"--kv-host-cache {backend.kv_host_gib:g} GiB: a host tier of "
-            f"{capacity_blocks(backend, backend.kv_host_gib, 16):,} blocks of 16 tokens, loads over PCIe "
-            f"{backend.gpu.pcie_gen}.0 x16 at {host_link_bw(backend.gpu) / 1e9:g} GB/s a direction, added to the step "
+            f"{capacity_blocks(backend, backend.kv_host_gib, 16):,} blocks of 16 tokens, loads over "
+            f"{link_of(backend).name} at {link_of(backend).bw / 1e9:g} GB/s a direction, added to the step "
             "of the request's first chunk (not overlapped); stores not priced (docs/memory.md, Host tier)")
