@@ -169,6 +169,12 @@ class Admission:
         queue_by_arrival(self.pending, request)
         self.next_at = self._first_arrival()
 
+    def hand(self, request: Request) -> None:
+        """A request handed over as it arrives (a data-parallel rank's, engine/lockstep.py): after every one queued,
+        in a closed loop too, whose requests have no arrival time for `queue` to order by."""
+        self.pending.append(request)
+        self.next_at = self._first_arrival()
+
     def take_fed(self) -> None:
         """What the feed has brought since the last look, queued."""
         for request in self.feed.poll(self.start):

@@ -111,9 +111,7 @@ class Lockstep:
             index, request = pending.popleft()
             r = self.balancer.choose([self.load(lp) for lp in loops])
             self.dispatched[r].append(index)
-            admission = loops[r].admission
-            admission.pending.append(request)  # arrival order: dispatched as they arrive
-            admission.next_at = admission._first_arrival()
+            loops[r].admission.hand(request)
 
     def working(self) -> bool:
         return bool(self.pending) or any(lp.admission.pending or lp.live for lp in self.loops)

@@ -80,7 +80,7 @@ class SimBackend(StepBackend):
         check_dp(dp, tp=tp, pp=pp, ep=ep, windows=bool(model.windows))
         if dp > 1 and trace:
             raise SimConfigError(f"--trace with --dp {dp}: a trace writes one step's operators, not each rank's; drop one")
-        self.dp = self.data_parallel = dp  # lockstep data-parallel ranks, each a copy of this layout (data_parallel.py)
+        self.data_parallel = dp  # lockstep data-parallel ranks, each a copy of this layout (data_parallel.py)
         self._ranks: list[SimBackend] = []  # their backends, built at the first run (rank_backends)
         self.spec_gpu = gpu
         # what another instance of this deployment needs (instance): all but the parallelism and the trace file
@@ -185,8 +185,8 @@ class SimBackend(StepBackend):
             out.append(f"{m.name}: experts priced under uniform routing (a step of T tokens reads the weights of "
                        f"E(1-(1-k/E)^T) of its {m.n_experts} experts per MoE layer, k={m.experts_per_tok}); "
                        "see docs/sim.md for where that errs")
-        if self.dp > 1:
-            out.append(f"--dp {self.dp}: {self.dp} engine ranks in lockstep, each its own budget, cadence, KV cache and "
+        if (n := self.data_parallel) > 1:
+            out.append(f"--dp {n}: {n} engine ranks in lockstep, each its own budget, cadence, KV cache and "
                        "max_num_seqs, each step the slowest rank's; requests to ranks by the engine's rule (vLLM's "
                        "least loaded, SGLang's round robin) (engine/lockstep.py, data_parallel.py)")
         if self.cost.dp > 1:
@@ -254,7 +254,7 @@ class SimBackend(StepBackend):
         size = gib or None
         if size == self.kv_host_gib:
             return self
-        sim_host_tier.check(size, self.gpu, self.pp, self.dp, self.kv_host_link)
+        sim_host_tier.check(size, self.gpu, self.pp, self.data_parallel, self.kv_host_link)
         sized = copy.copy(self)
         sized.kv_host_gib = size
         return sized
@@ -277,10 +277,10 @@ class SimBackend(StepBackend):
     def max_concurrency(self, max_seq_len: int, max_step_tokens: int = 0) -> int:
         """Sequences of `max_seq_len` whose KV cache fits beside the weights, at most the engine's max_num_seqs;
         the engine clamps to it."""
-        return self.dp * min(self.cost.max_sequences(max_seq_len, max_step_tokens), self.max_num_seqs)
+        return self.data_parallel * min(self.cost.max_sequences(max_seq_len, max_step_tokens), self.max_num_seqs)
 
     def own_kv_capacity_tokens(self, max_step_tokens: int) -> int:
-        return self.dp * self.cost.kv_capacity_tokens(max_step_tokens)
+        return self.data_parallel * self.cost.kv_capacity_tokens(max_step_tokens)
 
     @property
     def engine_max_num_seqs(self) -> int:
@@ -323,7 +323,7 @@ class SimBackend(StepBackend):
         # under tune's 4,026-token sequences: half of a probe's CPU went to _execute_windowed).
         binds = bool(self.model.windows) and self.model.kv_positions(max_seq_len) < self.model.n_layers * max_seq_len
         self._windows = self.model.windows if binds else ()
-        self._kv_capacity = self.dp * (self.cost.kv_capacity_positions() if binds else self.cost.kv_capacity_tokens())
+        self._kv_capacity = self.data_parallel * (self.cost.kv_capacity_positions() if binds else self.cost.kv_capacity_tokens())
         # The cache holds what the KV pool does (vLLM's: cached blocks live in the pool and are evicted as it fills),
         # counted as the model's pool is, whichever path the run takes.
         pool = self.cost.kv_capacity_positions() if self.model.windows else self._kv_capacity
@@ -355,8 +355,8 @@ class SimBackend(StepBackend):
         if spec is None:
             self.drafting = None
             return
-        if self.dp > 1:
-            raise BackendError(f"--spec {spec.label} with --dp {self.dp}: not modelled (data_parallel.py)")
+        if self.data_parallel > 1:
+            raise BackendError(f"--spec {spec.label} with --dp {self.data_parallel}: not modelled (data_parallel.py)")
         if self._windows or self.pp > 1:
             raise BackendError(f"--spec {spec.label}: the sim prices speculative decoding without sliding windows "
                                "or pipeline stages")
@@ -442,8 +442,8 @@ class SimBackend(StepBackend):
             tokens, ctx = {}, 0
         chunks, emitting = self.hold_prefills(step, tokens)
         n_emit += emitting
-        if self.dp > 1:
-            raise BackendError(f"--dp {self.dp}: each rank steps on its own backend (rank_backends, engine/lockstep.py)")
+        if self.data_parallel > 1:
+            raise BackendError(f"--dp {self.data_parallel}: each rank steps on its own backend (rank_backends, engine/lockstep.py)")
         if self._trace is None:
             seconds = self.cost.fast_seconds(chunks, len(step.decodes), ctx, n_emit, None, self._idle)
         else:
@@ -456,7 +456,7 @@ class SimBackend(StepBackend):
     @property
     def runs_decodes(self) -> bool:
         # Pipeline stages hold several steps at once, and a trace writes each step's operators.
-        return self.pipeline is None and self._trace is None and self.dp == 1
+        return self.pipeline is None and self._trace is None and self.data_parallel == 1
 
     def run_decodes(self, step: Step, max_steps: int, until: float) -> DecodeRun | None:
         """Decode-only steps in a row, priced and held as execute would one at a time, to the same float: the

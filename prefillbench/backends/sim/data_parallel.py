@@ -21,7 +21,7 @@ from prefillbench.backends.sim.specs import SimConfigError
 def rank_backends(lead) -> list:
     """The ranks' backends of a SimBackend with --dp N: N copies of its layout, one rank each."""
     return [type(lead)(lead.model, lead.spec_gpu, tp=lead.tp, pp=lead.pp, ep=lead.ep, **lead._settings)
-            for _ in range(lead.dp)]
+            for _ in range(lead.data_parallel)]
 
 
 def check_dp(dp: int, *, tp: int, pp: int, ep: int, windows: bool) -> None:

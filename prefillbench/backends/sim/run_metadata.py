@@ -48,8 +48,8 @@ def sim_metadata(sim) -> dict[str, Any]:
         "sim_max_num_seqs_source": sim.max_num_seqs_source,
         "prefix_cache": "on" if sim.prefix.on else "off",
     }
-    if sim.dp > 1:  # data-parallel ranks (engine/lockstep.py): each its own KV cache and max_num_seqs, above
-        meta["sim_dp"] = sim.dp
+    if sim.data_parallel > 1:  # data-parallel ranks (engine/lockstep.py): each its own KV cache and max_num_seqs, above
+        meta["sim_dp"] = sim.data_parallel
         meta["sim_dp_balancing"] = ", ".join(sorted(sim.dp_balancing)) or None
     if sim.prefixes is not None:
         meta |= sim.prefixes.metadata()
