@@ -19,9 +19,12 @@ from prefillbench.bench.tune import Config, GridResult, TuneSettings, run_grid
 
 #: A configuration whose short-round capacity is below this share of the best one's (at every criteria) is dropped.
 KEEP_WITHIN = 0.8
-#: The short round's requests a probe: this share of the full round's, at least SHORT_MIN_REQUESTS.
+#: The short round's requests a probe: this share of the full round's, at least SHORT_MIN_REQUESTS (and at most the
+#: full round's). Fewer let a probe over capacity end before its queue shows: at 75 requests (--requests 300) the
+#: short round dropped the full grid's second configuration, tied with the best; at 250 the dropped were all under
+#: 80% of the best in the full grid too (docs/history/2026-12-07-sim-speed.md).
 SHORT_SHARE = 0.25
-SHORT_MIN_REQUESTS = 60
+SHORT_MIN_REQUESTS = 250
 #: Grids smaller than this are searched in full at once (a halving would save less than its short round costs).
 HALVING_FROM = 8
 
@@ -52,7 +55,8 @@ def short_settings(settings: TuneSettings) -> TuneSettings:
     """The short round's probes: fewer requests (a trace replays all of its rows: its arrivals and lengths are the
     workload, and a first part of it is another one), one seed, twice the precision."""
     trace = settings.test.workload is not None
-    requests = settings.requests if trace else max(SHORT_MIN_REQUESTS, math.ceil(settings.requests * SHORT_SHARE))
+    requests = settings.requests if trace else min(settings.requests, max(SHORT_MIN_REQUESTS,
+                                                                            math.ceil(settings.requests * SHORT_SHARE)))
     return replace(settings, requests=requests, repeats=1, precision=min(2 * settings.precision, 0.25))
 
 
