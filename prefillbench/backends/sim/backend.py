@@ -24,7 +24,7 @@ from prefillbench.backends.sim.cost import Batch, CostModel, StepCost
 from prefillbench.backends.sim.data_parallel import check_dp, rank_backends
 from prefillbench.backends.sim.pipeline import Pipeline
 from prefillbench.backends.sim.pricing import default_pricing, engine_overheads, pricing_for
-from prefillbench.backends.sim.run_metadata import sim_metadata
+from prefillbench.backends.sim.run_metadata import approximations, sim_metadata
 from prefillbench.backends.sim.specs import (GiB, GPUSpec, ModelSpec, SimConfigError, kv_format, precision_words,
                                              weight_format, with_precision)
 from prefillbench.backends.sim.step_trace import StepTrace
@@ -172,27 +172,7 @@ class SimBackend(StepBackend):
 
     def approximations(self) -> list[str]:
         """What the sim prices by a named approximation for this model and GPU (also in the metadata)."""
-        out = list(self.model.approximations) + self.cost.approximations
-        if self.pricing is not None:
-            out += self.pricing.notes
-        if self.kv_host_gib is not None:
-            out.append(sim_host_tier.words(self))
-        if self.overheads is not None:
-            out.append(f"--sim-overheads {self.overheads.name}: each step pays {self.overheads.version or self.overheads.name}'s "
-                       "host time, kernel launches and CUDA graphs (docs/sim.md, Measured pricing)")
-        m = self.model
-        if m.is_moe:
-            out.append(f"{m.name}: experts priced under uniform routing (a step of T tokens reads the weights of "
-                       f"E(1-(1-k/E)^T) of its {m.n_experts} experts per MoE layer, k={m.experts_per_tok}); "
-                       "see docs/sim.md for where that errs")
-        if (n := self.data_parallel) > 1:
-            out.append(f"--dp {n}: {n} engine ranks in lockstep, each its own budget, cadence, KV cache and "
-                       "max_num_seqs, each step the slowest rank's; requests to ranks by the engine's rule (vLLM's "
-                       "least loaded, SGLang's round robin) (engine/lockstep.py, data_parallel.py)")
-        if self.cost.dp > 1:
-            out.append(f"--ep {self.ep} with --tp {self.tp}: attention in {self.cost.dp} data-parallel groups, each "
-                       "priced on an equal share of every step's tokens")
-        return out
+        return approximations(self)
 
     @classmethod
     def load(cls, model: str | None = None, gpu: str | None = None, *, tp: int = 1, pp: int = 1, ep: int = 1,

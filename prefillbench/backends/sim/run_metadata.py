@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefillbench.backends.sim import host_tier as sim_host_tier
 from prefillbench.backends.sim.specs import precision_words
 
 
@@ -59,3 +60,29 @@ def sim_metadata(sim) -> dict[str, Any]:
         meta["sim_median_bubble_ms"] = sim.pipeline_stats["median_bubble_per_request_s"] * 1e3
         meta["sim_stage_busy"] = ",".join(f"{b:.3f}" for b in sim.pipeline_stats["stage_busy_fraction"])
     return meta
+
+
+def approximations(sim) -> list[str]:
+    """What the sim (a SimBackend) prices by a named approximation for this model and GPU: the pricing line's
+    companions on stderr, and the metadata's `sim_approximations`."""
+    out = list(sim.model.approximations) + sim.cost.approximations
+    if sim.pricing is not None:
+        out += sim.pricing.notes
+    if sim.kv_host_gib is not None:
+        out.append(sim_host_tier.words(sim))
+    if sim.overheads is not None:
+        out.append(f"--sim-overheads {sim.overheads.name}: each step pays {sim.overheads.version or sim.overheads.name}'s "
+                   "host time, kernel launches and CUDA graphs (docs/sim.md, Measured pricing)")
+    m = sim.model
+    if m.is_moe:
+        out.append(f"{m.name}: experts priced under uniform routing (a step of T tokens reads the weights of "
+                   f"E(1-(1-k/E)^T) of its {m.n_experts} experts per MoE layer, k={m.experts_per_tok}); "
+                   "see docs/sim.md for where that errs")
+    if (n := sim.data_parallel) > 1:
+        out.append(f"--dp {n}: {n} engine ranks in lockstep, each its own budget, cadence, KV cache and "
+                   "max_num_seqs, each step the slowest rank's; requests to ranks by the engine's rule (vLLM's "
+                   "least loaded, SGLang's round robin) (engine/lockstep.py, data_parallel.py)")
+    if sim.cost.dp > 1:
+        out.append(f"--ep {sim.ep} with --tp {sim.tp}: attention in {sim.cost.dp} data-parallel groups, each "
+                   "priced on an equal share of every step's tokens")
+    return out
