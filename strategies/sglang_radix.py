@@ -7,10 +7,11 @@ unchanged; what differs here, each with the function it follows:
   kept so (a later pass's ties keep the order an earlier sort left); with at most 128 waiting
   (`WAITING_QUEUE_PREFIX_MATCH_MAX`), every waiting request is matched against the tree in queue order
   (`_compute_prefix_matches`: each lookup touches its path) and the queue sorted by its matched tokens, longest first
-  (`_sort_by_longest_prefix`, at most its length less one), a request whose tree match is at most 32 tokens but which
-  shares 32 or more with an earlier waiting request put last (in-batch prefix caching); past 128 the order is left as
-  it is (FCFS) and every 32nd such pass touches the first 128 requests' prefixes, the head last
-  (`_touch_waiting_prefixes`). Retracted requests go to its tail, arrivals after them.
+  (`_sort_by_longest_prefix`: `num_matched_prefix_tokens`, with HiCache its host hit too, at most its length less
+  one), a request whose tree match is at most 32 tokens but which shares 32 or more with an earlier waiting request
+  put last (in-batch prefix caching); past 128 the order is left as it is (FCFS) and every 32nd such pass touches
+  the first 128 requests' prefixes, the head last (`_touch_waiting_prefixes`). Retracted requests go to its tail,
+  arrivals after them.
 - **Admission** (`init_next_round_input`, `PrefillAdder.add_one_req`): each candidate looks its tokens up again (at
   most all but the last), its prompt starts past what it finds and only the rest is charged; the budget counts the
   free slots plus the tree's evictable ones, read live, the candidate's own prefix pinned while it is judged (so not
@@ -114,7 +115,9 @@ class RadixRules:
         for s in new:
             tokens = tokens_of(s)
             found = radix.match(s)
-            matched[s.seq_id] = -min(found, max(len(tokens) - 1, 0))
+            # num_matched_prefix_tokens (match_kv_cache): the GPU prefix and, with HiCache, the host hit past it
+            total = found + radix.host_hit(s.seq_id) if self.hicache else found
+            matched[s.seq_id] = -min(total, max(len(tokens) - 1, 0))
             if found <= IN_BATCH_CHECK:
                 shared = max((_shared(tokens, k) for k in seen), default=0)
                 if shared >= IN_BATCH_DEPRIORITIZE:
@@ -165,6 +168,8 @@ class RadixRules:
                 # total_tokens), has its host hit loaded back (init_load_back) and starts past it; the budget's own
                 # check below is then the same inequality, both sides less the tokens loaded
                 loaded = radix.load_back(rec)
+                # the budget reads the allocator live (_available_and_evictable): the load's evictions and slots
+                budget.available = radix.available
                 if loaded:
                     prefix += loaded
                     rec.protected = prefix

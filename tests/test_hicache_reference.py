@@ -66,3 +66,44 @@ def test_the_comparison_tells_a_wrong_rule(answered, wrong):
     runs, answers = answered
     _, first = compare(runs, answers, wrong)
     assert first is not None
+
+
+# ---------------------------------------------------------------- the strategies against SGLang's scheduler with it
+
+from benchmarks.engine.sglang_sessions import HICACHE_PRESETS, random_hicache_cases  # noqa: E402
+from benchmarks.engine.sglang_steps import Comparison, references, strategy_iterations  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def scheduled():
+    """SGLang's own scheduler with HiCache (sglang_reference.py, hicache_ratio set) on the HiCache presets and ten
+    random session cases: its iterations, one run of the reference."""
+    jobs = [(p.name, p.trace(), p.config) for p in HICACHE_PRESETS] + random_hicache_cases(1, 10)
+    return jobs, references([(trace, config) for _, trace, config in jobs])
+
+
+def comparisons(scheduled) -> list[Comparison]:
+    jobs, theirs = scheduled
+    return [Comparison(name, config, its, strategy_iterations(trace, config)) for (name, trace, config), its in
+            zip(jobs, theirs, strict=True)]
+
+
+def test_the_strategies_run_every_step_sglangs_scheduler_runs_with_hicache(scheduled):
+    """Every iteration (batches, where each prompt starts, retractions, ratio, tokens evicted and tokens loaded back
+    from the host so far) equal, each write policy, mixed or not."""
+    results = comparisons(scheduled)
+    for c in results:
+        assert not c.mismatches, c.first_mismatch()
+    presets = results[:len(HICACHE_PRESETS)]
+    assert all(c.loaded(c.sglang) > 1000 for c in presets)
+    assert {c.config.hicache_write_policy for c in presets} == set(WRITE_POLICIES)
+    assert sum(c.retractions(c.sglang) for c in presets) > 0
+
+
+def test_the_comparison_tells_loading_from_recomputing_and_lpm_by_the_gpu_prefix_alone(scheduled, monkeypatch):
+    jobs, theirs = scheduled[0][:1], scheduled[1][:1]
+    monkeypatch.setattr(HiRadixCache, "load_path", lambda self, last, best, host: 0)  # every host hit recomputed
+    assert comparisons((jobs, theirs))[0].mismatches
+    monkeypatch.undo()
+    monkeypatch.setattr(HiRadixCache, "host_hit", lambda self, seq_id: 0)  # LPM and admission blind to the host
+    assert comparisons((jobs, theirs))[0].mismatches

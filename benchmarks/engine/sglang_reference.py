@@ -5,13 +5,15 @@ repository root:
     ~/.cache/prefillbench/sglang-0.5.23/bin/python -m benchmarks.engine.sglang_reference --job job.json
 
 The job: {"config": {chunked_prefill_size, max_prefill_tokens, kv_capacity_tokens, max_running_requests,
-enable_mixed_chunk, and optionally prefill_decode_interval, prefill_decode_interval_min_bs and radix_cache},
+enable_mixed_chunk, and optionally prefill_decode_interval, prefill_decode_interval_min_bs, radix_cache and, for
+HiCache below it, hicache_ratio (0: none) and hicache_write_policy},
 "requests": [{id, prompt_len, output_len, arrival_step, ignore_eos, and optionally tokens (the prompt's token ids;
 else 3, 4, ...), follows and think (a session's later turn: it arrives `think` iterations after request `follows`
 finished, its arrival_step ignored)}, ...]}, or {"jobs": [job, ...]} (each line then has "job": its index). Each
 output line: {"kind": "extend"|"mixed"|"decode"|"idle", "prefill": [[id, tokens], ...] (batch order), "prefix":
 [prefix_len of each, batch order: the tokens it starts past], "decode": [ids, sorted], "retracted": [ids, retraction
-order], "ratio": new_token_ratio after the iteration's scheduling, "evicted": tokens the radix cache evicted so far}.
+order], "ratio": new_token_ratio after the iteration's scheduling, "evicted": tokens the radix cache evicted so far
+and, with HiCache, "loaded": tokens its loads brought back from the host so far}.
 
 With "radix_cache": true the scheduler runs as SGLang launches by default with `--schedule-policy lpm`: the
 RadixCache built enabled (`disable=False`), SchedulePolicy's LPM order. Its recency is read from `time.monotonic()`;
@@ -79,7 +81,8 @@ OFF_COMPONENTS = {
 
 
 def _setup(config: dict):
-    """Import SGLang as its CPU unit tests do and publish the server arguments its scheduling code reads."""
+    """Import SGLang as its CPU unit tests do and publish the server arguments its scheduling code reads (with
+    "hicache_ratio", those of --enable-hierarchical-cache too, and sglang_hicache's stand-ins for its CUDA copies)."""
     os.environ.pop("SGLANG_USE_CPU_ENGINE", None)  # else mem_cache/allocation.py imports sgl_kernel's CPU kernels
     logging.disable(logging.WARNING)  # "KV cache pool is full. Retract requests." and the like, on stderr
     from sglang.test.test_utils import maybe_stub_sgl_kernel
@@ -88,11 +91,18 @@ def _setup(config: dict):
     from sglang.test.test_utils import published_topology
 
     radix = bool(config.get("radix_cache", False))
+    hicache = {}
+    if config.get("hicache_ratio"):
+        from benchmarks.engine.sglang_hicache import _stand_ins
+
+        _stand_ins()
+        hicache = dict(enable_hierarchical_cache=True, hicache_ratio=config["hicache_ratio"],
+                       hicache_write_policy=config["hicache_write_policy"])
     return published_topology(
         chunked_prefill_size=config["chunked_prefill_size"], max_prefill_tokens=config["max_prefill_tokens"],
         max_running_requests=config["max_running_requests"], enable_mixed_chunk=config["enable_mixed_chunk"],
         disable_radix_cache=not radix, disable_overlap_schedule=True, page_size=1,
-        schedule_policy="lpm" if radix else "fcfs", attention_backend="torch_native", device="cpu")
+        schedule_policy="lpm" if radix else "fcfs", attention_backend="torch_native", device="cpu", **hicache)
 
 
 class Ticks:
@@ -145,18 +155,16 @@ class Reference:
         if not isinstance(radix_module.time, Ticks):
             radix_module.time = Ticks(radix_module.time)
         # --disable-radix-cache builds it disabled; the default launch, enabled
-        s.tree_cache = RadixCache(CacheInitParams(disable=not radix, req_to_token_pool=s.req_to_token_pool,
-                                                  token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
-                                                  page_size=1))
-        self.evicted = 0
-        evict = s.tree_cache.evict
-
-        def evict_and_count(params):  # the tokens evicted, counted as RadixCache.evict reports them
-            result = evict(params)
-            self.evicted += result.num_tokens_evicted
-            return result
-
-        s.tree_cache.evict = evict_and_count
+        self.hicache = bool(config.get("hicache_ratio"))
+        if self.hicache:
+            self._hicache(s, config["kv_capacity_tokens"])
+        else:
+            s.tree_cache = RadixCache(CacheInitParams(disable=not radix, req_to_token_pool=s.req_to_token_pool,
+                                                      token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
+                                                      page_size=1))
+        self.evicted = self.loaded = 0
+        for name in ("evict", "evict_for_alloc") if self.hicache else ("evict",):
+            self._count_evictions(s.tree_cache, name)
         s.page_size = 1
         # Scheduler.init_running_status, init_chunked_prefill, init_schedule_policy
         s.waiting_queue = []
@@ -181,6 +189,49 @@ class Reference:
         self.ScheduleBatch = ScheduleBatch
         self.finished_now: list[int] = []  # the requests that finished in the iteration, for their next turns
 
+    def _count_evictions(self, tree_cache, name: str) -> None:
+        """The tokens evicted from the GPU, counted as the cache's evict reports them (UnifiedRadixCache has two
+        entries, each calling its own _evict)."""
+        evict = getattr(tree_cache, name)
+
+        def evict_and_count(params, *args, **kwargs):
+            result = evict(params, *args, **kwargs)
+            self.evicted += result.num_tokens_evicted
+            return result
+
+        setattr(tree_cache, name, evict_and_count)
+
+    def _hicache(self, s, capacity: int) -> None:
+        """Scheduler.init_memory_pool_and_cache with --enable-hierarchical-cache: the radix cache is a
+        UnifiedRadixCache (registry.py create_unified_radix_cache) over an MHA pool on the CPU, init_hicache
+        attaching its host pool and cache controller (benchmarks/engine/sglang_hicache.py says what stands in for
+        CUDA); the tokens its loads bring back counted (init_load_back)."""
+        import torch
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        kv = MHATokenToKVPool(capacity, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=8, layer_num=1,
+                              device="cpu", enable_memory_saver=False)
+        s.token_to_kv_pool_allocator = TokenToKVPoolAllocator(capacity, torch.bfloat16, "cpu", kv, False)
+        params = CacheInitParams(disable=False, req_to_token_pool=s.req_to_token_pool,
+                                 token_to_kv_pool_allocator=s.token_to_kv_pool_allocator, page_size=1,
+                                 tree_components=(ComponentType.FULL,))
+        s.tree_cache = UnifiedRadixCache(params)
+        s.tree_cache.init_hicache(SimpleNamespace(file_storage_path=None), params)
+        s.enable_hierarchical_cache = True
+        load = s.tree_cache.init_load_back
+
+        def load_and_count(params):
+            loaded = load(params)
+            if loaded is not None:
+                self.loaded += loaded[0]
+            return loaded
+
+        s.tree_cache.init_load_back = load_and_count
+
     def iteration(self, arrived: list) -> dict:
         """One pass of Scheduler.event_loop_normal: receive, get_next_batch_to_run, run_batch and
         process_batch_result (or on_idle), last_batch."""
@@ -198,6 +249,8 @@ class Reference:
         s.last_batch = batch
         line["ratio"] = s.new_token_ratio_tracker.current
         line["evicted"] = self.evicted
+        if self.hicache:
+            line["loaded"] = self.loaded
         return line
 
     def describe(self, batch) -> dict:

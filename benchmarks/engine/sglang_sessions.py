@@ -8,6 +8,7 @@ fills with finished sessions' histories and the running requests' slots, and unl
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -80,6 +81,27 @@ RADIX_PRESETS = (
                 "long prompts chunked at 64"),
 )
 
+#: HiCache below the radix cache (--enable-hierarchical-cache): the radix presets' sessions with a host pool the GPU's
+#: evictions go to, each write policy, a host pool small enough to evict too
+HICACHE_PRESETS = (
+    RadixPreset("sessions-hicache", 21, Config(256, 16384, 1500, 16, False, radix_cache=True, hicache_ratio=2.0),
+                False, why="SGLang's default HiCache (write_through, --hicache-ratio 2): histories loaded back"),
+    RadixPreset("sessions-hicache-mixed", 22, Config(128, 16384, 1500, 16, True, radix_cache=True,
+                                                     hicache_ratio=2.0), False, why="the same with mixed chunks"),
+    RadixPreset("sessions-hicache-write-back", 21, Config(256, 16384, 1500, 16, False, radix_cache=True,
+                                                          hicache_ratio=0.5, hicache_write_policy="write_back"),
+                False, why="--hicache-write-policy write_back, a host pool half the GPU's: written as evicted, "
+                "duplicates reclaimed"),
+    RadixPreset("sessions-hicache-selective", 21, Config(256, 16384, 1500, 16, False, radix_cache=True,
+                                                         hicache_ratio=2.0,
+                                                         hicache_write_policy="write_through_selective"),
+                False, why="write_through_selective: a node written on its second hit, an unwritten one dropped"),
+    RadixPreset("sessions-hicache-retract", 31, Config(192, 16384, 1500, 32, False, radix_cache=True,
+                                                       hicache_ratio=1.0), False, sessions=16, answer=200,
+                mean_gap=3.0, why="a host pool the GPU's size, long answers: host evictions, retractions beside them"),
+)
+
+
 def random_radix_cases(seed: int, n: int) -> list[tuple[str, list[TraceRequest], Config]]:
     """`n` seeded random session traces and configurations: chunks of a few tokens to 256, pools of a few hundred
     tokens to a few thousand (each still holding the longest conversation), one to many running requests, mixed or
@@ -100,4 +122,17 @@ def random_radix_cases(seed: int, n: int) -> list[tuple[str, list[TraceRequest],
     return out
 
 
-__all__ = ["RADIX_PRESETS", "RadixPreset", "random_radix_cases", "session_trace"]
+def random_hicache_cases(seed: int, n: int) -> list[tuple[str, list[TraceRequest], Config]]:
+    """random_radix_cases with HiCache below: a host pool of a half to four times the GPU's, each write policy."""
+    rng = random.Random(seed ^ 0x41C)
+    out = []
+    for name, trace, config in random_radix_cases(seed, n):
+        policy = rng.choice(["write_through", "write_back", "write_through_selective"])
+        out.append((name.replace("radix", "hicache"), trace,
+                    dataclasses.replace(config, hicache_ratio=rng.choice([0.5, 1.0, 2.0, 4.0]),
+                                        hicache_write_policy=policy)))
+    return out
+
+
+__all__ = ["HICACHE_PRESETS", "RADIX_PRESETS", "RadixPreset", "random_hicache_cases", "random_radix_cases",
+           "session_trace"]

@@ -4,6 +4,7 @@
     python -m benchmarks.engine.sglang_steps --trace retract    # one of them
     python -m benchmarks.engine.sglang_steps --seed 7 --requests 60 --kv-cache-tokens 3000 --ignore-eos 0
     python -m benchmarks.engine.sglang_steps --radix             # the radix cache on: the session presets
+    python -m benchmarks.engine.sglang_steps --hicache           # HiCache below it: its session presets
 
 One side is SGLang's code itself (benchmarks/engine/sglang_reference.py, run by the python of `make sglang`'s
 environment: its PrefillAdder, SchedulePolicy, new-token-ratio tracker, batch forming and retraction driven with
@@ -19,8 +20,11 @@ prefix_len: a cached prefix, or a prompt's progress), the decoding requests, the
 new_token_ratio after the iteration's scheduling (to 1e-9: both sides do the same float operations, so they agree to
 the last bits or differ by a rule), and the tokens the radix cache has evicted so far. With --radix the radix cache is
 on, on seeded multi-turn session traces (benchmarks/engine/sglang_sessions.py): the engine's memory is SGLang's
-radix cache (prefillbench/engine/radix_cache.py), read by the strategies as SGLang's scheduler reads its own. A table of traces, steps, equal steps
-and retractions is printed; on a mismatch the first differing step is named with both sides and the exit is 1.
+radix cache (prefillbench/engine/radix_cache.py), read by the strategies as SGLang's scheduler reads its own. With
+--hicache HiCache sits below it on both sides (SGLang's UnifiedRadixCache with init_hicache, the CUDA copies stood in
+for as benchmarks/engine/sglang_hicache.py says; prefillbench/engine/hicache.py), and the tokens loaded back from the
+host so far are compared too. A table of traces, steps, equal steps and retractions is printed; on a mismatch the
+first differing step is named with both sides and the exit is 1.
 """
 from __future__ import annotations
 
@@ -82,6 +86,9 @@ class Config:
     prefill_decode_interval_min_bs: int = 0
     #: the radix cache on (SGLang's default launch, --schedule-policy lpm); off: --disable-radix-cache
     radix_cache: bool = False
+    #: HiCache below it (--enable-hierarchical-cache --hicache-ratio R --hicache-write-policy P); 0: none
+    hicache_ratio: float = 0.0
+    hicache_write_policy: str = "write_through"
 
 
 @dataclass(frozen=True)
@@ -196,18 +203,21 @@ class Iteration:
     ratio: float = math.nan
     prefix: tuple[int, ...] = ()  # where each prompt chunk starts (SGLang's prefix_len), batch order
     evicted: int = 0  # tokens the radix cache evicted up to this iteration
+    loaded: int = 0  # tokens HiCache loaded back from the host up to this iteration
 
     @classmethod
     def from_json(cls, line: str) -> "Iteration":
         d = json.loads(line)
         return cls(d["kind"], tuple((int(i), int(n)) for i, n in d["prefill"]), tuple(d["decode"]),
-                   tuple(d["retracted"]), float(d["ratio"]), tuple(d["prefix"]), int(d["evicted"]))
+                   tuple(d["retracted"]), float(d["ratio"]), tuple(d["prefix"]), int(d["evicted"]),
+                   int(d.get("loaded", 0)))
 
     def same(self, other: "Iteration") -> bool:
         return (self.kind, self.prefill, self.decode, self.retracted) == (
             other.kind, other.prefill, other.decode, other.retracted) and (
             self.kind == "idle" or (abs(self.ratio - other.ratio) <= RATIO_TOLERANCE
-                                    and (self.prefix, self.evicted) == (other.prefix, other.evicted)))
+                                    and (self.prefix, self.evicted, self.loaded)
+                                    == (other.prefix, other.evicted, other.loaded)))
 
     def __str__(self) -> str:
         if self.kind == "idle":
@@ -222,6 +232,8 @@ class Iteration:
         parts.append(f"ratio {self.ratio:.12g}")
         if self.evicted:
             parts.append(f"evicted {self.evicted}")
+        if self.loaded:
+            parts.append(f"loaded {self.loaded}")
         return ", ".join(parts)
 
 
@@ -259,9 +271,14 @@ class StepClock(FakeBackend):
     name = "step-clock"
     context_length = 1 << 20
 
-    def __init__(self, radix: bool = False) -> None:
+    def __init__(self, radix: bool = False, hicache: tuple[int, str] | None = None) -> None:
         super().__init__(seconds_per_token=0.0, seconds_per_step=1.0)
         self.started: list[tuple[int, Step, int]] = []  # (second, step, tokens evicted before it ran)
+        self.loaded: list[int] = []  # beside each: the tokens HiCache had loaded from the host by then
+        #: HiCache's host pool in tokens and its write policy (engine/hicache.py), None: none
+        self.hicache = hicache
+        if hicache is not None:
+            self.hicache_write_policy = hicache[1]
         self.strategy = None  # the run's strategy: its memory's radix cache counts the evictions
         if radix:  # the prefix cache on, held by the engine's memory (SGLang's radix cache), as on the sim
             self.prefix = PrefixSettings(on=True)
@@ -271,6 +288,7 @@ class StepClock(FakeBackend):
     def execute(self, step, return_logits=False):
         stats = self.strategy.memory.cache_stats if self.strategy is not None else None
         self.started.append((round(self.clock), step, 0 if stats is None else stats.evicted_blocks))
+        self.loaded.append(0 if stats is None or stats.host is None else stats.host.loaded_tokens)
         result = super().execute(step, return_logits)
         if self.radix:  # every token the reference's model "samples" (sglang_reference.NEXT_TOKEN): a session's
             # next turn resends them, and the tree matches them
@@ -279,6 +297,11 @@ class StepClock(FakeBackend):
 
     def wait_until(self, t, *, stalled=False, idle=False):
         self.clock = max(self.clock, float(math.ceil(t)))
+
+    def host_tier(self, block_size: int):
+        """HiCache's host pool (the engine builds it below the radix cache), its loads taking no time of their own:
+        every step is one second."""
+        return None if self.hicache is None else (self.hicache[0], lambda n: 0.0, None)
 
 
 def strategy_spec(config: Config, ignore_eos: bool) -> str:
@@ -302,7 +325,10 @@ def strategy_iterations(trace: list[TraceRequest], config: Config) -> list[Itera
         requests = [Request(r.tokens or tuple(range(3, 3 + r.prompt_len)), r.output_len,
                             arrival_s=0.0 if r.arrival_step == 0 else r.arrival_step - 0.5) for r in order]
         keys = None
-    backend = StepClock(radix=config.radix_cache)
+    # SGLang's host pool: the GPU pool times --hicache-ratio, and its padding page (HostKVCache.__init__)
+    hicache = ((int(config.kv_capacity_tokens * config.hicache_ratio) + 1, config.hicache_write_policy)
+               if config.hicache_ratio else None)
+    backend = StepClock(radix=config.radix_cache, hicache=hicache)
     backend.kv_cache_tokens = config.kv_capacity_tokens
     strategy = make_strategy(strategy_spec(config, kinds.pop()), config.chunked_prefill_size)
     backend.strategy = strategy
@@ -310,21 +336,21 @@ def strategy_iterations(trace: list[TraceRequest], config: Config) -> list[Itera
     # sequences are numbered as the engine admits them: its record lists them so
     ids = [r.id for r in order] if keys is None else [keys[(q.session, q.turn)] for q in record.requests]
     by_start: dict[int, Iteration] = {}
-    for start, step, evicted in backend.started:
+    for (start, step, evicted), loaded in zip(backend.started, backend.loaded, strict=True):
         if start in by_start:
             raise BackendError(f"two engine steps started at second {start}: a step took other than one second")
-        by_start[start] = iteration_of(step, ids, evicted)
+        by_start[start] = iteration_of(step, ids, evicted, loaded)
     last = max(by_start, default=-1)
     return [by_start.get(i, IDLE) for i in range(last + 1)]
 
 
-def iteration_of(step: Step, ids: list[int], evicted: int = 0) -> Iteration:
+def iteration_of(step: Step, ids: list[int], evicted: int = 0, loaded: int = 0) -> Iteration:
     prefill = tuple((ids[c.seq_id], len(c.tokens)) for c in step.prefills)
     decode = tuple(sorted(ids[d.seq_id] for d in step.decodes))
     kind = "mixed" if prefill and decode else "extend" if prefill else "decode"
     ratio = dict(step.policy_values).get("new_token_ratio", math.nan)
     return Iteration(kind, prefill, decode, tuple(ids[p.seq_id] for p in step.preempted), ratio,
-                     tuple(c.start for c in step.prefills), evicted)
+                     tuple(c.start for c in step.prefills), evicted, loaded)
 
 
 def session_requests(trace: list[TraceRequest]) -> tuple[list[Request], dict[tuple[int, int], int]]:
@@ -402,6 +428,10 @@ class Comparison:
     def evicted(side: list[Iteration]) -> int:
         return max((it.evicted for it in side), default=0)
 
+    @staticmethod
+    def loaded(side: list[Iteration]) -> int:
+        return max((it.loaded for it in side), default=0)
+
     def first_mismatch(self) -> str:
         if not self.mismatches:
             return ""
@@ -417,16 +447,19 @@ def compare(jobs: list[tuple[str, list[TraceRequest], Config]], python: Path | N
             for (name, trace, config), theirs in zip(jobs, sglang)]
 
 
-def table(results: list[Comparison], radix: bool = False) -> str:
+def table(results: list[Comparison], radix: bool = False, hicache: bool = False) -> str:
     rows = [[c.name, c.strategy, c.config.chunked_prefill_size, c.config.kv_capacity_tokens, c.steps, c.equal,
              c.retractions(c.sglang), c.retractions(c.ours),
              f"{min((it.ratio for it in c.sglang if it.kind != 'idle'), default=math.nan):.4g}"]
             + ([c.cached(c.sglang), c.cached(c.ours), c.evicted(c.sglang), c.evicted(c.ours)] if radix else [])
+            + ([c.config.hicache_write_policy, c.loaded(c.sglang), c.loaded(c.ours)] if hicache else [])
             for c in results]
     headers = ["trace", "strategy", "chunked_prefill_size", "KV tokens", "steps", "equal steps",
                "retractions (SGLang)", "retractions (strategy)", "lowest ratio"]
     if radix:
         headers += ["cached tokens (SGLang)", "cached tokens (strategy)", "evicted (SGLang)", "evicted (strategy)"]
+    if hicache:
+        headers += ["write policy", "host loaded (SGLang)", "host loaded (strategy)"]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -451,14 +484,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--radix", action="store_true",
                         help="the radix cache on: the session presets (benchmarks/engine/sglang_sessions.py), those "
                         "--trace names, or with --random N, random session cases")
+    parser.add_argument("--hicache", action="store_true",
+                        help="HiCache below the radix cache: benchmarks/engine/sglang_sessions.py's HiCache presets, "
+                        "or those --trace names")
     parser.add_argument("--python", default=None, help="the SGLang environment's python (default: make sglang's)")
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.random and args.radix:
-        from benchmarks.engine.sglang_sessions import random_radix_cases
+    if args.random and (args.radix or args.hicache):
+        from benchmarks.engine.sglang_sessions import random_hicache_cases, random_radix_cases
 
-        jobs = random_radix_cases(args.seed or 0, args.random)
+        jobs = (random_hicache_cases if args.hicache else random_radix_cases)(args.seed or 0, args.random)
     elif args.random:
         jobs = random_cases(args.seed or 0, args.random, decode_rounds=bool(args.decode_rounds))
     elif args.seed is not None:
@@ -466,14 +502,15 @@ def main(args: argparse.Namespace) -> int:
                         args.max_running_requests, args.mixed, args.decode_rounds, args.min_bs)
         jobs = [(f"seed {args.seed}", make_trace(args.seed, args.requests, bool(args.ignore_eos), 700, 160, 6.0,
                                                  args.kv_cache_tokens), config)]
-    elif args.radix:
-        from benchmarks.engine.sglang_sessions import RADIX_PRESETS
+    elif args.radix or args.hicache:
+        from benchmarks.engine.sglang_sessions import HICACHE_PRESETS, RADIX_PRESETS
 
-        unknown = sorted(set(args.trace or ()) - {p.name for p in RADIX_PRESETS})
-        chosen = [p for p in RADIX_PRESETS if not args.trace or p.name in args.trace]
+        presets = HICACHE_PRESETS if args.hicache else RADIX_PRESETS
+        unknown = sorted(set(args.trace or ()) - {p.name for p in presets})
+        chosen = [p for p in presets if not args.trace or p.name in args.trace]
         if unknown:
-            print(f"error: no radix preset is named {', '.join(unknown)} (they are "
-                  f"{', '.join(p.name for p in RADIX_PRESETS)})", file=sys.stderr)
+            print(f"error: no {'HiCache' if args.hicache else 'radix'} preset is named {', '.join(unknown)} (they are "
+                  f"{', '.join(p.name for p in presets)})", file=sys.stderr)
             return 2
         jobs = [(p.name, p.trace(), p.config) for p in chosen]
     else:
@@ -490,7 +527,8 @@ def main(args: argparse.Namespace) -> int:
     except (BackendError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(table(results, radix=any(c.config.radix_cache for c in results)))
+    print(table(results, radix=any(c.config.radix_cache for c in results),
+                hicache=any(c.config.hicache_ratio for c in results)))
     bad = [c for c in results if c.mismatches]
     for c in bad:
         print(f"\n{c.first_mismatch()}\n  ({len(c.mismatches)} differing steps in all)")
