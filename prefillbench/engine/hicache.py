@@ -3,8 +3,8 @@ tree's nodes keep a host copy (L2) below their GPU slots (L1). In 0.5.23 HiCache
 (`srt/mem_cache/unified_radix_cache.py`) over its tree core (`mem_cache/unified_cache/unified_tree_core.py`, the FULL
 component `unified_cache/components/full.py`); the scheduler's calls are PrefillAdder.add_one_req
 (`managers/schedule_policy.py`) and Scheduler._process_hicache_events (`managers/scheduler.py`). Every rule below
-names the function it follows; benchmarks/engine/sglang_hicache.py drives SGLang's own cache on the same operations
-(tests/test_hicache_reference.py compares the two).
+names the function it follows; benchmarks/engine/sglang_hicache.py drives SGLang's own cache on the same operations,
+and `sglang_steps --hicache` SGLang's own scheduler over it (tests/test_hicache_reference.py compares both).
 
 - **A node's tiers.** A node holds its tokens' GPU slots, a host copy (`backuped`), or both. GPU eviction of a node
   with a host copy *demotes* it: its slots are freed, the node stays in the tree host-only (`evicted`)
