@@ -14,7 +14,6 @@ from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.engine.hicache import (LOAD_BACK_THRESHOLD, WRITE_BACK, WRITE_THROUGH, WRITE_THROUGH_SELECTIVE,
                                          HiRadixCache)
-from prefillbench.engine.radix_cache import RequestKV
 from prefillbench.sequence import Request
 from strategies import make_strategy
 
