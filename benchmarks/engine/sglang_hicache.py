@@ -3,7 +3,7 @@ HybridCacheController) driven in-process on this CPU by a list of cache operatio
 reference engine/hicache.py is compared with (tests/test_hicache_reference.py). Run by the python of `make sglang`'s
 environment, from the repository root:
 
-    ~/.cache/prefillbench/sglang-0.5.23/bin/python -m benchmarks.engine.sglang_hicache < runs.json
+    ~/.cache/prefillbench/sglang-0.5.23/bin/python -m benchmarks.engine.sglang_hicache --runs runs.json
 
 Input: a JSON list of runs, each {"capacity": GPU tokens, "ratio": --hicache-ratio, "policy": --hicache-write-policy,
 "ops": [[op, arg, ...], ...]} and optionally "core": the tree core (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND: "rust",
@@ -32,12 +32,15 @@ It imports nothing of prefillbench (SGLang's environment has none).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import sys
 from array import array
 from types import SimpleNamespace
+
+from benchmarks.lib import cli
 
 
 def _stand_ins() -> None:
@@ -144,13 +147,28 @@ def run_all(runs: list) -> list:
     return answers
 
 
-def main() -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", default=None, help="the runs' JSON file (default: standard input)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        print("error: SGLang is not importable here: run this with the python of `make sglang`'s environment",
+              file=sys.stderr)
+        return 2
     os.environ.pop("SGLANG_USE_CPU_ENGINE", None)  # else mem_cache/allocation.py imports sgl_kernel's CPU kernels
     logging.disable(logging.WARNING)
     try:
-        runs = json.loads(sys.stdin.read())
-    except ValueError as e:
-        print(f"error: not a list of runs ({e})", file=sys.stderr)
+        with open(args.runs) if args.runs else sys.stdin as f:
+            runs = json.load(f)
+        for run in runs:
+            missing = [k for k in ("capacity", "ratio", "policy", "ops") if k not in run]
+            if missing:
+                raise ValueError(f"a run lacks {', '.join(missing)}")
+    except (OSError, ValueError, TypeError) as e:
+        print(f"error: not a list of runs ({e}); see --help for their form", file=sys.stderr)
         return 2
     from sglang.test.test_utils import maybe_stub_sgl_kernel
 
@@ -161,4 +179,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(__name__)
