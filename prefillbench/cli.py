@@ -25,7 +25,7 @@ from prefillbench.backends.base import BackendError
 from prefillbench.bench.capacity import DEFAULT_PRECISION, DEFAULT_REQUESTS, DEFAULT_REQUESTS_SIM, DEFAULT_START_RATE
 from prefillbench.commands import ab, calibrate, capacity, compare, designs, merge, plot, run, tune
 from prefillbench.commands.flags import (CAPACITY_PANEL, DEPLOY_PANEL, MODEL_PANEL, OUTPUT_PANEL, TESTS_PANEL, Arrival, BackendName,
-                                         ClientRay, ClientWorkers, DataParallel, EngineName, ExpertParallel, LatencyFrom, Shard, Strict, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimLink, SimOverheads, SimPricing, MaxNumSeqs, KvCacheTokens, KvHostCache, KvHostLink, Url,
+                                         ClientRay, ClientWorkers, DataParallel, EngineName, ExpertParallel, LatencyFrom, Shard, Strict, KvDtype, ServerBin, ServerCmd, ServerTimeout, SimDtype, SimLink, SimOverheads, SimPricing, MaxNumSeqs, KvCacheTokens, KvHostCache, KvHostLink, HicacheWritePolicy, Url,
                                          Budget, Burstiness, Cadence, Spec, Calibration, ChunkSize, CompileDecode, Concurrency, Device, DType,
                                          Export, ExportRequests, FlashAttn, GpuLayers, Interleave, Kernels, LenSpread,
                                          MaxQueueGrowth, MaxSchedDelay, Model, NGen, NoCudaGraphs, NoisyCV, NoProgress, NoResultsFile,
@@ -156,6 +156,7 @@ def _model_and_backend(
     kv_cache_tokens: KvCacheTokens = None,
     kv_host_cache: KvHostCache = None,
     kv_host_link: KvHostLink = None,
+    hicache_write_policy: HicacheWritePolicy = None,
     calibration: Calibration = None,
     prefix_cache: PrefixCache = None,
     prefix_block: PrefixBlock = None,

@@ -100,3 +100,21 @@ def test_a_halved_grid_on_a_trace_replays_the_whole_trace_in_its_short_round(run
                              "--kv-host-cache", "0,128", "--repeats", "1")
     assert code == 0, err
     assert "successive halving" in err and "on short probes (60 requests each" in err
+
+
+def test_the_hicache_write_policy_reaches_sglangs_tier_and_vllm_names_it_ignored(run_cli):
+    """--hicache-write-policy: SGLang's HiCache writes as the flag says (write-back writes only what the GPU evicts,
+    so a small tier keeps more histories than write-through's copies of what is still on the GPU); vllm-v1's
+    connector stores every block, and says it ignores the flag."""
+    base = ["run", "--backend", "sim", "--sim-model", "mistral-7b", "--sim-gpu", "a100", "--no-progress",
+            "--workload", "sessions:n=16,turns=3,system=1024,message=256,answer=32,think=1", "--arrival", "poisson",
+            "--rate", "4", "--chunk-size", "512", "--prefix-cache", "on", "--kv-cache-tokens", "6000", "-r", "1",
+            "--kv-host-cache", "1", "-o", "json"]
+    hits = {}
+    for policy in ("write_through", "write_back"):
+        code, out, err = run_cli(*base, "-s", "sglang", "--hicache-write-policy", policy)
+        assert code == 0, err
+        hits[policy] = json.loads(out)["results"][0]["host_hit_tokens"]
+    assert hits["write_back"] > hits["write_through"] > 0
+    code, out, err = run_cli(*base, "-s", "vllm-v1", "--hicache-write-policy", "write_back")
+    assert code == 0 and "--hicache-write-policy write_back ignored by vllm-v1" in err

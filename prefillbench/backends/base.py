@@ -195,6 +195,10 @@ class StepBackend(Backend):
     #: own prefix cache is not consulted.
     kv_shared: bool = False
 
+    #: --hicache-write-policy: when SGLang's HiCache writes a node to the host tier (engine/hicache.py); None: SGLang's
+    #: default
+    hicache_write_policy: str | None = None
+
     def host_tier(self, block_size: int) -> tuple[int, Any, Any] | None:
         """The run's host tier as the engine builds it: its blocks of `block_size` tokens, a load's seconds (tokens)
         and a recompute's (start, tokens); None: no host tier."""

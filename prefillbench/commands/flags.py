@@ -116,6 +116,13 @@ KvHostLink = Annotated[Optional[str], option(
     help="sim: what the host tier's loads cross: the card's PCIe slot (the default), NVLink-C2C (GH200/GB200, 450 "
     "GB/s a direction), or a rate in GB/s a direction for a slower tier (an NVMe drive, a network store); a load "
     "priced above recomputing its tokens is recomputed (docs/memory.md, When a load loses to recompute)")]
+HicacheWritePolicy = Annotated[Optional[str], option(
+    "--hicache-write-policy", panel=SIM_PANEL,
+    callback=choice("write_through", "write_through_selective", "write_back"),
+    metavar="write_through|write_through_selective|write_back",
+    help="sim: when SGLang's HiCache writes a radix node to the host tier (-s sglang/sglang-mixed with "
+    "--kv-host-cache): as it is inserted, on its second hit, or as the GPU evicts it (default: SGLang's, write_through; "
+    "docs/memory.md, SGLang's HiCache)")]
 KvDtype = Annotated[Optional[str], option(
     "--kv-dtype", panel=SIM_PANEL, metavar="bf16|fp16|fp8", help="sim: KV cache precision to price (default: bf16)")]
 ExpertParallel = Annotated[int, option(

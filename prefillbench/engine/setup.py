@@ -61,18 +61,20 @@ def set_up(backend: StepBackend, strategy: Strategy, reqs: list[Request], asked:
     if radix_cache:
         memory.radix_cached()
     # a host tier below the cache's blocks (engine/host_tier.py: vLLM's OffloadingConnector), where the backend has one
-    host = getattr(backend, "host_tier", None)
-    terms = host(memory.block_size) if host is not None else None
+    terms = backend.host_tier(memory.block_size)
     if terms is not None:
         if memory.cache is not None:
             memory.cache.host = HostTier(*terms)
             memory.cache.stats.host = memory.cache.host.stats
+            if backend.hicache_write_policy is not None and "--hicache-write-policy" not in _SAID:
+                _SAID.add("--hicache-write-policy")
+                print(f"prefillbench: --hicache-write-policy {backend.hicache_write_policy} ignored by vllm-v1: its "
+                      "connector stores every block as it is computed", file=sys.stderr)
         elif memory.radix is not None:
             # SGLang's HiCache below its radix cache (engine/hicache.py), one-token pages: the tier's blocks are tokens;
             # its write policy the backend's where it names one (--hicache-write-policy), else SGLang's default
             blocks, load_seconds, _ = terms
-            memory.hi_cached(blocks, load_seconds,
-                             getattr(backend, "hicache_write_policy", None) or DEFAULT_WRITE_POLICY)
+            memory.hi_cached(blocks, load_seconds, backend.hicache_write_policy or DEFAULT_WRITE_POLICY)
         elif "--kv-host-cache" not in _SAID:
             _SAID.add("--kv-host-cache")
             print("prefillbench: --kv-host-cache ignored: a host tier sits below vllm-v1's block cache or SGLang's "

@@ -66,7 +66,7 @@ class SimBackend(StepBackend):
     # sim_dtype / kv_dtype: the precision the sim prices. --dtype is the torch backend's: any given is named on stderr.
     options = frozenset({"sim_model", "sim_gpu", "tp", "pp", "ep", "sim_dtype", "kv_dtype", "dtype", "calibration",
                          "trace", "sim_pricing", "sim_overheads", "max_num_seqs", "prefix_cache", "prefix_block",
-                         "sim_link", "dp", "kv_host_cache", "kv_host_link"})
+                         "sim_link", "dp", "kv_host_cache", "kv_host_link", "hicache_write_policy"})
     #: --kv-host-cache: GiB of host memory below the GPU's KV blocks (host_tier.py); None: no host tier
     kv_host_gib: float | None = None
     #: --kv-host-link: what the tier's loads cross (host_tier.HostLink); None: the card's PCIe slot
@@ -181,7 +181,8 @@ class SimBackend(StepBackend):
              dtype: str | None = None, sim_pricing: str | None = None, sim_overheads: str | None = None,
              prefix_cache: str | None = None, prefix_block: int | None = None,
              max_num_seqs: int | None = None, sim_link: str | None = None, dp: int = 1,
-             kv_host_cache: float | None = None, kv_host_link: str | None = None) -> "SimBackend":
+             kv_host_cache: float | None = None, kv_host_link: str | None = None,
+             hicache_write_policy: str | None = None) -> "SimBackend":
         """Presets or files by name; a calibration file supplies the model and device it measured when none is named.
         sim_dtype: the weights' precision (bf16, fp16, fp8, int8, int4, mxfp4), kv_dtype: the KV cache's (bf16,
         fp16, fp8); by default what the preset or config ships (bf16, or a config's quantization_config). dtype (the
@@ -220,6 +221,7 @@ class SimBackend(StepBackend):
                       max_num_seqs=max_num_seqs, pricing_why=why, dp=dp)
         backend.kv_host_gib = kv_host_cache
         backend.kv_host_link = host_link
+        backend.hicache_write_policy = hicache_write_policy
         if kv_host_cache is not None:
             say_once(sim_host_tier.words(backend))
         return backend

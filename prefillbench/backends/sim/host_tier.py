@@ -111,6 +111,8 @@ def host_tier(backend, block_size: int) -> tuple[int, object, object] | None:
 def words(backend) -> str:
     """The host link in words, for the pricing line."""
     return (f"--kv-host-cache {backend.kv_host_gib:g} GiB: a host tier of "
-            f"{capacity_blocks(backend, backend.kv_host_gib, 16):,} blocks of 16 tokens, loads over "
+            f"{capacity_blocks(backend, backend.kv_host_gib, 1):,} tokens (vLLM's connector: "
+            f"{capacity_blocks(backend, backend.kv_host_gib, 16):,} blocks of 16; SGLang's HiCache: one-token pages), "
+            "loads over "
             f"{link_of(backend).name} at {link_of(backend).bw / 1e9:g} GB/s a direction, added to the step "
             "of the request's first chunk (not overlapped); stores not priced (docs/memory.md, Host tier)")

@@ -159,6 +159,7 @@ class BackendOptions:
     kv_cache_tokens: int | None = _backend_option(None, "--kv-cache-tokens", "kv_cache_tokens")
     kv_host_cache: float | None = _backend_option(None, "--kv-host-cache", "kv_host_cache")
     kv_host_link: str | None = _backend_option(None, "--kv-host-link", "kv_host_link")
+    hicache_write_policy: str | None = _backend_option(None, "--hicache-write-policy", "hicache_write_policy")
     #: --kv-host-cache with several sizes: one configuration each (0: no host tier); the backend is loaded with none
     kv_host_grid: list[float] = field(default_factory=list)
     calibration: str | None = _backend_option(None, "--calibration", "calibration")
@@ -227,8 +228,9 @@ class BackendOptions:
             folder = Path(self.model)
             if not (folder / "config.json").is_file() and not any(folder.glob("*.gguf")):
                 raise UsageError(f"-m {self.model}: the folder holds no model (no config.json and no .gguf file)")
-        if self.kv_host_link is not None and self.kv_host_cache is None and not self.kv_host_grid:
-            note(f"warning: --kv-host-link {self.kv_host_link} is ignored without --kv-host-cache (no host tier)")
+        for flag, value in (("--kv-host-link", self.kv_host_link), ("--hicache-write-policy", self.hicache_write_policy)):
+            if value is not None and self.kv_host_cache is None and not self.kv_host_grid:
+                note(f"warning: {flag} {value} is ignored without --kv-host-cache (no host tier)")
         if self.kv_host_grid and name != "sim":
             raise UsageError(f"--kv-host-cache {','.join(f'{v:g}' for v in self.kv_host_grid)}: a grid of host-tier "
                              f"sizes runs on the sim; the {name} backend has no host tier")
