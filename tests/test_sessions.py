@@ -78,6 +78,7 @@ def test_session_runs_are_checked_in_one_line(args, message, run_cli):
     assert result.code == 2 and message in result.err.strip().splitlines()[-1]
 
 
-def test_capacity_refuses_sessions_in_one_line(run_cli):
-    result = run_cli("capacity", "--backend", "sim", "--workload", "sessions:n=2", "--slo", "tbt=100")
-    assert result.code == 2 and "multi-turn sessions run with" in result.err
+def test_tune_refuses_sessions_in_one_line_and_names_capacity(run_cli):
+    """capacity searches sessions (the rate they start at: tests/test_capacity_sessions.py); tune does not."""
+    result = run_cli("tune", "--backend", "sim", "--workload", "sessions:n=2", "--slo", "tbt=100")
+    assert result.code == 2 and "multi-turn sessions run with `prefillbench capacity`" in result.err
