@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # own environment (its python, not the project's: it has no flags of ours to declare), and the session traces
 # sglang_steps --radix compares on.
 HELPERS = {"benchmarks.gpu.sections", "benchmarks.gpu.table", "benchmarks.engine.vllm_throttle_reference",
-           "benchmarks.engine.sglang_sessions"}
+           "benchmarks.engine.sglang_sessions", "benchmarks.engine.sglang_trace"}
 
 
 def all_modules() -> list[str]:

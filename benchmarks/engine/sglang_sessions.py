@@ -12,7 +12,7 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
-from benchmarks.engine.sglang_steps import NEXT_TOKEN, Config, TraceRequest
+from benchmarks.engine.sglang_trace import NEXT_TOKEN, Config, TraceRequest
 
 #: Token ids of the random text: above every token the reference's default prompts use (3..1002) and NEXT_TOKEN,
 #: below its vocabulary (1 << 15)
