@@ -48,7 +48,7 @@ from prefillbench.sequence import tokens_of
 
 WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, WRITE_BACK = "write_through", "write_through_selective", "write_back"
 WRITE_POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, WRITE_BACK)
-#: --hicache-write-policy's default (arg_groups/fields/memory.py); the sim's until the flag is wired
+#: --hicache-write-policy's default, SGLang's (arg_groups/fields/memory.py)
 DEFAULT_WRITE_POLICY = WRITE_THROUGH
 #: UnifiedRadixCache.init_hicache: `load_back_threshold`, the fewest host tokens worth loading
 LOAD_BACK_THRESHOLD = 10
