@@ -83,8 +83,8 @@ Speculative decoding (--spec, `self.speculation`; vLLM 0.32's `Scheduler.schedul
 What it leaves out, and why:
 - `max_num_seqs`: where the backend stands for an engine (the sim) its cap on running requests; elsewhere the run's
   concurrency cap plays it.
-- KV connectors, encoder inputs, Mamba alignment, structured output, pause states:
-  off in the preset, or not what prefillbench measures.
+- KV connectors other than the OffloadingConnector's CPU tier (`_next_step_cached`, --kv-host-cache), encoder
+  inputs, Mamba alignment, structured output, pause states: off in the preset, or not what prefillbench measures.
 """
 from __future__ import annotations
 
@@ -296,7 +296,11 @@ class VllmV1(Strategy):
         RUNNING's `allocate_slots`, a victim's blocks freed at once (`_preempt_request`: only those no one else holds
         come free); a WAITING request first looks its prefix up (`get_computed_blocks`, when its num_computed_tokens
         is 0: new or preempted), its chunk starts past the blocks found, `allocate_slots` with them and the
-        full-ISL gate, and the lookup is counted only once it is admitted (`record_prefix_cache_stats`)."""
+        full-ISL gate, and the lookup is counted only once it is admitted (`record_prefix_cache_stats`). With a host
+        tier below (engine/host_tier.py, the OffloadingConnector) a request whose lookup finds blocks on the host
+        past the GPU's is admitted to load them asynchronously (`load_kv_async`: its blocks allocated, no tokens,
+        WAITING_FOR_REMOTE_KVS) and scheduled once its load is done, from past them (benchmarks/engine/
+        vllm_offload_steps.py proves it against vLLM's own scheduler and connector)."""
         memory = self.memory
         cache = memory.cache
         order = self._order
@@ -342,34 +346,74 @@ class VllmV1(Strategy):
         if limits:
             new, slot = self._partial_limits(in_progress, preempted, new, budget, threshold)
         size = memory.block_size
-        host_loads: list[tuple[int, int]] = []
+        host = cache.host
+        loading = host.loading if host is not None else {}
+        if loading:
+            # the kv-holding queue first (requests holding blocks: their loads in flight or done), in the order they
+            # were admitted, then WAITING (Scheduler.schedule: `request_queue = self.kv_holding_waiting`)
+            by_id = {s.seq_id: s for s in new}
+            new = [by_id[i] for i in loading if i in by_id] + [s for s in new if s.seq_id not in loading]
+        # the blocks in-flight prefills still need (_inflight_prefill_reserved_blocks), kept free at a load's
+        # admission: prompts in progress, each admitted this step whose prompt its chunk does not finish, each loading
+        holding = list(in_progress) if host is not None else []
         for seq in new:  # the WAITING queue, FCFS (preempted requests at its head)
             if budget <= 0 or (cap is not None and n_running >= cap):
                 break
-            if self.deferred and len(seq.prompt) - seq.n_prefilled > 1:
-                break  # throttle_prefills, as on the paged path
-            hit = cache.computed_blocks(seq)
-            # past the GPU's hit, the blocks on the host tier (the OffloadingConnector's get_num_new_matched_tokens):
-            # loaded into blocks allocated now, the chunk starting past them
-            loaded = cache.host_blocks(seq, len(hit))
-            start = (len(hit) + loaded) * size
-            end = min(len(seq.prompt), start + self._cap(min(budget, slot) if limits else budget, threshold))
-            if not memory.allocate(seq, loaded * size, end - start, hit,
-                                   len(seq.prompt) if self.reserve_full_isl else 0):
-                break  # head of line: no preemption on behalf of a waiting request
-            cache.record_lookup(seq, len(hit) * size)
-            if cache.host is not None:
-                cache.record_host(seq, len(hit), loaded)
+            load = loading.get(seq.seq_id)
+            if load is not None:
+                if not host.load_done(seq.seq_id):
+                    continue  # still WAITING_FOR_REMOTE_KVS: skipped, its blocks held
+                # _update_waiting_for_remote_kv: its loaded blocks cached, scheduled from past them, no lookup
+                loaded_end = (load.gpu_hit + load.blocks) * size
+                if not load.promoted:
+                    cache.cache_loaded(seq, loaded_end)
+                    load.promoted = True
+                start = min(loaded_end, len(seq.prompt) - 1)  # a whole prompt loaded: its last token computed again
+                if self.deferred and len(seq.prompt) - start > 1:
+                    break  # throttle_prefills, as on the paged path
+                end = min(len(seq.prompt), start + self._cap(min(budget, slot) if limits else budget, threshold))
+                if not memory.allocate(seq, start, end - start, (),
+                                       len(seq.prompt) if self.reserve_full_isl else 0):
+                    break  # stays in the kv-holding queue, its place kept
+                del loading[seq.seq_id]
+            else:
+                if self.deferred and len(seq.prompt) - seq.n_prefilled > 1:
+                    break  # throttle_prefills, as on the paged path
+                hit = cache.computed_blocks(seq)
+                # past the GPU's hit, the blocks on the host tier (the OffloadingConnector's
+                # get_num_new_matched_tokens): loaded asynchronously into blocks allocated now, the request waiting
+                loaded = cache.host_blocks(seq, len(hit))
+                if loaded is None:
+                    continue  # a block of its run still being stored: the lookup deferred, skipped this step
                 if loaded:
-                    host_loads.append((seq.seq_id, loaded * size))
+                    reserved = sum([cache.remaining_blocks(s) for s in holding])
+                    if not memory.allocate(seq, loaded * size, 0, hit,
+                                           len(seq.prompt) if self.reserve_full_isl else 0, reserved, True):
+                        break
+                    cache.record_lookup(seq, len(hit) * size)
+                    cache.record_host(seq, len(hit), loaded)
+                    cache.start_load(seq, len(hit), loaded)
+                    holding.append(seq)
+                    continue
+                start = len(hit) * size
+                end = min(len(seq.prompt), start + self._cap(min(budget, slot) if limits else budget, threshold))
+                if not memory.allocate(seq, 0, end - start, hit, len(seq.prompt) if self.reserve_full_isl else 0):
+                    break  # head of line: no preemption on behalf of a waiting request
+                cache.record_lookup(seq, len(hit) * size)
+                if host is not None:
+                    cache.record_host(seq, len(hit), 0)
             prefills.append(PrefillChunk(seq.seq_id, tuple(seq.prompt[start:end]), start, end == len(seq.prompt)))
+            if end < len(seq.prompt) and host is not None:
+                holding.append(seq)
             budget -= end - start
             n_running += 1
-            if seq.preemptions or order:  # RUNNING's tail, after every request in it: numbered from the first resume
+            if seq.preemptions or order or load is not None:  # RUNNING's tail, after every request in it: numbered
+                # from the first resume or the first request scheduled after its load (out of its arrival order)
                 order[seq.seq_id] = self._next + 1_000_000_000
                 self._next += 1
-        return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes), preempted=tuple(preempted),
-                    host_loads=tuple(host_loads))
+        if host is not None:
+            host.step_chosen()
+        return Step(prefills=tuple(prefills), decodes=decode_tokens(decodes), preempted=tuple(preempted))
 
     def _slot_budget(self, in_progress, waiting) -> int:
         """V0's share of the budget for one prompt: the budget over the prompts a step holds (no limits: all of it)."""

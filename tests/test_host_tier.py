@@ -25,16 +25,45 @@ def seq(i: int, prompt) -> Sequence:
     return Sequence(i, tuple(prompt), 4, 0.0)
 
 
-def test_the_host_evicts_its_least_recently_used_block_a_store_or_a_load_touching_one():
+def test_the_host_evicts_its_least_recently_used_readable_block_as_vllms_cpu_manager_does():
     host = HostTier(2)
     host.store(1)
     host.store(2)
-    host.store(1)  # stored again: touched, so 2 is now the least recently used
+    host.store(1)  # offered again: held already, left as it is (prepare_store touches nothing)
     host.store(3)
-    assert list(host.blocks) == [1, 3] and host.stats.evicted_blocks == 1 and host.stats.stored_blocks == 3
-    host.loaded([1], 0, 1, 16)  # a load touches too
+    assert list(host.blocks) == [2, 3] and host.stats.evicted_blocks == 1 and host.stats.stored_blocks == 3
+    host.finished(0, [2, 9], 0)  # a finished request touches its blocks once the next step is chosen
+    host.step_chosen()
     host.store(4)
-    assert list(host.blocks) == [1, 4]
+    assert list(host.blocks) == [2, 4]
+    # a store still being written is neither readable nor evictable: a lookup over it is deferred (None) and a
+    # store that needs it evicted is skipped whole, to be offered again
+    slow = HostTier(2, load_seconds=lambda n: 4.0, store_seconds=2.0)
+    slow.store(1)
+    assert slow.found([1], 0, 1) is None
+    assert slow.store_run([5]) and not slow.store_run([6, 7]) and list(slow.blocks) == [1, 5]
+    slow.now = 2.0
+    assert slow.found([1, 5], 0, 2) == 2 and slow.store_run([6]) and list(slow.blocks) == [5, 6]
+    # a load pins its blocks till it is done: another request's lookup over them is deferred, none is evicted
+    slow.start_load(0, 0, 2, 16, [5, 6])
+    slow.now = 4.0
+    assert slow.found([5, 6], 0, 2) is None and not slow.store_run([8])
+    assert not slow.load_done(0) and slow.next_done() == 6.0
+    slow.now = 6.0
+    assert slow.load_done(0) and slow.next_done() == 6.0  # done, not yet seen by a step: the next one, at once
+    slow.loading[0].promoted = True
+    assert slow.next_done() is None and slow.store_run([8]) and list(slow.blocks) == [6, 8]
+    # one host link: loads issued together cross it one after another (the sim's); not serial, each from its issue
+    link = HostTier(8, load_seconds=lambda n: n / 16)
+    for h in range(4):
+        link.store(h)
+    link.now = 1.0
+    assert [link.start_load(i, i, 1, 16, range(4)).done for i in range(3)] == [2.0, 3.0, 4.0]
+    alone = HostTier(8, load_seconds=lambda n: n / 16, serial=False)
+    for h in range(4):
+        alone.store(h)
+    alone.now = 1.0
+    assert [alone.start_load(i, i, 1, 16, range(4)).done for i in range(3)] == [2.0, 2.0, 2.0]
 
 
 def test_a_run_of_host_blocks_is_loaded_unless_recomputing_it_is_priced_cheaper():
@@ -53,11 +82,13 @@ def test_a_run_of_host_blocks_is_loaded_unless_recomputing_it_is_priced_cheaper(
 def test_a_block_the_gpu_evicted_stays_on_the_host_and_is_found_past_the_gpus_hit():
     m = KVMemory(4 * 16, 16).cached()
     m.cache.host = HostTier(100)
-    a = seq(0, range(1000, 1048))  # three full blocks, stored to the host as they are computed
+    a = seq(0, range(1000, 1048))  # three full blocks, stored to the host once the step computing them is chosen
     m.allocate(a, 0, 48)
+    m.cache.host.step_chosen()
     m.free(0)
     b = seq(1, range(2000, 2064))  # takes all four blocks: a's three evicted from the GPU
     m.allocate(b, 0, 64)
+    m.cache.host.step_chosen()
     assert m.cache.stats.evicted_blocks == 3
     again = seq(2, tuple(range(1000, 1048)) + (7,))
     assert m.cache.computed_blocks(again) == []
@@ -66,8 +97,10 @@ def test_a_block_the_gpu_evicted_stays_on_the_host_and_is_found_past_the_gpus_hi
     m2 = KVMemory(4 * 16, 16).cached()
     m2.cache.host = HostTier(4)
     m2.allocate(seq(0, range(1000, 1048)), 0, 48)
+    m2.cache.host.step_chosen()
     m2.free(0)
     m2.allocate(seq(1, range(2000, 2064)), 0, 64)
+    m2.cache.host.step_chosen()
     assert m2.cache.host_blocks(again, 0) == 0 and m2.cache.host.stats.evicted_blocks == 3
 
 

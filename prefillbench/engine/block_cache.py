@@ -106,23 +106,31 @@ class BlockCache:
         new = max(-(-tokens // self.block_size) - len(hit) - self.held(seq_id), 0)
         return new + sum(1 for b in hit if self.ref[b] == 0)
 
-    def host_blocks(self, seq, gpu_hit: int) -> int:
+    def host_blocks(self, seq, gpu_hit: int) -> int | None:
         """Full blocks of `seq` to load from the host tier past the `gpu_hit` blocks the GPU holds (none without a
-        tier; never its last token, as computed_blocks)."""
+        tier), up to its whole tokens (`_lookup_complete_chunks`: max_hit_size_tokens = num_tokens; a load of them
+        all leaves its last token to compute, `_update_waiting_for_remote_kv`); None: one of them is still being
+        stored (the lookup deferred, the request skipped this step)."""
         if self.host is None:
             return 0
-        last = (seq.n_tokens - 1) // self.block_size
+        last = seq.n_tokens // self.block_size
         return self.host.to_load(self._chain(seq, last), gpu_hit, last, self.block_size)
 
     def record_host(self, seq, gpu_hit: int, n: int) -> None:
-        """An admitted request's host lookup: `n` blocks loaded past `gpu_hit` (touched), or those declined."""
+        """An admitted request's host lookup: `n` blocks loaded past `gpu_hit` (pinned while they load), or those
+        declined."""
         host = self.host
-        last = (seq.n_tokens - 1) // self.block_size
+        last = seq.n_tokens // self.block_size
         chain = self._chain(seq, last)
         if n:
             host.loaded(chain, gpu_hit, n, self.block_size)
         else:
             host.stats.recomputed_tokens += host.declined(chain, gpu_hit, last, self.block_size)
+
+    def start_load(self, seq, gpu_hit: int, n: int):
+        """`seq`'s `n` host blocks past `gpu_hit` loading from now (engine/host_tier.py HostTier.start_load)."""
+        return self.host.start_load(seq.seq_id, gpu_hit, n, self.block_size,
+                                    self._chain(seq, seq.n_tokens // self.block_size))
 
     # ---- changing -----------------------------------------------------------------------------------------------
     def record_lookup(self, seq, hit_tokens: int) -> None:
@@ -137,16 +145,19 @@ class BlockCache:
             s.queries += seq.n_tokens
             s.hits += hit_tokens
 
-    def allocate(self, seq, computed: int, new_tokens: int, hit: list[int] = (), must_fit: int = 0) -> bool:
+    def allocate(self, seq, computed: int, new_tokens: int, hit: list[int] = (), must_fit: int = 0,
+                 reserved: int = 0, delay_cache: bool = False) -> bool:
         """KVCacheManager.allocate_slots for `seq`: `computed` tokens computed before this step (num_computed_tokens),
         `hit` the cached blocks it is admitted with, `new_tokens` to compute now; `must_fit`: the tokens that must fit
-        as well (scheduler_reserve_full_isl's full_sequence_must_fit: the whole current sequence). False, changing
-        nothing, where the free blocks do not cover it."""
+        as well (scheduler_reserve_full_isl's full_sequence_must_fit: the whole current sequence); `reserved`: free
+        blocks to leave to others (an async load's admission: the in-flight prefills' reservation); `delay_cache`:
+        the blocks not named by their hashes yet (an async load's: `delay_cache_blocks`, cached once the load is
+        done, `cache_loaded`). False, changing nothing, where the free blocks do not cover it."""
         seq_id = seq.seq_id
         local = computed + len(hit) * self.block_size
         if must_fit and self.blocks_to_allocate(seq_id, must_fit, hit) > self.num_free:
             return False
-        if self.blocks_to_allocate(seq_id, local + new_tokens, hit) > self.num_free:
+        if self.blocks_to_allocate(seq_id, local + new_tokens, hit) > self.num_free - reserved:
             return False
         self.seqs[seq_id] = seq
         blocks = self.req_blocks.setdefault(seq_id, [])
@@ -159,8 +170,21 @@ class BlockCache:
             blocks.extend(hit)
             self.num_cached[seq_id] = len(blocks)
         self._grow(seq_id, local + new_tokens)
-        self._cache(seq, min(local + new_tokens, seq.n_tokens))
+        if not delay_cache:
+            self._cache(seq, min(local + new_tokens, seq.n_tokens))
+            if self.host is not None:  # scheduled: its computed prompt blocks offered to the host once the step is
+                full = min(local + new_tokens, seq.request_prompt_len) // self.block_size  # chosen
+                self.host.offer(seq_id, self._chain(seq, full), full)
         return True
+
+    def cache_loaded(self, seq, tokens: int) -> None:
+        """An async load done: its request's first `tokens` tokens named by their hashes (the scheduler's
+        `_update_waiting_for_remote_kv` -> KVCacheManager.cache_blocks), found by later lookups from now on."""
+        self._cache(seq, tokens)
+
+    def remaining_blocks(self, seq) -> int:
+        """Blocks `seq` still needs to hold its whole current sequence (Scheduler._request_remaining_blocks)."""
+        return max(-(-seq.n_tokens // self.block_size) - self.held(seq.seq_id), 0)
 
     def grow(self, seq_id: int, tokens: int) -> None:
         """`seq_id` holds `tokens` tokens in all (the engine's own allocation of a step already allowed for, or a
@@ -209,14 +233,16 @@ class BlockCache:
                 continue
             block_hash[b] = h
             cached.setdefault(h, {})[b] = None
-            if self.host is not None:  # stored to the host as computed (the connector's _build_store_jobs)
-                self.host.store(h)
         self.num_cached[seq_id] = full
 
     def free(self, seq_id: int) -> int:
         """KVCacheManager.free -> BlockPool.free_blocks(reversed(blocks)): tail first; a block whose last reference
         goes returns to the queue, at its tail where it is cached (evicted last), at its head where not. The blocks
         it returned."""
+        seq = self.seqs.get(seq_id)
+        if self.host is not None and seq is not None and seq.finished:  # offered again, touched (HostTier.finished)
+            self.host.finished(seq_id, list(self._chain(seq, seq.n_tokens // self.block_size)),
+                               seq.request_prompt_len // self.block_size)
         blocks = self.req_blocks.pop(seq_id, None)
         self.num_cached.pop(seq_id, None)
         self.chains.pop(seq_id, None)  # a preempted sequence's tokens are its prompt again: hashed afresh

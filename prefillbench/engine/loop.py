@@ -89,6 +89,7 @@ class Loop:
         refreshed = backend.refreshed_prefixes if admission.reuse is not None else None
         stopped = False
         feed = admission.feed
+        host = self.memory.host_tier if self.memory is not None else None
         while live or pending or admission.awaiting:
             if feed is not None:
                 admission.take_fed()
@@ -113,6 +114,8 @@ class Loop:
                 ready_waiting, ready_running = waiting, running
             ready = bool(ready_waiting or ready_running)
             if ready and len(in_flight) < depth:
+                if host is not None:  # an async load is done at the first step that starts after its time
+                    host.now = now
                 step = strategy.next_step(ready_waiting, ready_running)
                 if step.preempted:
                     self.preempt(step)
@@ -140,6 +143,8 @@ class Loop:
             # Nothing to start now: let time pass to the next step out or the next arrival.
             events = [launched.end for _, launched in in_flight]
             if (t := next_arrival()) is not None:
+                events.append(t)
+            if host is not None and (t := host.next_done()) is not None:  # a load in flight, its request waiting
                 events.append(t)
             if admission.awaiting:  # the feed may bring work before the next event: wait on it, up to that event
                 feed.wait(max(min(events) - backend.now(), 0.0) if events else None)
@@ -393,6 +398,9 @@ class Loop:
             if most < 2:
                 return False
         arrival = self.admission.next_arrival()
+        host = memory.host_tier if memory is not None else None
+        if host is not None and (done := host.next_done()) is not None:  # a load done lets its request in
+            arrival = done if arrival is None else min(arrival, done)
         try:
             burst = self.backend.run_decodes(step, most, math.inf if arrival is None else arrival)
         except BackendError as e:

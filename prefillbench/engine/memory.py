@@ -61,6 +61,11 @@ class KVMemory:
         return self
 
     @property
+    def host_tier(self):
+        """The host tier below vLLM's block cache (engine/host_tier.py), which holds the loads in flight; None."""
+        return self.cache.host if self.cache is not None else None
+
+    @property
     def shares_prefixes(self) -> bool:
         """Whether the memory is a cache that decides prefix hits (vLLM's block cache or SGLang's radix tree)."""
         return self.cache is not None or self.radix is not None
@@ -145,10 +150,11 @@ class KVMemory:
         if self.used > self.peak:
             self.peak = self.used
 
-    def allocate(self, seq, computed: int, new_tokens: int, hit=(), must_fit: int = 0) -> bool:
+    def allocate(self, seq, computed: int, new_tokens: int, hit=(), must_fit: int = 0, reserved: int = 0,
+                 delay_cache: bool = False) -> bool:
         """With the cache: vLLM's allocate_slots, carried out as its scheduler calls it (BlockCache.allocate: a later
         request of the same step finds the blocks an earlier one was given); False where they do not fit."""
-        if not self.cache.allocate(seq, computed, new_tokens, hit, must_fit):
+        if not self.cache.allocate(seq, computed, new_tokens, hit, must_fit, reserved, delay_cache):
             return False
         self._note_use()
         return True

@@ -9,11 +9,15 @@ KV bytes per token, and a load's time over the GPU's host link.
   GB200: 450 GB/s a direction, NVIDIA's datasheets), and `--kv-host-link N` a tier N GB/s a direction away (an NVMe
   drive's 3-7, a 400 Gb/s NIC's 50): a slower tier's loads lose to recomputing sooner. Without --kv-host-link a card
   with no PCIe generation the sim knows is refused.
-- Pricing: a load is a wait added to the step that runs the request's first chunk, not overlapped with it. vLLM
-  loads asynchronously while the request waits (WAITING_FOR_REMOTE_KVS) and the others' steps run on, so this charges
-  the step's other requests too: an upper bound on what the load costs the batch, exact for the loading request
-  where it runs alone. Stores (GPU -> host, as blocks are computed) are not priced: vLLM runs them on another stream
-  after the step, off its critical path where the link keeps up.
+- Pricing under vllm-v1 (engine/host_tier.py): a load is asynchronous, as vLLM runs it. The request gets its blocks
+  at admission and waits (WAITING_FOR_REMOTE_KVS) while the other requests' steps run; its load takes `load_seconds`
+  over the link, loads in flight crossing it one after another (each starts once the one before is done: one link,
+  its full rate to each), and the request is scheduled at the first step boundary after its load is done (vLLM's
+  worker reports it with a step's output; the scheduler takes it up at the next schedule). With nothing else to run
+  the engine waits for it. So a load costs the loading request its wait and the batch nothing. Under SGLang's rules
+  (HiCache, engine/hicache.py) a load is still a wait added to the step that runs the request's chunk
+  (Step.host_loads, below), as HiCache's load_back is waited for before the batch runs. Stores (GPU -> host) are
+  not priced: vLLM runs them on another stream after the step, off its critical path where the link keeps up.
 - Recompute instead: where computing the run of host blocks again, as a lone chunk from where the GPU's hit ends, is
   priced below loading it (engine/host_tier.py).
 """
@@ -114,5 +118,6 @@ def words(backend) -> str:
             f"{capacity_blocks(backend, backend.kv_host_gib, 1):,} tokens (vLLM's connector: "
             f"{capacity_blocks(backend, backend.kv_host_gib, 16):,} blocks of 16; SGLang's HiCache: one-token pages), "
             "loads over "
-            f"{link_of(backend).name} at {link_of(backend).bw / 1e9:g} GB/s a direction, added to the step "
-            "of the request's first chunk (not overlapped); stores not priced (docs/memory.md, Host tier)")
+            f"{link_of(backend).name} at {link_of(backend).bw / 1e9:g} GB/s a direction, one after another; "
+            "vllm-v1 waits for a request's load while other steps run (vLLM's async load), SGLang's rules add "
+            "it to the step of the request's chunk; stores not priced (docs/memory.md, Host tier)")
