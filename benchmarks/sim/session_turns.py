@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-s", "--strategies", default="vllm-v1,sglang,sglang-mixed")
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--kv-host-cache", default="0,128", help="GiB below the GPU, one run each (0: none)")
+    parser.add_argument("--kv-cache-tokens", type=int, default=None, help="the GPU's KV cache shrunk to N tokens")
+    parser.add_argument("--kv-host-link", default=None, help="pcie (default), c2c or GB/s: what the tier's loads cross")
     parser.add_argument("--seed", type=int, default=42)
 
 
@@ -47,7 +49,8 @@ def main(args: argparse.Namespace) -> int:
     for name in args.strategies.split(","):
         for gib in (float(x) for x in args.kv_host_cache.split(",")):
             backend = SimBackend.load(sim_model=args.model, sim_gpu=args.gpu, prefix_cache="on",
-                                      kv_host_cache=gib or None)
+                                      kv_host_cache=gib or None, kv_host_link=args.kv_host_link if gib else None)
+            backend.kv_cache_tokens = args.kv_cache_tokens
             arrivals = ArrivalSpec("poisson", args.rate).times(spec.n, args.seed, test)
             requests = make_requests(test, spec.n * spec.turns, backend.vocab_size, args.seed, arrivals)
             run = engine.run(backend, make_strategy(name, args.budget), requests, 0)
