@@ -157,12 +157,14 @@ class TestOneEagerLaunch:
 
 def test_the_issue_target_in_vllms_default_compiled_mode(run_cli, tmp_path, monkeypatch):
     """vLLM as a user launches it, compiled (no --enforce-eager): a row, and nothing left. One launch (-c 1, one
-    budget): a compiled launch takes minutes here."""
+    budget): a compiled launch takes minutes here. Five requests, one at a time: the p50s compared are medians, so
+    one request the frontend answered late (610 ms by the client against the engine's 554, once in a full suite on
+    a quiet machine) does not decide them."""
     monkeypatch.delenv(VLLM_ARGS_VARIABLE, raising=False)
     export = tmp_path / "c.json"
     code, out, err = run_cli("run", "--backend", "server", "--engine", "vllm", "--pg", "64,16", "-p", "0", "-n", "0",
-                             "-c", "1", "-s", "sarathi-serve", "--chunk-size", "64", "-r", "1", "--export", str(export),
-                             *QUIET)
+                             "-c", "1", "--requests", "5", "-s", "sarathi-serve", "--chunk-size", "64", "-r", "1",
+                             "--export", str(export), *QUIET)
     assert code == 0, err
     doc = json.loads(export.read_text())
     (row,) = doc["results"]
