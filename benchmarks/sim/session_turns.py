@@ -10,6 +10,7 @@ first and of later turns, peak KV use. Deterministic: the figures do not depend 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import numpy as np
 
@@ -33,10 +34,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-tokens", type=int, default=None, help="the GPU's KV cache shrunk to N tokens")
     parser.add_argument("--kv-host-link", default=None, help="pcie (default), c2c or GB/s: what the tier's loads cross")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--no-output-reserve", action="store_true",
+                        help="a counterfactual, not SGLang's rule: SGLang's strategies reserve nothing for the running "
+                        "requests' future output (to see whether that reservation is what holds a prompt back)")
 
 
 def ms(values: list[float], q: float) -> str:
     return f"{np.percentile(values, q):,.0f}" if values else "-"
+
+
+@contextlib.contextmanager
+def no_output_reserve():
+    """SGLang's budget with no future output charged (sglang_budget's CLIP and future_tokens at 0), then as it was."""
+    import strategies.sglang_budget as budget
+    import strategies.sglang_radix as radix
+
+    saved = budget.CLIP, budget.future_tokens, radix.future_tokens
+    budget.CLIP = 0
+    budget.future_tokens = radix.future_tokens = lambda seq: 0
+    try:
+        yield
+    finally:
+        budget.CLIP, budget.future_tokens, radix.future_tokens = saved
 
 
 def main(args: argparse.Namespace) -> int:
@@ -53,7 +72,8 @@ def main(args: argparse.Namespace) -> int:
             backend.kv_cache_tokens = args.kv_cache_tokens
             arrivals = ArrivalSpec("poisson", args.rate).times(spec.n, args.seed, test)
             requests = make_requests(test, spec.n * spec.turns, backend.vocab_size, args.seed, arrivals)
-            run = engine.run(backend, make_strategy(name, args.budget), requests, 0)
+            with no_output_reserve() if args.no_output_reserve else contextlib.nullcontext():
+                run = engine.run(backend, make_strategy(name, args.budget), requests, 0)
             turns = {k: [r for r in run.requests if (r.turn > 0) == k] for k in (False, True)}
             ttft = {k: [1e3 * (r.token_times[0] - r.arrival) for r in rs] for k, rs in turns.items()}
             sched = {k: [1e3 * (r.first_scheduled - r.arrival) for r in rs] for k, rs in turns.items()}
