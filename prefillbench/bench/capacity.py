@@ -34,7 +34,7 @@ from prefillbench.bench.slo_pricing import StepPricing, priced
 from prefillbench.deploy import Disaggregation, run_requests
 from prefillbench.engine import Progress, RunRecord
 from prefillbench.sequence import Request
-from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
+from prefillbench.bench.workloads import ArrivalSpec, TestSpec, arriving, make_requests, request_lengths
 
 #: Sarathi-Serve's bound on the median scheduling delay.
 DEFAULT_MAX_SCHED_DELAY_MS = 2000.0
@@ -461,10 +461,8 @@ def probe_case(backend: Backend, case: Case, config: CapacityConfig, rate: float
     backend = case_backend(backend, case)
     strategy = config.strategy_for(case)
     spec = ArrivalSpec(config.arrival, rate, config.burstiness)
-    sessions = case.test.sessions
-    arriving = sessions.n if sessions is not None else config.requests  # sessions: their first turns arrive
     requests = make_requests(case.test, config.requests, backend.vocab_size, seed,
-                             spec.times(arriving, seed, case.test))
+                             spec.times(arriving(case.test, config.requests), seed, case.test))
     watch = [config.criteria] if watch is None else watch
     certain = CertainFailure(watch, requests) if watch else None
     if config.deployment is None:

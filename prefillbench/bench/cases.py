@@ -16,7 +16,7 @@ from prefillbench.engine import RunRecord
 from prefillbench.bench.metrics import SLO, Load, ResultRow, host_label, implied_hit_rate, row_strategy, summarize
 from prefillbench.bench.slo_pricing import StepPricing, priced
 from prefillbench.deploy import Disaggregation, run_requests
-from prefillbench.bench.workloads import ArrivalSpec, TestSpec, make_requests, request_lengths
+from prefillbench.bench.workloads import ArrivalSpec, TestSpec, arriving, make_requests, request_lengths
 from prefillbench.sequence import Request
 
 #: Requests per open-loop run when --requests is not given: enough for a p90, few enough for a CPU.
@@ -117,8 +117,7 @@ class BenchConfig:
 
     def requests_for(self, case: Case, vocab_size: int) -> list[Request]:
         n = self.n_requests(case)
-        timed = case.test.sessions.n if case.test.sessions is not None else n  # sessions: their first turns
-        arrivals = self.arrival_spec(case.rate).times(timed, self.seed, case.test)
+        arrivals = self.arrival_spec(case.rate).times(arriving(case.test, n), self.seed, case.test)
         return make_requests(case.test, n, vocab_size, self.seed, arrivals)
 
     def cases(self) -> Iterator[Case]:

@@ -21,7 +21,7 @@ from prefillbench.bench.traces import TraceReading, WorkloadError, WorkloadFile,
 from prefillbench.sequence import Request
 
 __all__ = ["ARRIVALS", "ArrivalSpec", "SessionSpec", "TestSpec", "TraceReading", "WorkloadError", "WorkloadFile",
-           "load_workload", "make_requests", "make_tests", "request_lengths", "sessions_test", "workload_test"]
+           "arriving", "load_workload", "make_requests", "make_tests", "request_lengths", "sessions_test", "workload_test"]
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,12 @@ def _block_prompts(workload: WorkloadFile, vocab_size: int, seed: int,
             prompt += random_prompt(rng, length - len(prompt), vocab_size)
         out.append((prompt, gen))
     return tuple(out)
+
+
+def arriving(test: TestSpec, count: int) -> int:
+    """How many arrival times `count` requests of `test` take: multi-turn sessions' first turns (a later turn arrives
+    its think time after the turn before it finished), else one a request."""
+    return test.sessions.n if test.sessions is not None else count
 
 
 def make_requests(test: TestSpec, count: int, vocab_size: int, seed: int,
