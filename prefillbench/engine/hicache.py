@@ -458,25 +458,16 @@ class HiRadixCache(RadixCache):
                 return
             node = node.parent
 
-    def checkpoint(self, rec: RequestKV, up_to: int) -> None:
-        """RadixCache.checkpoint with `checkpoint_into_tree`'s hit counting: the insert counts hits past the request's
-        `cache_inserted_len`, which grows to `up_to`; the prompt's own insert counts none."""
-        seq_id = rec.seq.seq_id
-        key = tokens_of(rec.seq)[:up_to]
-        inserted = self.inserted.get(seq_id, 0)
+    def _insert_request(self, seq, key: tuple[int, ...]) -> int:
+        """RadixCache.checkpoint's insert with `checkpoint_into_tree`'s hit counting: the insert counts hits past the
+        request's `cache_inserted_len`, which grows to the key's length; the prompt's own insert counts none."""
+        inserted = self.inserted.get(seq.seq_id, 0)
         matched = self.insert(key, inserted)
-        self.inserted[seq_id] = max(inserted, len(key))
-        prompt = rec.seq.request_prompt_len
+        self.inserted[seq.seq_id] = max(inserted, len(key))
+        prompt = seq.request_prompt_len
         if 0 < prompt < len(key):
             self.insert(key[:prompt], prompt)
-        if matched > rec.protected:
-            self.available += matched - rec.protected
-        _, node = self.match_prefix(key)
-        rec.protected = len(key)
-        if rec.lock is not None:
-            self.dec_lock_ref(rec.lock)
-        rec.last_node = rec.lock = node
-        self.inc_lock_ref(node)
+        return matched
 
     def release(self, seq_id: int, checkpoint: bool) -> bool:
         held = super().release(seq_id, checkpoint)

@@ -239,12 +239,8 @@ class RadixCache:
         """RadixCache.checkpoint: its first `up_to` tokens into the tree (split at the prompt's end, so an output
         can be evicted without its prompt), its slots of tokens the tree held already freed, its lock moved to the
         new last node, the tree's part of its row `up_to` long."""
-        tokens = tokens_of(rec.seq)
-        key = tokens[:up_to]
-        matched = self.insert(key)
-        prompt = rec.seq.request_prompt_len
-        if 0 < prompt < len(key):
-            self.insert(key[:prompt])
+        key = tokens_of(rec.seq)[:up_to]
+        matched = self._insert_request(rec.seq, key)
         if matched > rec.protected:  # free_segment(kv_indices[cache_protected_len:prefix_len]): duplicates
             self.available += matched - rec.protected
         _, node = self.match_prefix(key)
@@ -253,6 +249,15 @@ class RadixCache:
             self.dec_lock_ref(rec.lock)
         rec.last_node = rec.lock = node
         self.inc_lock_ref(node)
+
+    def _insert_request(self, seq, key: tuple[int, ...]) -> int:
+        """A request's tokens `key` put in the tree, split at its prompt where they run past it; how many the tree
+        held already."""
+        matched = self.insert(key)
+        prompt = seq.request_prompt_len
+        if 0 < prompt < len(key):
+            self.insert(key[:prompt])
+        return matched
 
     def release(self, seq_id: int, checkpoint: bool) -> bool:
         """`release_kv_cache`: a finished request's tokens into the tree first (`checkpoint`; a retracted one's
