@@ -4,7 +4,6 @@ first), load back whole or not at all; and the sim's sglang strategies loading s
 priced over the card's PCIe link. tests/test_hicache_reference.py holds the same rules against SGLang's own cache."""
 from __future__ import annotations
 
-import random
 
 import pytest
 
@@ -14,8 +13,8 @@ from prefillbench.backends.sim.backend import SimBackend
 from prefillbench.backends.sim.configs import load_gpu_spec, load_model_spec
 from prefillbench.engine.hicache import (LOAD_BACK_THRESHOLD, WRITE_BACK, WRITE_THROUGH, WRITE_THROUGH_SELECTIVE,
                                          HiRadixCache)
-from prefillbench.sequence import Request
 from strategies import make_strategy
+from test_host_tier import sessions  # each session a 640-token prompt, its second turn resending it long after
 
 
 class Seq:
@@ -159,17 +158,6 @@ def test_write_back_reclaims_a_duplicate_host_copy_before_evicting_a_host_only_n
     assert c.evict(12) == 12  # C (A is locked) written back: 12 host tokens needed, A's host copy gives them
     assert where(c, B + (1,)) == (0, 12) and where(c, C + (1,)) == (0, 12)
     assert not rec.last_node.backuped and c.host_available == 0
-
-
-def sessions(n=24, seed=5):
-    """Each session a 640-token prompt of its own, then a second turn holding it whole, long after: by then the
-    small GPU cache has handed its slots to the other sessions."""
-    rng = random.Random(seed)
-    firsts = [tuple(rng.randrange(1000, 30000) for _ in range(640)) for _ in range(n)]
-    reqs = [Request(p, 32, arrival_s=0.05 * i) for i, p in enumerate(firsts)]
-    reqs += [Request(p + tuple(rng.randrange(1000, 30000) for _ in range(64)), 32, arrival_s=10.0 + 0.05 * i)
-             for i, p in enumerate(firsts)]
-    return reqs
 
 
 def sim_run(reqs, strategy: str, host_gib=None):

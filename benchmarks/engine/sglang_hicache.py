@@ -40,6 +40,7 @@ import sys
 from array import array
 from types import SimpleNamespace
 
+from benchmarks.engine.sglang_reference import sglang_missing
 from benchmarks.lib import cli
 
 
@@ -152,11 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        import sglang  # noqa: F401
-    except ImportError:
-        print("error: SGLang is not importable here: run this with the python of `make sglang`'s environment",
-              file=sys.stderr)
+    if sglang_missing():
         return 2
     os.environ.pop("SGLANG_USE_CPU_ENGINE", None)  # else mem_cache/allocation.py imports sgl_kernel's CPU kernels
     logging.disable(logging.WARNING)

@@ -377,16 +377,23 @@ def run_job(job: dict):
                 raise RuntimeError(f"no end after {step} iterations ({left} requests)")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--job", default=None, help="the job's JSON file (default: standard input)")
-
-
-def main(args: argparse.Namespace) -> int:
+def sglang_missing() -> bool:
+    """Whether SGLang cannot be imported here, said on stderr: the references run in `make sglang`'s environment."""
     try:
         import sglang  # noqa: F401
     except ImportError:
         print("error: SGLang is not importable here: run this with the python of `make sglang`'s environment",
               file=sys.stderr)
+        return True
+    return False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job", default=None, help="the job's JSON file (default: standard input)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if sglang_missing():
         return 2
     try:
         with open(args.job) if args.job else sys.stdin as f:

@@ -39,6 +39,7 @@ from prefillbench.sequence import Request
 from prefillbench.step import StepResult
 from strategies import make_strategy
 
+from benchmarks.engine.vllm_throttle_steps import vllm_python
 from benchmarks.lib import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,15 +187,6 @@ def references(cases: list[Case], python: Path | None = None) -> list[Side]:
         side.loads += len(d["loads"])
         side.preemptions += len(d["preempted"])
     return out
-
-
-def vllm_python() -> Path:
-    from prefillbench.backends.server import vllm_env
-
-    python = vllm_env.env_dir() / "bin" / "python"
-    if not python.is_file():
-        raise BackendError("no vLLM: `make vllm` installs one for the project")
-    return python
 
 
 class OffloadClock(FakeBackend):
